@@ -1,0 +1,205 @@
+//! The crate's one error type. Every variant carries what a person needs to act on it: the file,
+//! the tensor, the offset, the call.
+
+use std::path::PathBuf;
+
+use crate::traits::{AllocError, DestinationError, DeviceError, ReadError};
+
+/// A result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong opening or loading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file or directory could not be opened, inspected or read while parsing.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating-system error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A safetensors header is malformed or disagrees with its file.
+    #[error("{}: invalid safetensors header: {reason}", path.display())]
+    Header {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An index file is malformed, names a path outside the checkpoint, or disagrees with the
+    /// shards.
+    #[error("{}: invalid index: {reason}", path.display())]
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A path is not a regular file (a directory, a fifo, a device) where a file is needed.
+    #[error("{}: not a regular file", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A directory holds no safetensors file.
+    #[error("{}: no model.safetensors.index.json, model.safetensors or *.safetensors file", path.display())]
+    NoCheckpoint {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The same file was given twice.
+    #[error("{}: listed more than once", path.display())]
+    DuplicateFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Two files hold a tensor of the same name.
+    #[error("tensor {name:?} is in both {} and {}", first.display(), second.display())]
+    DuplicateTensor {
+        /// The tensor.
+        name: String,
+        /// The file that holds it first.
+        first: PathBuf,
+        /// The other file.
+        second: PathBuf,
+    },
+    /// A file could not be opened by the backend's reader.
+    #[error("{}: cannot open for reading: {source}", file.display())]
+    Open {
+        /// The file.
+        file: PathBuf,
+        /// The reader's error.
+        #[source]
+        source: ReadError,
+    },
+    /// A read failed.
+    #[error("{}: tensor {tensor:?}: read failed at offset {offset}: {source}", file.display())]
+    Read {
+        /// The tensor being read.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// The file offset the failed read started at.
+        offset: u64,
+        /// The reader's error.
+        #[source]
+        source: ReadError,
+    },
+    /// The file ended before the tensor did (it was truncated after its header was checked).
+    #[error("{}: tensor {tensor:?}: file ended at offset {offset}, {missing} bytes short", file.display())]
+    Truncated {
+        /// The tensor being read.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// Where the file ended.
+        offset: u64,
+        /// Bytes of the tensor not read.
+        missing: u64,
+    },
+    /// A device allocation failed with something other than out-of-memory.
+    #[error("{}: tensor {tensor:?} at offset {offset}: {source}", file.display())]
+    Allocation {
+        /// The tensor.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// Its offset.
+        offset: u64,
+        /// The allocator's error.
+        #[source]
+        source: AllocError,
+    },
+    /// The bounded staging buffer could not be allocated, so the host path cannot run.
+    #[error("{}: tensor {tensor:?} at offset {offset}: cannot allocate the {bytes}-byte staging buffer: {source}", file.display())]
+    StagingBuffer {
+        /// The tensor that needed it.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// Its offset.
+        offset: u64,
+        /// The staging buffer's size.
+        bytes: usize,
+        /// The allocator's error.
+        #[source]
+        source: AllocError,
+    },
+    /// Host memory for a host-assembled tensor could not be allocated.
+    #[error("{}: tensor {tensor:?} at offset {offset}: cannot allocate {bytes} bytes of host memory", file.display())]
+    HostAllocation {
+        /// The tensor.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// Its offset.
+        offset: u64,
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// A device operation (memory query, device-to-host copy) failed.
+    #[error("{}: tensor {tensor:?} at offset {offset}: {source}", file.display())]
+    Device {
+        /// The tensor.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// The file offset of the chunk involved.
+        offset: u64,
+        /// The device error.
+        #[source]
+        source: DeviceError,
+    },
+    /// The caller's destination is shorter than the tensor.
+    #[error("{}: tensor {tensor:?} needs {needed} bytes but its destination holds {capacity}", file.display())]
+    DestinationTooSmall {
+        /// The tensor.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// The tensor's length.
+        needed: usize,
+        /// The destination's length.
+        capacity: usize,
+    },
+    /// The caller's destination returned an error.
+    #[error("{}: tensor {tensor:?}: destination failed: {source}", file.display())]
+    Destination {
+        /// The tensor.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// The caller's error.
+        #[source]
+        source: DestinationError,
+    },
+    /// The staging policy is inconsistent.
+    #[error("invalid staging policy: {0}")]
+    Policy(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn header(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Self::Header {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn index(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Self::Index {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}

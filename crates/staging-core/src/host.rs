@@ -1,0 +1,265 @@
+//! The host backend: positional POSIX reads into system memory that stands for the device.
+//!
+//! It lets everything run without a GPU, and is a real loader for CPU inference. An optional
+//! capacity caps its "device" so the host-assembly fallback can be seen. Reads are `pread`s
+//! (no shared file cursor), so one file may be read from several threads at once.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::memory::{DeviceRegion, HostBytes, HostMemory};
+use crate::traits::{
+    AllocError, DeviceAllocator, DeviceBuffer, DeviceError, MemoryInfo, ReadError, Reader,
+};
+
+/// Alignment of host "device" buffers: a page, as O_DIRECT needs.
+pub const HOST_BUFFER_ALIGN: usize = 4096;
+
+/// Reads files with `pread` into host memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostReader;
+
+/// A file opened by [`HostReader`].
+#[derive(Debug)]
+pub struct HostFile {
+    file: File,
+}
+
+impl Reader for HostReader {
+    type Space = HostMemory;
+    type File = HostFile;
+
+    fn name(&self) -> &str {
+        "host"
+    }
+
+    fn mode(&self) -> &str {
+        "posix"
+    }
+
+    fn open(&self, path: &Path) -> Result<HostFile, ReadError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)?;
+        if !file.metadata()?.is_file() {
+            return Err(ReadError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        Ok(HostFile { file })
+    }
+
+    fn read_at(
+        &self,
+        file: &HostFile,
+        offset: u64,
+        mut dst: DeviceRegion<'_, HostMemory>,
+    ) -> Result<usize, ReadError> {
+        Ok(file.file.read_at(dst.as_mut_slice(), offset)?)
+    }
+}
+
+/// System memory standing for device memory, optionally capped.
+#[derive(Debug, Clone, Default)]
+pub struct HostAllocator {
+    capacity: Option<u64>,
+    used: Arc<AtomicU64>,
+}
+
+/// A host "device" buffer. Dropping it returns its bytes to the allocator's capacity.
+#[derive(Debug)]
+pub struct HostBuffer {
+    bytes: HostBytes,
+    used: Arc<AtomicU64>,
+}
+
+impl HostBuffer {
+    /// The buffer's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        self.used
+            .fetch_sub(self.bytes.len() as u64, Ordering::AcqRel);
+    }
+}
+
+impl DeviceBuffer for HostBuffer {
+    type Space = HostMemory;
+
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn addr(&self) -> usize {
+        self.bytes.as_ptr() as usize
+    }
+
+    fn region(&mut self) -> DeviceRegion<'_, HostMemory> {
+        self.bytes.region()
+    }
+}
+
+impl HostAllocator {
+    /// An allocator limited only by the machine's memory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An allocator whose device holds at most `bytes`.
+    pub fn with_capacity(bytes: u64) -> Self {
+        Self {
+            capacity: Some(bytes),
+            used: Arc::default(),
+        }
+    }
+
+    /// Bytes in live buffers.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    fn reserve(&self, len: u64) -> Result<(), AllocError> {
+        let Some(capacity) = self.capacity else {
+            self.used.fetch_add(len, Ordering::AcqRel);
+            return Ok(());
+        };
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(len).filter(|&total| total <= capacity)
+            })
+            .map(|_| ())
+            .map_err(|used| AllocError::OutOfMemory {
+                requested: len as usize,
+                detail: format!("{used} of {capacity} bytes in use"),
+            })
+    }
+}
+
+impl DeviceAllocator for HostAllocator {
+    type Space = HostMemory;
+    type Buffer = HostBuffer;
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        match self.capacity {
+            Some(total) => Ok(MemoryInfo {
+                free: total.saturating_sub(self.used()),
+                total,
+            }),
+            None => Ok(system_memory().unwrap_or(MemoryInfo {
+                free: u64::MAX,
+                total: u64::MAX,
+            })),
+        }
+    }
+
+    fn allocate(&self, len: usize) -> Result<HostBuffer, AllocError> {
+        self.reserve(len as u64)?;
+        match HostBytes::zeroed(len, HOST_BUFFER_ALIGN) {
+            Some(bytes) => Ok(HostBuffer {
+                bytes,
+                used: Arc::clone(&self.used),
+            }),
+            None => {
+                self.used.fetch_sub(len as u64, Ordering::AcqRel);
+                Err(AllocError::OutOfMemory {
+                    requested: len,
+                    detail: "the system allocator refused".into(),
+                })
+            }
+        }
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &HostBuffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let source = offset
+            .checked_add(dst.len())
+            .and_then(|end| src.bytes.get(offset..end))
+            .ok_or_else(|| {
+                DeviceError::new(
+                    "copy_to_host",
+                    format!(
+                        "{} bytes at offset {offset} are outside a {}-byte buffer",
+                        dst.len(),
+                        src.bytes.len()
+                    ),
+                )
+            })?;
+        dst.copy_from_slice(source);
+        Ok(())
+    }
+}
+
+/// `MemAvailable` and `MemTotal` from `/proc/meminfo`.
+fn system_memory() -> Option<MemoryInfo> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    };
+    Some(MemoryInfo {
+        free: field("MemAvailable:")?,
+        total: field("MemTotal:")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_enforced_and_returned_on_drop() {
+        let alloc = HostAllocator::with_capacity(100);
+        let a = alloc.allocate(60).unwrap();
+        assert!(matches!(
+            alloc.allocate(41),
+            Err(AllocError::OutOfMemory { requested: 41, .. })
+        ));
+        assert_eq!(
+            alloc.memory_info().unwrap(),
+            MemoryInfo {
+                free: 40,
+                total: 100
+            }
+        );
+        let b = alloc.allocate(40).unwrap();
+        drop(a);
+        assert_eq!(alloc.used(), 40);
+        drop(b);
+        assert_eq!(alloc.used(), 0);
+    }
+
+    #[test]
+    fn copy_to_host_checks_bounds() {
+        let alloc = HostAllocator::new();
+        let mut buf = alloc.allocate(8).unwrap();
+        buf.region()
+            .as_mut_slice()
+            .copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let mut out = [0u8; 3];
+        alloc.copy_to_host(&buf, 5, &mut out).unwrap();
+        assert_eq!(out, [6, 7, 8]);
+        assert!(alloc.copy_to_host(&buf, 6, &mut out).is_err());
+        assert!(alloc.copy_to_host(&buf, usize::MAX, &mut out).is_err());
+    }
+
+    #[test]
+    fn opening_a_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(HostReader.open(dir.path()).is_err());
+    }
+}

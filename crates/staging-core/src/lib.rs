@@ -1,0 +1,60 @@
+//! # staging-core
+//!
+//! Moves the tensors of a safetensors checkpoint into device memory, tensor by tensor, with
+//! bounded memory and exact bytes.
+//!
+//! - [`Checkpoint`] opens a checkpoint (a directory, an index, or files), reads each header alone
+//!   and validates it with the `safetensors` crate, then against the file's size.
+//! - Backends implement [`Reader`] (file bytes into a memory space) and [`DeviceAllocator`]
+//!   (device buffers, free memory, device-to-host copies). Callers may implement
+//!   [`Destination`] to receive tensors in memory they own.
+//! - [`Stager`] walks the tensors in file order and applies the [`StagingPolicy`]: destination
+//!   first; else a device buffer when free memory leaves `max(256 MiB, len / 4)` of headroom;
+//!   else (or on out-of-memory) host assembly through one bounded staging buffer. Only
+//!   allocation failures fall back; a read failure ends the load with an error naming the tensor,
+//!   file and offset, and nothing half-read is handed out.
+//! - [`host`] is a backend over system memory, so all of this runs without a GPU.
+//!
+//! ```
+//! use staging_core::{Checkpoint, Stager, StagingPath, StagingPolicy};
+//! use staging_core::host::{HostAllocator, HostReader};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+//! # let mut file = (header.len() as u64).to_le_bytes().to_vec();
+//! # file.extend_from_slice(header);
+//! # file.extend_from_slice(&[0, 0, 128, 63, 0, 0, 0, 64]);
+//! # std::fs::write(&path, file)?;
+//! let checkpoint = Checkpoint::open(dir.path())?;
+//! let stager = Stager::new(checkpoint, HostReader, HostAllocator::new(), StagingPolicy::default())?;
+//! for tensor in stager {
+//!     let tensor = tensor?;
+//!     assert_eq!(tensor.path(), StagingPath::Device);
+//!     println!("{} {:?} {:?}", tensor.name(), tensor.meta().shape, tensor.path());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod checkpoint;
+pub mod error;
+pub mod host;
+pub mod memory;
+pub mod policy;
+pub mod report;
+pub mod stager;
+pub mod traits;
+pub mod write_loop;
+
+pub use checkpoint::{Checkpoint, Dtype, ShardFile, TensorMeta};
+pub use error::{Error, Result};
+pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace};
+pub use policy::{FallbackCause, StagingPath, StagingPolicy};
+pub use report::{Fallbacks, LoadReport, PathCount, PathTotals};
+pub use stager::{DeviceTensor, HostTensor, StagedTensor, Stager, TensorData};
+pub use traits::{
+    AllocError, Destination, DestinationError, DeviceAllocator, DeviceBuffer, DeviceError,
+    MemoryInfo, NoDestination, ReadError, Reader,
+};

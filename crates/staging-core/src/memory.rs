@@ -1,0 +1,241 @@
+//! Memory spaces, device regions and owned host bytes.
+//!
+//! A backend's "device" memory is named by a [`MemorySpace`] marker type. Readers and allocators
+//! declare their space, and the stager only pairs a reader with an allocator of the same space,
+//! so a reader that writes through host addresses can never be handed a GPU address.
+//!
+//! This module must never hand out a region that outlives the memory it describes: every
+//! [`DeviceRegion`] borrows its memory for its lifetime `'a`.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// A kind of memory a backend reads into: host memory, CUDA device memory, HIP device memory.
+pub trait MemorySpace: fmt::Debug + Send + Sync + 'static {
+    /// A short name for reports ("host", "cuda", "hip").
+    const NAME: &'static str;
+}
+
+/// Ordinary system memory, addressable by the CPU. The host and mock backends use it to stand
+/// for device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemory;
+
+impl MemorySpace for HostMemory {
+    const NAME: &'static str = "host";
+}
+
+/// A mutable borrow of bytes in space `S` (covariant in `'a`, `Send` and `Sync`).
+type Borrow<'a, S> = (&'a mut [u8], fn() -> S);
+
+/// A writable byte range `[addr, addr + len)` in memory space `S`, borrowed for `'a`.
+///
+/// Regions are what readers write into. They come from a device buffer
+/// ([`crate::DeviceBuffer::region`]), from a caller's [`crate::Destination`], or (for host memory)
+/// from a plain `&mut [u8]`.
+pub struct DeviceRegion<'a, S: MemorySpace> {
+    addr: usize,
+    len: usize,
+    _borrow: PhantomData<Borrow<'a, S>>,
+}
+
+impl<S: MemorySpace> fmt::Debug for DeviceRegion<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceRegion")
+            .field("space", &S::NAME)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
+    /// Describes `len` bytes of memory space `S` starting at address `addr`.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be memory of space `S` (for [`HostMemory`]: valid, initialized
+    /// host memory), writable for all of `'a`, and neither read nor written through any other
+    /// path while the region exists. `addr + len` must not overflow.
+    pub unsafe fn from_raw_parts(addr: usize, len: usize) -> Self {
+        Self {
+            addr,
+            len,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The address of the first byte in the region's memory space.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The sub-region `[offset, offset + len)`, reborrowed; `None` when out of bounds.
+    pub fn slice(&mut self, offset: usize, len: usize) -> Option<DeviceRegion<'_, S>> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: the sub-range lies inside this region (checked above) and is borrowed from
+        // `&mut self`, so nothing else can use this region's memory while it exists.
+        Some(unsafe { DeviceRegion::from_raw_parts(self.addr + offset, len) })
+    }
+
+    /// Splits the region in two at `mid`; `None` when `mid > len`.
+    pub fn split_at(self, mid: usize) -> Option<(Self, Self)> {
+        if mid > self.len {
+            return None;
+        }
+        // SAFETY: the two halves are disjoint and together cover exactly this region, which is
+        // consumed, so the exclusivity of `'a` carries over to each half.
+        let halves = unsafe {
+            (
+                DeviceRegion::from_raw_parts(self.addr, mid),
+                DeviceRegion::from_raw_parts(self.addr + mid, self.len - mid),
+            )
+        };
+        Some(halves)
+    }
+}
+
+impl<'a> DeviceRegion<'a, HostMemory> {
+    /// A host region over a mutable slice.
+    pub fn from_slice(slice: &'a mut [u8]) -> Self {
+        // SAFETY: a `&'a mut [u8]` is valid, initialized, exclusively borrowed host memory.
+        unsafe { Self::from_raw_parts(slice.as_mut_ptr() as usize, slice.len()) }
+    }
+
+    /// The region's bytes as a mutable slice.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: a host region is valid, initialized, exclusively borrowed host memory of `len`
+        // bytes (the contract of `from_raw_parts`, or it came from a slice).
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+/// Zero-initialized, aligned host bytes whose allocation can fail without aborting the process.
+///
+/// Used for host-assembled tensors and by the host backend as its "device" memory. The zeroed
+/// allocation comes from `calloc`-like paths, so large buffers are backed lazily by the kernel.
+pub struct HostBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+    align: usize,
+}
+
+// SAFETY: `HostBytes` owns its allocation exclusively, like a `Box<[u8]>`.
+unsafe impl Send for HostBytes {}
+// SAFETY: shared access only hands out `&[u8]`, like a `Box<[u8]>`.
+unsafe impl Sync for HostBytes {}
+
+impl HostBytes {
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two); `None` when the
+    /// allocation fails or the layout is invalid.
+    pub fn zeroed(len: usize, align: usize) -> Option<Self> {
+        if len == 0 {
+            let ptr = NonNull::new(align as *mut u8)?;
+            return Some(Self { ptr, len, align });
+        }
+        let layout = Layout::from_size_align(len, align).ok()?;
+        // SAFETY: the layout has a non-zero size (checked above).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw)?;
+        Some(Self { ptr, len, align })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole buffer as a host region.
+    pub fn region(&mut self) -> DeviceRegion<'_, HostMemory> {
+        DeviceRegion::from_slice(self)
+    }
+}
+
+impl Deref for HostBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialized (zeroed) bytes, or dangling and aligned
+        // with `len == 0`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for HostBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        if let Ok(layout) = Layout::from_size_align(self.len, self.align) {
+            // SAFETY: the pointer came from `alloc_zeroed` with this same layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) }
+        }
+    }
+}
+
+impl fmt::Debug for HostBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBytes")
+            .field("len", &self.len)
+            .field("align", &self.align)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_and_splits_stay_in_bounds() {
+        let mut bytes = vec![0u8; 10];
+        let mut region = DeviceRegion::from_slice(&mut bytes);
+        assert!(region.slice(8, 3).is_none());
+        assert!(region.slice(usize::MAX, 2).is_none());
+        region.slice(2, 3).unwrap().as_mut_slice().fill(7);
+        let (mut a, mut b) = region.split_at(5).unwrap();
+        assert_eq!(a.as_mut_slice(), &[0, 0, 7, 7, 7]);
+        b.as_mut_slice().fill(1);
+        assert_eq!(bytes, [0, 0, 7, 7, 7, 1, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn host_bytes_are_zeroed_aligned_and_empty_is_fine() {
+        let bytes = HostBytes::zeroed(10_000, 4096).unwrap();
+        assert_eq!(bytes.as_ptr() as usize % 4096, 0);
+        assert!(bytes.iter().all(|&b| b == 0));
+        let empty = HostBytes::zeroed(0, 4096).unwrap();
+        assert!(empty.is_empty());
+        assert!(HostBytes::zeroed(usize::MAX - 10, 4096).is_none());
+    }
+}

@@ -1,0 +1,171 @@
+//! The staging policy: which path a tensor takes, and the sizes the write loop works with.
+//!
+//! The contract (DESIGN.md): a caller's destination first; else a device buffer of its own when
+//! free memory is at least `len + headroom(len)`, `headroom(len) = max(256 MiB, len / 4)`; else,
+//! or when that allocation fails with out-of-memory, host assembly through one bounded staging
+//! buffer. The headroom is a heuristic, not a guarantee that later work will not run out of memory.
+
+use crate::error::{Error, Result};
+
+/// One mebibyte.
+pub const MIB: u64 = 1024 * 1024;
+
+/// Which path a tensor took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StagingPath {
+    /// Read straight into the caller's destination.
+    Destination,
+    /// Read straight into a device buffer of its own.
+    Device,
+    /// Assembled in host memory through the staging buffer.
+    Host,
+}
+
+impl StagingPath {
+    /// The lowercase name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Destination => "destination",
+            Self::Device => "device",
+            Self::Host => "host",
+        }
+    }
+}
+
+/// Why a tensor that could have gone to the device went to the host instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackCause {
+    /// Free memory was below `len + headroom(len)`.
+    InsufficientMemory,
+    /// Free memory looked sufficient, but the allocation failed with out-of-memory.
+    AllocationRace,
+}
+
+/// The numbers the stager works with. Defaults follow DESIGN.md.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagingPolicy {
+    /// The smallest headroom, in bytes (default 256 MiB).
+    pub headroom_min: u64,
+    /// The headroom is at least `len / headroom_divisor` (default 4).
+    pub headroom_divisor: u64,
+    /// The most bytes one read asks for (default 16 MiB).
+    pub chunk_size: usize,
+    /// Size of the one device staging buffer used for host assembly (default 16 MiB). Host-path
+    /// reads are at most this long.
+    pub staging_size: usize,
+    /// A free-memory budget that replaces the device's own figure (for example the minimum over
+    /// ranks). The stager subtracts the device bytes it holds from it.
+    pub memory_budget: Option<u64>,
+    /// Threads reading chunks of one tensor at once on the destination and device paths
+    /// (default 1).
+    pub io_threads: usize,
+}
+
+impl Default for StagingPolicy {
+    fn default() -> Self {
+        Self {
+            headroom_min: 256 * MIB,
+            headroom_divisor: 4,
+            chunk_size: 16 * MIB as usize,
+            staging_size: 16 * MIB as usize,
+            memory_budget: None,
+            io_threads: 1,
+        }
+    }
+}
+
+impl StagingPolicy {
+    /// The headroom a tensor of `len` bytes needs: `max(headroom_min, len / headroom_divisor)`.
+    pub fn headroom(&self, len: u64) -> u64 {
+        self.headroom_min.max(len / self.headroom_divisor.max(1))
+    }
+
+    /// Whether a tensor of `len` bytes may take the device path with `free` bytes free:
+    /// `free >= len + headroom(len)`.
+    pub fn fits_on_device(&self, len: u64, free: u64) -> bool {
+        len.checked_add(self.headroom(len))
+            .is_some_and(|needed| free >= needed)
+    }
+
+    /// The chunk size on the host path: no larger than the staging buffer.
+    pub fn host_chunk_size(&self) -> usize {
+        self.chunk_size.min(self.staging_size)
+    }
+
+    /// Checks the numbers make sense.
+    pub fn validate(&self) -> Result<()> {
+        if self.chunk_size == 0 {
+            return Err(Error::Policy("chunk size must be at least 1 byte".into()));
+        }
+        if self.staging_size == 0 {
+            return Err(Error::Policy(
+                "staging buffer size must be at least 1 byte".into(),
+            ));
+        }
+        if self.headroom_divisor == 0 {
+            return Err(Error::Policy("headroom divisor must be at least 1".into()));
+        }
+        if self.io_threads == 0 {
+            return Err(Error::Policy("I/O threads must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    const GIB: u64 = 1024 * MIB;
+
+    #[rstest]
+    #[case::small_uses_minimum(MIB, 256 * MIB)]
+    #[case::one_gib_is_exactly_minimum(GIB, 256 * MIB)]
+    #[case::large_uses_quarter(4 * GIB, GIB)]
+    #[case::odd_rounds_down(4 * GIB + 3, GIB)]
+    fn headroom(#[case] len: u64, #[case] expected: u64) {
+        assert_eq!(StagingPolicy::default().headroom(len), expected);
+    }
+
+    #[rstest]
+    #[case::exactly_enough(300 * MIB, 300 * MIB + 256 * MIB, true)]
+    #[case::one_byte_short(300 * MIB, 300 * MIB + 256 * MIB - 1, false)]
+    #[case::large_exact(8 * GIB, 8 * GIB + 2 * GIB, true)]
+    #[case::large_short(8 * GIB, 8 * GIB + 2 * GIB - 1, false)]
+    #[case::zero_length_needs_headroom(0, 256 * MIB - 1, false)]
+    #[case::overflow_never_fits(u64::MAX, u64::MAX, false)]
+    fn device_boundary(#[case] len: u64, #[case] free: u64, #[case] fits: bool) {
+        assert_eq!(StagingPolicy::default().fits_on_device(len, free), fits);
+    }
+
+    #[test]
+    fn rejects_zero_sizes() {
+        for broken in [
+            StagingPolicy {
+                chunk_size: 0,
+                ..Default::default()
+            },
+            StagingPolicy {
+                staging_size: 0,
+                ..Default::default()
+            },
+            StagingPolicy {
+                headroom_divisor: 0,
+                ..Default::default()
+            },
+            StagingPolicy {
+                io_threads: 0,
+                ..Default::default()
+            },
+        ] {
+            assert!(
+                matches!(broken.validate(), Err(Error::Policy(_))),
+                "{broken:?}"
+            );
+        }
+        assert!(StagingPolicy::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,141 @@
+//! The load report: where the tensors went, why any fell back, how much memory the library held,
+//! and how fast it went.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::policy::{FallbackCause, StagingPath};
+
+/// Tensors and bytes that took one path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PathCount {
+    /// How many tensors.
+    pub tensors: usize,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+/// Totals per path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PathTotals {
+    /// Read into the caller's destinations.
+    pub destination: PathCount,
+    /// Read into device buffers of their own.
+    pub device: PathCount,
+    /// Assembled in host memory.
+    pub host: PathCount,
+}
+
+impl PathTotals {
+    /// The count for one path.
+    pub fn get(&self, path: StagingPath) -> PathCount {
+        match path {
+            StagingPath::Destination => self.destination,
+            StagingPath::Device => self.device,
+            StagingPath::Host => self.host,
+        }
+    }
+
+    pub(crate) fn add(&mut self, path: StagingPath, bytes: u64) {
+        let slot = match path {
+            StagingPath::Destination => &mut self.destination,
+            StagingPath::Device => &mut self.device,
+            StagingPath::Host => &mut self.host,
+        };
+        slot.tensors += 1;
+        slot.bytes += bytes;
+    }
+}
+
+/// Host-path tensors by why they did not go to the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Fallbacks {
+    /// Free memory was below `len + headroom(len)`.
+    pub insufficient_memory: usize,
+    /// The device allocation failed with out-of-memory after the free-memory check passed.
+    pub allocation_race: usize,
+}
+
+impl Fallbacks {
+    pub(crate) fn add(&mut self, cause: FallbackCause) {
+        match cause {
+            FallbackCause::InsufficientMemory => self.insufficient_memory += 1,
+            FallbackCause::AllocationRace => self.allocation_race += 1,
+        }
+    }
+}
+
+/// What a load did. Serializes to the JSON report of the `stage` command.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LoadReport {
+    /// The reader's backend name.
+    pub backend: String,
+    /// The reader's mode ("posix", "gds", "compat").
+    pub mode: String,
+    /// Files in the checkpoint.
+    pub files: usize,
+    /// Tensors staged so far.
+    pub tensors: usize,
+    /// Bytes staged so far.
+    pub bytes: u64,
+    /// Seconds from the first tensor asked for to the last one staged (or now).
+    pub seconds: f64,
+    /// `bytes / seconds`.
+    pub bytes_per_second: f64,
+    /// Totals per path.
+    pub paths: PathTotals,
+    /// Fallbacks by cause.
+    pub fallbacks: Fallbacks,
+    /// The most device bytes the library's buffers held at once (staging buffer and tensors
+    /// handed out and not yet dropped or taken with `into_buffer`).
+    pub peak_device_bytes: u64,
+    /// The most host bytes the library's buffers held at once (host-assembled tensors not yet
+    /// dropped or taken with `into_bytes`).
+    pub peak_host_bytes: u64,
+}
+
+/// Live and peak bytes, shared by the stager and the buffers it hands out.
+#[derive(Debug, Default)]
+pub(crate) struct Accounting {
+    device_now: AtomicU64,
+    device_peak: AtomicU64,
+    host_now: AtomicU64,
+    host_peak: AtomicU64,
+}
+
+/// Which counter a held allocation belongs to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum MemoryKind {
+    Device,
+    Host,
+}
+
+impl Accounting {
+    fn counters(&self, kind: MemoryKind) -> (&AtomicU64, &AtomicU64) {
+        match kind {
+            MemoryKind::Device => (&self.device_now, &self.device_peak),
+            MemoryKind::Host => (&self.host_now, &self.host_peak),
+        }
+    }
+
+    pub(crate) fn acquire(&self, kind: MemoryKind, bytes: u64) {
+        let (now, peak) = self.counters(kind);
+        let current = now.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        peak.fetch_max(current, Ordering::AcqRel);
+    }
+
+    pub(crate) fn release(&self, kind: MemoryKind, bytes: u64) {
+        let (now, _) = self.counters(kind);
+        now.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    pub(crate) fn device_now(&self) -> u64 {
+        self.device_now.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn peaks(&self) -> (u64, u64) {
+        (
+            self.device_peak.load(Ordering::Acquire),
+            self.host_peak.load(Ordering::Acquire),
+        )
+    }
+}

@@ -1,0 +1,506 @@
+//! The stager: walks a checkpoint's tensors in file order and stages each one by the policy.
+//!
+//! It yields `Result<StagedTensor>`; after the first error it yields nothing more, and it frees
+//! its staging buffer and closes its file as soon as the load ends (last tensor, error, or drop).
+//! A tensor is only ever handed out whole: a failed read drops the partly filled buffer.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::{Checkpoint, TensorMeta};
+use crate::error::{Error, Result};
+use crate::memory::HostBytes;
+use crate::policy::{FallbackCause, StagingPath, StagingPolicy};
+use crate::report::{Accounting, Fallbacks, LoadReport, MemoryKind, PathTotals};
+use crate::traits::{
+    AllocError, Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader,
+};
+use crate::write_loop::{fill_region, plan_chunks, read_exact};
+
+/// Alignment of host-assembled tensors.
+const HOST_ALIGN: usize = 64;
+
+/// Bytes counted against the load's accounting until dropped.
+struct Held {
+    accounting: Arc<Accounting>,
+    kind: MemoryKind,
+    bytes: u64,
+}
+
+impl Held {
+    fn new(accounting: &Arc<Accounting>, kind: MemoryKind, bytes: u64) -> Self {
+        accounting.acquire(kind, bytes);
+        Self {
+            accounting: Arc::clone(accounting),
+            kind,
+            bytes,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.accounting.release(self.kind, self.bytes);
+    }
+}
+
+/// A tensor in a device buffer of its own. Dropping it frees the buffer.
+pub struct DeviceTensor<B> {
+    buffer: B,
+    _held: Held,
+}
+
+impl<B: DeviceBuffer> DeviceTensor<B> {
+    /// The device buffer.
+    pub fn buffer(&self) -> &B {
+        &self.buffer
+    }
+
+    /// Takes the buffer; the load's accounting stops counting it.
+    pub fn into_buffer(self) -> B {
+        self.buffer
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for DeviceTensor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DeviceTensor").field(&self.buffer).finish()
+    }
+}
+
+/// A tensor assembled in host memory.
+pub struct HostTensor {
+    bytes: HostBytes,
+    _held: Held,
+}
+
+impl HostTensor {
+    /// Takes the bytes; the load's accounting stops counting them.
+    pub fn into_bytes(self) -> HostBytes {
+        self.bytes
+    }
+}
+
+impl Deref for HostTensor {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl fmt::Debug for HostTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostTensor")
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// Where a staged tensor's bytes are.
+#[derive(Debug)]
+pub enum TensorData<B> {
+    /// In the caller's destination region.
+    Destination {
+        /// The region's address in the device's memory space.
+        addr: usize,
+        /// The region's length (at least the tensor's).
+        capacity: usize,
+    },
+    /// In a device buffer owned by the tensor.
+    Device(DeviceTensor<B>),
+    /// In host memory owned by the tensor.
+    Host(HostTensor),
+}
+
+/// One tensor, whole, with where it landed.
+#[derive(Debug)]
+pub struct StagedTensor<B> {
+    meta: TensorMeta,
+    data: TensorData<B>,
+    fallback: Option<FallbackCause>,
+}
+
+impl<B> StagedTensor<B> {
+    /// The tensor's metadata.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The tensor's name.
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    /// The path it took.
+    pub fn path(&self) -> StagingPath {
+        match self.data {
+            TensorData::Destination { .. } => StagingPath::Destination,
+            TensorData::Device(_) => StagingPath::Device,
+            TensorData::Host(_) => StagingPath::Host,
+        }
+    }
+
+    /// Why it took the host path, when it did.
+    pub fn fallback(&self) -> Option<FallbackCause> {
+        self.fallback
+    }
+
+    /// Where its bytes are.
+    pub fn data(&self) -> &TensorData<B> {
+        &self.data
+    }
+
+    /// Splits it into metadata and bytes.
+    pub fn into_parts(self) -> (TensorMeta, TensorData<B>) {
+        (self.meta, self.data)
+    }
+}
+
+/// Walks a checkpoint and stages each tensor by the policy. An iterator of
+/// `Result<StagedTensor>` in load order.
+pub struct Stager<R, A, D = NoDestination>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+    D: Destination<R::Space>,
+{
+    checkpoint: Checkpoint,
+    reader: R,
+    allocator: A,
+    destination: D,
+    policy: StagingPolicy,
+    next: usize,
+    open: Option<(usize, R::File)>,
+    staging: Option<DeviceTensor<A::Buffer>>,
+    accounting: Arc<Accounting>,
+    paths: PathTotals,
+    fallbacks: Fallbacks,
+    started: Option<Instant>,
+    elapsed: Option<Duration>,
+    finished: bool,
+}
+
+impl<R, A> Stager<R, A, NoDestination>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+{
+    /// A stager over `checkpoint` with a backend's reader and allocator.
+    pub fn new(
+        checkpoint: Checkpoint,
+        reader: R,
+        allocator: A,
+        policy: StagingPolicy,
+    ) -> Result<Self> {
+        policy.validate()?;
+        Ok(Self {
+            checkpoint,
+            reader,
+            allocator,
+            destination: NoDestination,
+            policy,
+            next: 0,
+            open: None,
+            staging: None,
+            accounting: Arc::default(),
+            paths: PathTotals::default(),
+            fallbacks: Fallbacks::default(),
+            started: None,
+            elapsed: None,
+            finished: false,
+        })
+    }
+}
+
+impl<R, A, D> Stager<R, A, D>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+    D: Destination<R::Space>,
+{
+    /// Uses `destination` for every tensor it accepts. Call before iterating.
+    pub fn with_destination<D2: Destination<R::Space>>(self, destination: D2) -> Stager<R, A, D2> {
+        Stager {
+            checkpoint: self.checkpoint,
+            reader: self.reader,
+            allocator: self.allocator,
+            destination,
+            policy: self.policy,
+            next: self.next,
+            open: self.open,
+            staging: self.staging,
+            accounting: self.accounting,
+            paths: self.paths,
+            fallbacks: self.fallbacks,
+            started: self.started,
+            elapsed: self.elapsed,
+            finished: self.finished,
+        }
+    }
+
+    /// The checkpoint being loaded.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    /// The allocator (for copying device tensors back, for example).
+    pub fn allocator(&self) -> &A {
+        &self.allocator
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &StagingPolicy {
+        &self.policy
+    }
+
+    /// The report so far; final once the iterator has returned `None` or an error.
+    pub fn report(&self) -> LoadReport {
+        let seconds = match (self.elapsed, self.started) {
+            (Some(done), _) => done.as_secs_f64(),
+            (None, Some(start)) => start.elapsed().as_secs_f64(),
+            (None, None) => 0.0,
+        };
+        let p = &self.paths;
+        let tensors = p.destination.tensors + p.device.tensors + p.host.tensors;
+        let bytes = p.destination.bytes + p.device.bytes + p.host.bytes;
+        let (peak_device_bytes, peak_host_bytes) = self.accounting.peaks();
+        LoadReport {
+            backend: self.reader.name().to_owned(),
+            mode: self.reader.mode().to_owned(),
+            files: self.checkpoint.files().len(),
+            tensors,
+            bytes,
+            seconds,
+            bytes_per_second: if seconds > 0.0 {
+                bytes as f64 / seconds
+            } else {
+                0.0
+            },
+            paths: *p,
+            fallbacks: self.fallbacks,
+            peak_device_bytes,
+            peak_host_bytes,
+        }
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.staging = None;
+        self.open = None;
+        if self.elapsed.is_none() {
+            self.elapsed = Some(self.started.map_or(Duration::ZERO, |s| s.elapsed()));
+        }
+    }
+
+    fn stage(&mut self, meta: TensorMeta) -> Result<StagedTensor<A::Buffer>> {
+        if self.open.as_ref().map(|(index, _)| *index) != Some(meta.file_index) {
+            self.open = None;
+            let file = self.reader.open(&meta.file).map_err(|source| Error::Open {
+                file: meta.file.to_path_buf(),
+                source,
+            })?;
+            self.open = Some((meta.file_index, file));
+        }
+        let Some((_, file)) = self.open.as_ref() else {
+            return Err(Error::Policy("internal: no open file".into()));
+        };
+        let (chunk, threads) = (self.policy.chunk_size, self.policy.io_threads);
+
+        // 1. The caller's destination, asked before anything is allocated.
+        let offered = self
+            .destination
+            .region(&meta)
+            .map_err(|source| Error::Destination {
+                tensor: meta.name.clone(),
+                file: meta.file.to_path_buf(),
+                source,
+            })?;
+        if let Some(region) = offered {
+            let (addr, capacity) = (region.addr(), region.len());
+            let Some((target, _)) = region.split_at(meta.len) else {
+                return Err(Error::DestinationTooSmall {
+                    tensor: meta.name.clone(),
+                    file: meta.file.to_path_buf(),
+                    needed: meta.len,
+                    capacity,
+                });
+            };
+            fill_region(&self.reader, file, &meta, target, chunk, threads)?;
+            return Ok(StagedTensor {
+                meta,
+                data: TensorData::Destination { addr, capacity },
+                fallback: None,
+            });
+        }
+
+        // 2. A device buffer of its own when free memory leaves the headroom.
+        let free = match self.policy.memory_budget {
+            Some(budget) => budget.saturating_sub(self.accounting.device_now()),
+            None => {
+                self.allocator
+                    .memory_info()
+                    .map_err(|source| Error::Device {
+                        tensor: meta.name.clone(),
+                        file: meta.file.to_path_buf(),
+                        offset: meta.offset,
+                        source,
+                    })?
+                    .free
+            }
+        };
+        let cause = if self.policy.fits_on_device(meta.len as u64, free) {
+            match self.allocator.allocate(meta.len) {
+                Ok(buffer) => {
+                    let held = Held::new(&self.accounting, MemoryKind::Device, meta.len as u64);
+                    let mut tensor = DeviceTensor {
+                        buffer,
+                        _held: held,
+                    };
+                    fill_region(
+                        &self.reader,
+                        file,
+                        &meta,
+                        tensor.buffer.region(),
+                        chunk,
+                        threads,
+                    )?;
+                    return Ok(StagedTensor {
+                        meta,
+                        data: TensorData::Device(tensor),
+                        fallback: None,
+                    });
+                }
+                Err(AllocError::OutOfMemory { .. }) => FallbackCause::AllocationRace,
+                Err(source) => {
+                    return Err(Error::Allocation {
+                        tensor: meta.name.clone(),
+                        file: meta.file.to_path_buf(),
+                        offset: meta.offset,
+                        source,
+                    });
+                }
+            }
+        } else {
+            FallbackCause::InsufficientMemory
+        };
+
+        // 3. Host assembly through the one bounded staging buffer.
+        let bytes =
+            HostBytes::zeroed(meta.len, HOST_ALIGN).ok_or_else(|| Error::HostAllocation {
+                tensor: meta.name.clone(),
+                file: meta.file.to_path_buf(),
+                offset: meta.offset,
+                bytes: meta.len,
+            })?;
+        let mut host = HostTensor {
+            _held: Held::new(&self.accounting, MemoryKind::Host, meta.len as u64),
+            bytes,
+        };
+        if meta.len > 0 {
+            if self.staging.is_none() {
+                let size = self.policy.staging_size;
+                let buffer =
+                    self.allocator
+                        .allocate(size)
+                        .map_err(|source| Error::StagingBuffer {
+                            tensor: meta.name.clone(),
+                            file: meta.file.to_path_buf(),
+                            offset: meta.offset,
+                            bytes: size,
+                            source,
+                        })?;
+                let held = Held::new(&self.accounting, MemoryKind::Device, size as u64);
+                self.staging = Some(DeviceTensor {
+                    buffer,
+                    _held: held,
+                });
+            }
+            let Some(staging) = self.staging.as_mut() else {
+                return Err(Error::Policy("internal: no staging buffer".into()));
+            };
+            for (rel, n) in plan_chunks(meta.offset, meta.len, self.policy.host_chunk_size()) {
+                let at = meta.offset + rel as u64;
+                let mut whole = staging.buffer.region();
+                let Some(region) = whole.slice(0, n) else {
+                    return Err(Error::Policy(
+                        "internal: chunk larger than staging buffer".into(),
+                    ));
+                };
+                read_exact(&self.reader, file, &meta, at, region)?;
+                let copy_error = |source| Error::Device {
+                    tensor: meta.name.clone(),
+                    file: meta.file.to_path_buf(),
+                    offset: at,
+                    source,
+                };
+                let Some(dst) = host.bytes.get_mut(rel..rel + n) else {
+                    return Err(Error::Policy("internal: chunk outside tensor".into()));
+                };
+                self.allocator
+                    .copy_to_host(&staging.buffer, 0, dst)
+                    .map_err(copy_error)?;
+            }
+        }
+        Ok(StagedTensor {
+            meta,
+            data: TensorData::Host(host),
+            fallback: Some(cause),
+        })
+    }
+}
+
+impl<R, A, D> Iterator for Stager<R, A, D>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+    D: Destination<R::Space>,
+{
+    type Item = Result<StagedTensor<A::Buffer>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        self.started.get_or_insert_with(Instant::now);
+        let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() else {
+            self.finish();
+            return None;
+        };
+        self.next += 1;
+        match self.stage(meta) {
+            Ok(tensor) => {
+                self.paths.add(tensor.path(), tensor.meta.len as u64);
+                if let Some(cause) = tensor.fallback {
+                    self.fallbacks.add(cause);
+                }
+                if self.next == self.checkpoint.tensors().len() {
+                    self.finish();
+                }
+                Some(Ok(tensor))
+            }
+            Err(e) => {
+                self.finish();
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl<R, A, D> fmt::Debug for Stager<R, A, D>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+    D: Destination<R::Space>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stager")
+            .field("backend", &self.reader.name())
+            .field("tensors", &self.checkpoint.tensors().len())
+            .field("next", &self.next)
+            .field("policy", &self.policy)
+            .field("finished", &self.finished)
+            .finish()
+    }
+}

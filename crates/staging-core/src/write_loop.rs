@@ -1,0 +1,223 @@
+//! The chunked write loop: one loop serves every path.
+//!
+//! It copies `[file_offset, file_offset + len)` into a region in chunks of at most `chunk_size`,
+//! the last one shorter. Chunk boundaries after the first fall on 4 KiB file offsets when the
+//! chunk size is a multiple of 4 KiB (GDS and O_DIRECT want that). A short read continues where it
+//! stopped; zero bytes before the end is a truncated file. This module never reports success for a
+//! region it did not fill completely.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::checkpoint::TensorMeta;
+use crate::error::{Error, Result};
+use crate::memory::DeviceRegion;
+use crate::traits::{ReadError, Reader};
+
+/// File alignment that chunk boundaries keep where they can.
+pub const FILE_ALIGNMENT: u64 = 4096;
+
+/// The chunks of one byte range: `(offset relative to the range, length)` pairs, in order.
+#[derive(Debug, Clone)]
+pub struct ChunkPlan {
+    pos: usize,
+    len: usize,
+    next_len: usize,
+    chunk: usize,
+}
+
+/// Plans the chunks of `len` bytes starting at `file_offset`, each at most `chunk_size` (which
+/// must be at least 1).
+pub fn plan_chunks(file_offset: u64, len: usize, chunk_size: usize) -> ChunkPlan {
+    let chunk = chunk_size.max(1);
+    let misalignment = (file_offset % FILE_ALIGNMENT) as usize;
+    let first = if (chunk as u64).is_multiple_of(FILE_ALIGNMENT) && misalignment != 0 {
+        chunk - misalignment
+    } else {
+        chunk
+    };
+    ChunkPlan {
+        pos: 0,
+        len,
+        next_len: first,
+        chunk,
+    }
+}
+
+impl Iterator for ChunkPlan {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        if self.pos >= self.len {
+            return None;
+        }
+        let n = self.next_len.min(self.len - self.pos);
+        let item = (self.pos, n);
+        self.pos += n;
+        self.next_len = self.chunk;
+        Some(item)
+    }
+}
+
+/// Reads exactly `dst.len()` bytes at `file_offset` into `dst`, continuing after short reads.
+pub fn read_exact<R: Reader>(
+    reader: &R,
+    file: &R::File,
+    tensor: &TensorMeta,
+    file_offset: u64,
+    mut dst: DeviceRegion<'_, R::Space>,
+) -> Result<()> {
+    let len = dst.len();
+    let mut done = 0usize;
+    while done < len {
+        let at = file_offset + done as u64;
+        let remaining = len - done;
+        let read_error = |source| Error::Read {
+            tensor: tensor.name.clone(),
+            file: tensor.file.to_path_buf(),
+            offset: at,
+            source,
+        };
+        let Some(rest) = dst.slice(done, remaining) else {
+            return Err(read_error(ReadError::Overrun {
+                requested: remaining,
+                returned: done,
+            }));
+        };
+        match reader.read_at(file, at, rest) {
+            Ok(0) => {
+                return Err(Error::Truncated {
+                    tensor: tensor.name.clone(),
+                    file: tensor.file.to_path_buf(),
+                    offset: at,
+                    missing: remaining as u64,
+                });
+            }
+            Ok(n) if n > remaining => {
+                return Err(read_error(ReadError::Overrun {
+                    requested: remaining,
+                    returned: n,
+                }));
+            }
+            Ok(n) => done += n,
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(read_error(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Fills all of `dst` with the tensor's bytes, chunk by chunk, on up to `threads` threads.
+///
+/// With one thread, chunks are read in order and the first failure stops all reading. With more,
+/// workers take chunks in order, stop taking new ones after any failure, and the failure at the
+/// lowest file offset is returned.
+pub fn fill_region<R: Reader>(
+    reader: &R,
+    file: &R::File,
+    tensor: &TensorMeta,
+    dst: DeviceRegion<'_, R::Space>,
+    chunk_size: usize,
+    threads: usize,
+) -> Result<()> {
+    let plan = plan_chunks(tensor.offset, dst.len(), chunk_size);
+    let chunk_count = plan.clone().count();
+    if threads <= 1 || chunk_count <= 1 {
+        let mut dst = dst;
+        for (offset, len) in plan {
+            let Some(piece) = dst.slice(offset, len) else {
+                return Err(split_error(tensor, offset));
+            };
+            read_exact(reader, file, tensor, tensor.offset + offset as u64, piece)?;
+        }
+        return Ok(());
+    }
+
+    let mut pieces = Vec::with_capacity(chunk_count);
+    let mut rest = dst;
+    for (offset, len) in plan {
+        let Some((head, tail)) = rest.split_at(len) else {
+            return Err(split_error(tensor, offset));
+        };
+        pieces.push((offset, head));
+        rest = tail;
+    }
+    let queue = Mutex::new(pieces.into_iter());
+    let failed = AtomicBool::new(false);
+    let errors = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(chunk_count) {
+            scope.spawn(|| {
+                while !failed.load(Ordering::Acquire) {
+                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let Some((offset, piece)) = next else { break };
+                    if let Err(e) =
+                        read_exact(reader, file, tensor, tensor.offset + offset as u64, piece)
+                    {
+                        failed.store(true, Ordering::Release);
+                        errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let errors = errors.into_inner().unwrap_or_else(|p| p.into_inner());
+    match errors.into_iter().min_by_key(error_offset) {
+        Some(first) => Err(first),
+        None => Ok(()),
+    }
+}
+
+fn split_error(tensor: &TensorMeta, offset: usize) -> Error {
+    Error::Read {
+        tensor: tensor.name.clone(),
+        file: tensor.file.to_path_buf(),
+        offset: tensor.offset + offset as u64,
+        source: ReadError::Overrun {
+            requested: tensor.len,
+            returned: offset,
+        },
+    }
+}
+
+fn error_offset(error: &Error) -> u64 {
+    match error {
+        Error::Read { offset, .. } | Error::Truncated { offset, .. } => *offset,
+        _ => u64::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn collect(offset: u64, len: usize, chunk: usize) -> Vec<(usize, usize)> {
+        plan_chunks(offset, len, chunk).collect()
+    }
+
+    #[rstest]
+    #[case::below_one_chunk(0, 100, 4096, vec![(0, 100)])]
+    #[case::exactly_one_chunk(0, 4096, 4096, vec![(0, 4096)])]
+    #[case::one_byte_over(0, 4097, 4096, vec![(0, 4096), (4096, 1)])]
+    #[case::zero_length(0, 0, 4096, vec![])]
+    #[case::misaligned_start_realigns(4000, 10000, 8192, vec![(0, 4192), (4192, 5808)])]
+    #[case::unaligned_chunk_size_is_kept(10, 25, 10, vec![(0, 10), (10, 10), (20, 5)])]
+    fn chunk_plans(
+        #[case] offset: u64,
+        #[case] len: usize,
+        #[case] chunk: usize,
+        #[case] expected: Vec<(usize, usize)>,
+    ) {
+        let plan = collect(offset, len, chunk);
+        assert_eq!(plan, expected);
+        assert_eq!(plan.iter().map(|c| c.1).sum::<usize>(), len);
+        // Every chunk after the first starts on a 4 KiB file offset when the chunk size allows.
+        if chunk.is_multiple_of(4096) {
+            for &(rel, _) in plan.iter().skip(1) {
+                assert_eq!((offset + rel as u64) % 4096, 0);
+            }
+        }
+    }
+}
