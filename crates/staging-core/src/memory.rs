@@ -94,6 +94,17 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         Some(unsafe { DeviceRegion::from_raw_parts(self.addr + offset, len) })
     }
 
+    /// Narrows the region to `[offset, offset + len)`, keeping its lifetime; `None` when out of
+    /// bounds.
+    pub fn into_subregion(self, offset: usize, len: usize) -> Option<Self> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: the sub-range lies inside this region, which is consumed.
+        Some(unsafe { DeviceRegion::from_raw_parts(self.addr + offset, len) })
+    }
+
     /// Splits the region in two at `mid`; `None` when `mid > len`.
     pub fn split_at(self, mid: usize) -> Option<(Self, Self)> {
         if mid > self.len {

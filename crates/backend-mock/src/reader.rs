@@ -1,0 +1,184 @@
+//! [`FaultyReader`]: wraps any reader and injects scripted read faults, recording every call.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use staging_core::{DeviceRegion, ReadError, Reader};
+
+/// One call to [`Reader::read_at`] as the wrapper saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadCall {
+    /// Call number, from 0.
+    pub index: usize,
+    /// The file read.
+    pub file: PathBuf,
+    /// The file offset asked for.
+    pub offset: u64,
+    /// Bytes asked for.
+    pub requested: usize,
+    /// What came back: bytes, or `None` for an error.
+    pub returned: Option<usize>,
+}
+
+/// A shared, growing log of read calls; clone it before the reader moves into a stager.
+#[derive(Debug, Clone, Default)]
+pub struct ReadLog(Arc<Mutex<Vec<ReadCall>>>);
+
+impl ReadLog {
+    /// Every call so far, in the order they were made.
+    pub fn calls(&self) -> Vec<ReadCall> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn push(&self, call: ReadCall) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(call);
+    }
+}
+
+/// A file opened through a [`FaultyReader`].
+#[derive(Debug)]
+pub struct FaultyFile<F> {
+    inner: F,
+    path: PathBuf,
+}
+
+/// Wraps a reader with scripted faults:
+///
+/// - `fail_on_call(k)`: the `k`-th `read_at` call (from 0) fails with an I/O error;
+/// - `eof_on_call(k)`: the `k`-th call returns 0 bytes, as a truncated file would;
+/// - `short_reads(pattern)`: call `i` reads at most `pattern[i % len]` bytes;
+/// - `fail_open()`: opening any file fails.
+///
+/// Without faults it behaves exactly like the wrapped reader.
+#[derive(Debug)]
+pub struct FaultyReader<R> {
+    inner: R,
+    label: String,
+    fail_on: BTreeSet<usize>,
+    eof_on: BTreeSet<usize>,
+    short_reads: Vec<usize>,
+    fail_open: bool,
+    calls: AtomicUsize,
+    log: ReadLog,
+}
+
+impl<R: Reader> FaultyReader<R> {
+    /// Wraps `inner`; reports carry the inner reader's name.
+    pub fn new(inner: R) -> Self {
+        let label = inner.name().to_owned();
+        Self {
+            inner,
+            label,
+            fail_on: BTreeSet::new(),
+            eof_on: BTreeSet::new(),
+            short_reads: Vec::new(),
+            fail_open: false,
+            calls: AtomicUsize::new(0),
+            log: ReadLog::default(),
+        }
+    }
+
+    /// Reports this name instead of the inner reader's.
+    pub fn labelled(mut self, name: impl Into<String>) -> Self {
+        self.label = name.into();
+        self
+    }
+
+    /// The `k`-th read call fails.
+    pub fn fail_on_call(mut self, k: usize) -> Self {
+        self.fail_on.insert(k);
+        self
+    }
+
+    /// The `k`-th read call returns 0 bytes.
+    pub fn eof_on_call(mut self, k: usize) -> Self {
+        self.eof_on.insert(k);
+        self
+    }
+
+    /// Call `i` reads at most `pattern[i % pattern.len()]` bytes (entries of 0 count as 1).
+    pub fn short_reads(mut self, pattern: Vec<usize>) -> Self {
+        self.short_reads = pattern;
+        self
+    }
+
+    /// Opening any file fails.
+    pub fn fail_open(mut self) -> Self {
+        self.fail_open = true;
+        self
+    }
+
+    /// A handle on the call log that stays valid after the reader moves.
+    pub fn log(&self) -> ReadLog {
+        self.log.clone()
+    }
+}
+
+impl<R: Reader> Reader for FaultyReader<R> {
+    type Space = R::Space;
+    type File = FaultyFile<R::File>;
+
+    fn name(&self) -> &str {
+        &self.label
+    }
+
+    fn mode(&self) -> &str {
+        self.inner.mode()
+    }
+
+    fn open(&self, path: &Path) -> Result<Self::File, ReadError> {
+        if self.fail_open {
+            return Err(ReadError::Io(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "injected open failure",
+            )));
+        }
+        Ok(FaultyFile {
+            inner: self.inner.open(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn read_at(
+        &self,
+        file: &Self::File,
+        offset: u64,
+        dst: DeviceRegion<'_, Self::Space>,
+    ) -> Result<usize, ReadError> {
+        let index = self.calls.fetch_add(1, Ordering::AcqRel);
+        let requested = dst.len();
+        let record = |returned| {
+            self.log.push(ReadCall {
+                index,
+                file: file.path.clone(),
+                offset,
+                requested,
+                returned,
+            })
+        };
+        if self.fail_on.contains(&index) {
+            record(None);
+            return Err(ReadError::Io(io::Error::other(format!(
+                "injected read error on call {index}"
+            ))));
+        }
+        if self.eof_on.contains(&index) {
+            record(Some(0));
+            return Ok(0);
+        }
+        let limit = match self.short_reads.len() {
+            0 => requested,
+            n => self.short_reads[index % n].max(1).min(requested),
+        };
+        let mut dst = dst;
+        let result = match dst.slice(0, limit) {
+            Some(part) => self.inner.read_at(&file.inner, offset, part),
+            None => Ok(0),
+        };
+        record(result.as_ref().ok().copied());
+        result
+    }
+}

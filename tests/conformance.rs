@@ -1,0 +1,35 @@
+//! The backend conformance suite, run against every backend available without a GPU.
+
+mod host {
+    use backend_mock::conformance::Harness;
+    use staging_core::host::{HostAllocator, HostReader};
+
+    struct HostBackend;
+
+    impl Harness for HostBackend {
+        type Reader = HostReader;
+        type Allocator = HostAllocator;
+        fn backend(&self) -> (HostReader, HostAllocator) {
+            (HostReader, HostAllocator::new())
+        }
+    }
+
+    backend_mock::conformance_suite!(HostBackend);
+}
+
+mod mock {
+    use backend_mock::conformance::Harness;
+    use backend_mock::{MockAllocator, MockReader, mock_backend};
+
+    struct MockBackend;
+
+    impl Harness for MockBackend {
+        type Reader = MockReader;
+        type Allocator = MockAllocator;
+        fn backend(&self) -> (MockReader, MockAllocator) {
+            mock_backend()
+        }
+    }
+
+    backend_mock::conformance_suite!(MockBackend);
+}
