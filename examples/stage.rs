@@ -1,1 +1,368 @@
-fn main() {}
+//! `stage`: load a safetensors checkpoint through the staging policy and report where every
+//! tensor went.
+//!
+//! ```text
+//! stage [PATH ...] [--backend auto|host|mock] [--device-memory SIZE] [--synthetic-size SIZE]
+//!       [--chunk-size SIZE] [--threads N] [--json] [--checksums]
+//! ```
+//!
+//! With no PATH it writes a synthetic sharded checkpoint to a temporary directory, loads it and
+//! removes it. Every loaded tensor is kept until the load ends, as a model loader would. Exit 0
+//! on success; otherwise one line on stderr and exit 1.
+
+use std::error::Error as StdError;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use backend_mock::fixtures::write_synthetic;
+use backend_mock::mock_backend;
+use clap::{Parser, ValueEnum};
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use staging_core::host::{HostAllocator, HostReader};
+use staging_core::{
+    Checkpoint, DeviceAllocator, LoadReport, Reader, StagedTensor, Stager, StagingPath,
+    StagingPolicy, TensorData,
+};
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// The best backend available: a GPU backend when one is built and usable, else host.
+    Auto,
+    /// System memory standing for the device.
+    Host,
+    /// The host backend behind the mock's ledger, which checks every buffer came back.
+    Mock,
+}
+
+/// Load a safetensors checkpoint onto a device and report where every tensor went.
+#[derive(Debug, Parser)]
+#[command(name = "stage", version)]
+struct Args {
+    /// A checkpoint directory, an index file, or safetensors files. None: a synthetic checkpoint
+    /// is written to a temporary directory, loaded and removed.
+    paths: Vec<PathBuf>,
+    /// Which backend loads the tensors.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Cap the (host or mock) device's memory, e.g. 512MiB.
+    #[arg(long, value_parser = parse_size)]
+    device_memory: Option<u64>,
+    /// Size of the synthetic checkpoint written when no PATH is given.
+    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
+    synthetic_size: u64,
+    /// Write the synthetic checkpoint into this directory and keep it (for benchmarks).
+    #[arg(long)]
+    keep_synthetic: Option<PathBuf>,
+    /// Largest single read, and the size of the one staging buffer (default 16MiB).
+    #[arg(long, value_parser = parse_size)]
+    chunk_size: Option<u64>,
+    /// Threads reading chunks of one tensor at once.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print only the JSON report on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Read every tensor back from where it landed and add its SHA-256 to the report.
+    #[arg(long)]
+    checksums: bool,
+}
+
+/// Parses `512MiB`, `2GiB`, `1.5GB`, `4096`, `64k`: binary units for `K`/`KiB`-style suffixes,
+/// decimal for `KB`/`MB`/`GB`/`TB`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 512MiB, 2GiB or 4096"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    let bytes = value * scale as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || bytes.fract() != 0.0 {
+        return Err(format!("{text:?} is not a whole number of bytes"));
+    }
+    Ok(bytes as u64)
+}
+
+#[derive(Serialize)]
+struct TensorEntry {
+    name: String,
+    file: String,
+    dtype: String,
+    shape: Vec<usize>,
+    bytes: usize,
+    path: StagingPath,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+}
+
+#[derive(Serialize)]
+struct JsonReport {
+    #[serde(flatten)]
+    report: LoadReport,
+    tensor_list: Vec<TensorEntry>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let line = e.to_string().replace('\n', " ");
+            eprintln!("stage: error: {line}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), BoxError> {
+    let mut _synthetic_dir = None;
+    let checkpoint = match args.paths.as_slice() {
+        [] => {
+            let dir: PathBuf = match &args.keep_synthetic {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                    dir.clone()
+                }
+                None => {
+                    let tmp = tempfile::Builder::new()
+                        .prefix("stage-synthetic-")
+                        .tempdir()?;
+                    let path = tmp.path().to_path_buf();
+                    _synthetic_dir = Some(tmp);
+                    path
+                }
+            };
+            if !args.json {
+                eprintln!(
+                    "writing a synthetic {} checkpoint to {} ...",
+                    HumanBytes(args.synthetic_size),
+                    dir.display()
+                );
+            }
+            write_synthetic(&dir, args.synthetic_size, 0x5eed)
+                .map_err(|e| format!("{}: writing the synthetic checkpoint: {e}", dir.display()))?;
+            Checkpoint::open(&dir)?
+        }
+        [one] => Checkpoint::open(one)?,
+        many => Checkpoint::from_files(many)?,
+    };
+
+    let mut policy = StagingPolicy::default();
+    if let Some(chunk) = args.chunk_size {
+        let chunk = usize::try_from(chunk).map_err(|_| "--chunk-size is too large")?;
+        policy.chunk_size = chunk;
+        policy.staging_size = chunk;
+    }
+    if let Some(threads) = args.threads {
+        policy.io_threads = threads;
+    }
+
+    match args.backend {
+        Backend::Auto | Backend::Host => {
+            let allocator = match args.device_memory {
+                Some(cap) => HostAllocator::with_capacity(cap),
+                None => HostAllocator::new(),
+            };
+            load(args, checkpoint, HostReader, allocator, policy)
+        }
+        Backend::Mock => {
+            let (reader, allocator) = mock_backend();
+            let allocator = match args.device_memory {
+                Some(cap) => allocator.with_capacity(cap),
+                None => allocator,
+            };
+            let ledger = allocator.ledger();
+            load(args, checkpoint, reader, allocator, policy)?;
+            let leaked = ledger.outstanding();
+            if !leaked.is_empty() {
+                return Err(format!(
+                    "mock ledger: {} buffers were never returned: {leaked:?}",
+                    leaked.len()
+                )
+                .into());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn load<R, A>(
+    args: &Args,
+    checkpoint: Checkpoint,
+    reader: R,
+    allocator: A,
+    policy: StagingPolicy,
+) -> Result<(), BoxError>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+{
+    let total = checkpoint.total_bytes();
+    let count = checkpoint.tensors().len();
+    let mut stager = Stager::new(checkpoint, reader, allocator, policy)?;
+    let progress = if !args.json && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(total);
+        let style = ProgressStyle::with_template(
+            "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+        )?;
+        bar.set_style(style.progress_chars("=> "));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    // Keep every tensor until the load ends, as a model loader would.
+    let mut kept = Vec::with_capacity(count);
+    for item in stager.by_ref() {
+        let tensor = item?;
+        progress.inc(tensor.meta().len as u64);
+        kept.push(tensor);
+    }
+    progress.finish_and_clear();
+    let report = stager.report();
+
+    let mut tensor_list = Vec::with_capacity(kept.len());
+    for tensor in &kept {
+        let meta = tensor.meta();
+        let sha256 = if args.checksums {
+            Some(checksum(stager.allocator(), tensor)?)
+        } else {
+            None
+        };
+        tensor_list.push(TensorEntry {
+            name: meta.name.clone(),
+            file: meta.file.display().to_string(),
+            dtype: meta.dtype_name(),
+            shape: meta.shape.clone(),
+            bytes: meta.len,
+            path: tensor.path(),
+            sha256,
+        });
+    }
+
+    if args.json {
+        let json = serde_json::to_string_pretty(&JsonReport {
+            report,
+            tensor_list,
+        })?;
+        println!("{json}");
+    } else {
+        print_human(&report, &tensor_list);
+    }
+    Ok(())
+}
+
+/// SHA-256 of a tensor's bytes, read back from where they landed.
+fn checksum<A: DeviceAllocator>(
+    allocator: &A,
+    tensor: &StagedTensor<A::Buffer>,
+) -> Result<String, BoxError> {
+    let mut hasher = Sha256::new();
+    match tensor.data() {
+        TensorData::Host(bytes) => hasher.update(&bytes[..]),
+        TensorData::Device(device) => {
+            let len = tensor.meta().len;
+            let mut chunk = vec![0u8; len.min(16 << 20)];
+            let mut offset = 0;
+            while offset < len {
+                let n = chunk.len().min(len - offset);
+                allocator
+                    .copy_to_host(device.buffer(), offset, &mut chunk[..n])
+                    .map_err(|e| format!("{}: reading back: {e}", tensor.name()))?;
+                hasher.update(&chunk[..n]);
+                offset += n;
+            }
+        }
+        TensorData::Destination { .. } => {
+            return Err(format!(
+                "{}: a caller destination cannot be checksummed here",
+                tensor.name()
+            )
+            .into());
+        }
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+fn print_human(report: &LoadReport, tensors: &[TensorEntry]) {
+    let name_width = tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!(
+        "{:<name_width$}  {:<6} {:<16} {:>12}  path",
+        "name", "dtype", "shape", "bytes"
+    );
+    for t in tensors {
+        let shape = format!("{:?}", t.shape);
+        println!(
+            "{:<name_width$}  {:<6} {:<16} {:>12}  {}{}",
+            t.name,
+            t.dtype,
+            shape,
+            t.bytes,
+            t.path.as_str(),
+            t.sha256
+                .as_deref()
+                .map(|h| format!("  sha256:{h}"))
+                .unwrap_or_default()
+        );
+    }
+    let gbps = report.bytes_per_second / 1e9;
+    println!();
+    println!(
+        "loaded {} tensors, {} from {} files in {:.3} s: {:.2} GB/s (backend {}, mode {})",
+        report.tensors,
+        HumanBytes(report.bytes),
+        report.files,
+        report.seconds,
+        gbps,
+        report.backend,
+        report.mode
+    );
+    println!("{:<12} {:>8} {:>12}", "path", "tensors", "bytes");
+    for (name, count) in [
+        ("destination", report.paths.destination),
+        ("device", report.paths.device),
+        ("host", report.paths.host),
+    ] {
+        println!(
+            "{name:<12} {:>8} {:>12}",
+            count.tensors,
+            HumanBytes(count.bytes).to_string()
+        );
+    }
+    println!(
+        "fallbacks: {} insufficient memory, {} allocation race",
+        report.fallbacks.insufficient_memory, report.fallbacks.allocation_race
+    );
+    println!(
+        "peak held: device {}, host {}",
+        HumanBytes(report.peak_device_bytes),
+        HumanBytes(report.peak_host_bytes)
+    );
+}

@@ -82,11 +82,11 @@ impl<B> ScriptedBuffer<B> {
 impl<B> Drop for ScriptedBuffer<B> {
     fn drop(&mut self) {
         self.ledger.with(|s| {
-            if let Some(e) = s.entries.get_mut(self.entry) {
-                if !e.returned {
-                    e.returned = true;
-                    s.outstanding_bytes -= e.len as u64;
-                }
+            if let Some(e) = s.entries.get_mut(self.entry)
+                && !e.returned
+            {
+                e.returned = true;
+                s.outstanding_bytes -= e.len as u64;
             }
         });
     }

@@ -117,7 +117,7 @@ fn aligned_fixture(target_len: usize) -> Fixture {
             TensorSpec::bytes("target", target_len),
         ];
         let header = header_for(&specs).unwrap();
-        if (8 + header.len() + pad) % 4096 == 0 {
+        if (8 + header.len() + pad).is_multiple_of(4096) {
             return single_file_fixture(&specs);
         }
     }
@@ -555,7 +555,7 @@ pub fn tail_chunks<H: Harness>(h: &H, path: StagingPath, len: usize) {
         .map(|c| c.requested)
         .collect();
     let mut expected = vec![CHUNK; len / CHUNK];
-    if len % CHUNK != 0 {
+    if !len.is_multiple_of(CHUNK) {
         expected.push(len % CHUNK);
     }
     assert_eq!(requests, expected, "chunk requests for a {len}-byte tensor");
