@@ -1,5 +1,7 @@
 //! The backend conformance suite, run against every backend available without a GPU.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
 mod host {
     use backend_mock::conformance::Harness;
     use staging_core::host::{HostAllocator, HostReader};

@@ -872,7 +872,7 @@ pub fn load_order_is_file_then_offset<H: Harness>(h: &H) {
 
 /// Expands to one `#[test]` per conformance case for a harness expression.
 ///
-/// ```ignore
+/// ```text
 /// backend_mock::conformance_suite!(MyHarness::new());
 /// ```
 #[macro_export]

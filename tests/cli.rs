@@ -1,0 +1,329 @@
+//! The `stage` command end to end: the JSON report's keys, checksums against the `safetensors`
+//! crate, the device-memory cap, and one-line errors for every malformed input.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use backend_mock::fixtures::{TensorSpec, every_dtype, write_file, write_sharded};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use staging_core::Dtype;
+
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+/// Runs `stage` with `args`, killing it (and failing) if it has not exited within 60 s.
+fn stage(args: &[&str], scratch: &Path) -> Output {
+    let out_path = scratch.join("stdout.txt");
+    let err_path = scratch.join("stderr.txt");
+    let start = Instant::now();
+    let mut child = Command::new(common::stage_binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            panic!("stage {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out_path).unwrap(),
+        stderr: std::fs::read_to_string(&err_path).unwrap(),
+        elapsed: start.elapsed(),
+    }
+}
+
+fn json(output: &Output) -> Value {
+    assert_eq!(output.code, Some(0), "stage failed: {}", output.stderr);
+    serde_json::from_str(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", output.stdout))
+}
+
+fn keys(value: &Value) -> BTreeSet<String> {
+    value.as_object().unwrap().keys().cloned().collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn synthetic_load_reports_every_tensor_and_cleans_up() {
+    let scratch = tempfile::tempdir().unwrap();
+    let report = json(&stage(
+        &["--synthetic-size", "8MiB", "--json"],
+        scratch.path(),
+    ));
+    assert_eq!(
+        keys(&report),
+        set(&[
+            "backend",
+            "mode",
+            "files",
+            "tensors",
+            "bytes",
+            "seconds",
+            "bytes_per_second",
+            "paths",
+            "fallbacks",
+            "peak_device_bytes",
+            "peak_host_bytes",
+            "tensor_list",
+        ])
+    );
+    assert_eq!(
+        keys(&report["paths"]),
+        set(&["destination", "device", "host"])
+    );
+    assert_eq!(keys(&report["paths"]["device"]), set(&["tensors", "bytes"]));
+    assert_eq!(
+        keys(&report["fallbacks"]),
+        set(&["insufficient_memory", "allocation_race"])
+    );
+    assert_eq!(report["backend"], "host");
+    assert_eq!(report["mode"], "posix");
+    assert!(
+        report["files"].as_u64().unwrap() > 1,
+        "the synthetic checkpoint is sharded"
+    );
+    let list = report["tensor_list"].as_array().unwrap();
+    assert_eq!(list.len() as u64, report["tensors"].as_u64().unwrap());
+    let total: u64 = list.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(total, report["bytes"].as_u64().unwrap());
+    for t in list {
+        assert_eq!(
+            keys(t),
+            set(&["name", "file", "dtype", "shape", "bytes", "path"])
+        );
+        assert_eq!(t["path"], "device");
+    }
+    assert_eq!(report["paths"]["device"]["bytes"], report["bytes"]);
+    assert_eq!(report["peak_host_bytes"], 0);
+    // The temporary checkpoint is removed after the load.
+    let file = PathBuf::from(list[0]["file"].as_str().unwrap());
+    assert!(!file.exists(), "{} was left behind", file.display());
+}
+
+#[test]
+fn checksums_match_the_safetensors_crate_on_every_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = every_dtype();
+    first.push(TensorSpec::new("big.bf16", Dtype::BF16, &[300, 1001]));
+    let second = vec![
+        TensorSpec::new("other.f32", Dtype::F32, &[77, 13]),
+        TensorSpec::bytes("empty", 0),
+    ];
+    let fixture = write_sharded(dir.path(), &[first, second], 42).unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
+    for extra in [
+        &["--backend", "host"][..],
+        &[
+            "--backend",
+            "mock",
+            "--device-memory",
+            "1MiB",
+            "--chunk-size",
+            "64KiB",
+        ],
+    ] {
+        let scratch = tempfile::tempdir().unwrap();
+        let mut args = vec![dir_arg, "--json", "--checksums"];
+        args.extend_from_slice(extra);
+        let report = json(&stage(&args, scratch.path()));
+        let list = report["tensor_list"].as_array().unwrap();
+        assert_eq!(list.len(), fixture.contents.len());
+        let mut files_read = std::collections::HashMap::new();
+        for t in list {
+            let file = t["file"].as_str().unwrap().to_owned();
+            let bytes = files_read
+                .entry(file.clone())
+                .or_insert_with(|| std::fs::read(&file).unwrap());
+            let reference = safetensors::SafeTensors::deserialize(bytes).unwrap();
+            let name = t["name"].as_str().unwrap();
+            let view = reference.tensor(name).unwrap();
+            assert_eq!(
+                t["sha256"].as_str().unwrap(),
+                sha256_hex(view.data()),
+                "{name} with {extra:?}"
+            );
+            assert_eq!(t["dtype"].as_str().unwrap(), format!("{:?}", view.dtype()));
+        }
+        if extra.contains(&"mock") {
+            assert!(
+                report["paths"]["host"]["tensors"].as_u64().unwrap() > 0,
+                "the cap forces host paths"
+            );
+            assert!(report["peak_device_bytes"].as_u64().unwrap() <= 1 << 20);
+        }
+    }
+}
+
+#[test]
+fn device_memory_cap_sends_the_large_tensor_to_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let mut specs = vec![TensorSpec::new("embed", Dtype::BF16, &[150 << 10, 1024])]; // 300 MiB
+    for i in 0..4 {
+        specs.push(TensorSpec::new(
+            format!("layer.{i}.weight"),
+            Dtype::BF16,
+            &[1024, 512],
+        ));
+    }
+    write_file(&path, &specs, 5).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let report = json(&stage(
+        &[
+            path.to_str().unwrap(),
+            "--device-memory",
+            "512MiB",
+            "--json",
+        ],
+        scratch.path(),
+    ));
+    let list = report["tensor_list"].as_array().unwrap();
+    assert_eq!(list[0]["name"], "embed");
+    assert_eq!(list[0]["bytes"], 300u64 << 20);
+    assert_eq!(list[0]["path"], "host");
+    for t in &list[1..] {
+        assert_eq!(t["path"], "device", "{}", t["name"]);
+    }
+    assert_eq!(report["fallbacks"]["insufficient_memory"], 1);
+    let peak = report["peak_device_bytes"].as_u64().unwrap();
+    assert!(peak <= 512 << 20, "peak device bytes {peak}");
+    assert!(peak >= 4 << 20, "the small tensors are on the device");
+}
+
+#[test]
+fn malformed_inputs_fail_with_one_line_and_no_panic() {
+    for case in common::MALFORMED {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = common::build(case, dir.path());
+        let args: Vec<&str> = paths.iter().map(|p| p.to_str().unwrap()).collect();
+        let out = stage(&args, dir.path());
+        assert_eq!(
+            out.code,
+            Some(1),
+            "{case}: exit {:?}, stderr {}",
+            out.code,
+            out.stderr
+        );
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{case}: stderr {:?}", out.stderr);
+        assert!(
+            lines[0].starts_with("stage: error: "),
+            "{case}: {}",
+            lines[0]
+        );
+        assert!(
+            lines[0].contains(dir.path().to_str().unwrap()),
+            "{case}: names no path: {}",
+            lines[0]
+        );
+        assert!(!out.stderr.contains("panicked"), "{case}: {}", out.stderr);
+        assert!(
+            out.stdout.is_empty(),
+            "{case}: partial output {}",
+            out.stdout
+        );
+        eprintln!("{case}: exited in {:?}", out.elapsed);
+    }
+}
+
+#[test]
+fn human_output_lists_every_tensor_and_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = [
+        TensorSpec::bytes("alpha", 100),
+        TensorSpec::new("beta", Dtype::F16, &[4, 4]),
+    ];
+    let path = dir.path().join("model.safetensors");
+    write_file(&path, &specs, 9).unwrap();
+    let out = stage(&[path.to_str().unwrap(), "--backend", "mock"], dir.path());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("alpha"));
+    assert!(out.stdout.contains("beta"));
+    assert!(out.stdout.contains("loaded 2 tensors"), "{}", out.stdout);
+    assert!(out.stdout.contains("backend mock"), "{}", out.stdout);
+}
+
+#[test]
+fn sizes_parse_and_bad_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    write_file(&path, &[TensorSpec::bytes("w", 5000)], 1).unwrap();
+    let p = path.to_str().unwrap();
+    for good in ["4096", "64k", "1MiB", "0.5MiB", "2GiB", "1MB"] {
+        let out = stage(&[p, "--chunk-size", good, "--json"], dir.path());
+        assert_eq!(out.code, Some(0), "{good}: {}", out.stderr);
+    }
+    for bad in ["12XB", "lots", "-1", "1.3"] {
+        let out = stage(&[p, "--chunk-size", bad], dir.path());
+        assert_ne!(out.code, Some(0), "{bad} was accepted");
+    }
+    let out = stage(&[p, "--chunk-size", "0"], dir.path());
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("chunk size must be at least 1 byte"),
+        "{}",
+        out.stderr
+    );
+    let out = stage(&[p, "--threads", "0"], dir.path());
+    assert_eq!(out.code, Some(1));
+}
+
+#[test]
+fn threads_give_the_same_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    write_file(
+        &path,
+        &[
+            TensorSpec::bytes("w", 1 << 20),
+            TensorSpec::bytes("v", 12345),
+        ],
+        1,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let one = json(&stage(&[p, "--json", "--checksums"], dir.path()));
+    let four = json(&stage(
+        &[
+            p,
+            "--json",
+            "--checksums",
+            "--threads",
+            "4",
+            "--chunk-size",
+            "64KiB",
+        ],
+        dir.path(),
+    ));
+    assert_eq!(one["tensor_list"], four["tensor_list"]);
+}
