@@ -1,3 +1,4 @@
+#![doc = include_str!("../README.md")]
 //! # safetensors-staging
 //!
 //! Loads Hugging Face safetensors checkpoints onto a device with bounded memory and exact bytes.

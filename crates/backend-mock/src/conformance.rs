@@ -330,6 +330,39 @@ pub fn capped_device_mixes_paths<H: Harness>(h: &H) {
     assert_bytes(r.stager.allocator(), &tensors, &f.contents);
 }
 
+/// A device too small for the configured staging buffer gets a smaller one (halved on
+/// out-of-memory), and the load still completes with the right bytes.
+pub fn staging_buffer_shrinks_when_memory_is_short<H: Harness>(h: &H) {
+    let f = standard_fixture();
+    let cap = (CHUNK / 2 + 100) as u64;
+    let mut r = run(h, &f, small_policy(), |r| r, |a| a.report_free(0).with_capacity(cap));
+    let tensors = collect_ok(&mut r.stager);
+    assert!(tensors.iter().all(|t| t.path() == StagingPath::Host));
+    assert_bytes(r.stager.allocator(), &tensors, &f.contents);
+    let lens: Vec<usize> = r.ledger.entries().iter().map(|e| e.len).collect();
+    assert_eq!(lens, vec![CHUNK / 2], "one staging buffer, halved once");
+    assert_eq!(r.ledger.allocation_calls(), 2, "tried the full size first");
+    let longest = r.log.calls().iter().map(|c| c.requested).max().unwrap();
+    assert_eq!(longest, CHUNK / 2, "host-path reads fit the smaller buffer");
+    assert!(r.ledger.outstanding().is_empty());
+}
+
+/// No staging buffer fits at all: the load fails naming the tensor, with nothing leaked.
+pub fn no_staging_buffer_is_an_error<H: Harness>(h: &H) {
+    let f = standard_fixture();
+    let mut r = run(h, &f, small_policy(), |r| r, |a| a.report_free(0).with_capacity(4095));
+    match r.stager.next() {
+        Some(Err(Error::StagingBuffer { tensor, bytes, .. })) => {
+            assert_eq!(tensor, "a.small");
+            assert_eq!(bytes, 4096, "the smallest size tried");
+        }
+        other => panic!("expected a staging-buffer error, got {other:?}"),
+    }
+    assert!(r.stager.next().is_none());
+    assert!(r.log.calls().is_empty(), "read without a staging buffer");
+    assert!(r.ledger.outstanding().is_empty());
+}
+
 /// The allocation race: free memory said yes, the allocation said out-of-memory; the tensor
 /// falls back to the host and is counted as a race.
 pub fn allocation_race_falls_back<H: Harness>(h: &H) {
@@ -896,6 +929,14 @@ macro_rules! conformance_suite {
         #[test]
         fn capped_device_mixes_paths() {
             suite::capped_device_mixes_paths(&$harness)
+        }
+        #[test]
+        fn staging_buffer_shrinks_when_memory_is_short() {
+            suite::staging_buffer_shrinks_when_memory_is_short(&$harness)
+        }
+        #[test]
+        fn no_staging_buffer_is_an_error() {
+            suite::no_staging_buffer_is_an_error(&$harness)
         }
         #[test]
         fn allocation_race_falls_back() {

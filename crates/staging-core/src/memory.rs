@@ -142,12 +142,24 @@ impl<'a> DeviceRegion<'a, HostMemory> {
 
 /// Zero-initialized, aligned host bytes whose allocation can fail without aborting the process.
 ///
-/// Used for host-assembled tensors and by the host backend as its "device" memory. The zeroed
-/// allocation comes from `calloc`-like paths, so large buffers are backed lazily by the kernel.
+/// Used for host-assembled tensors and by the host backend as its "device" memory. Buffers of
+/// [`HostBytes::MMAP_THRESHOLD`] or more are anonymous mappings: zeroed lazily by the kernel
+/// (nothing is written twice) and advised to use transparent huge pages, because first-touch page
+/// faults, not reads, dominate filling fresh memory.
 pub struct HostBytes {
     ptr: NonNull<u8>,
     len: usize,
-    align: usize,
+    backing: Backing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// Nothing allocated (`len == 0`); `ptr` is dangling and aligned.
+    Empty,
+    /// From the global allocator with this alignment.
+    Heap(usize),
+    /// An anonymous private mapping of `len` bytes.
+    Mapped,
 }
 
 // SAFETY: `HostBytes` owns its allocation exclusively, like a `Box<[u8]>`.
@@ -156,18 +168,59 @@ unsafe impl Send for HostBytes {}
 unsafe impl Sync for HostBytes {}
 
 impl HostBytes {
+    /// Allocations at least this large are anonymous mappings with huge-page advice.
+    pub const MMAP_THRESHOLD: usize = 1 << 20;
+
     /// Allocates `len` zeroed bytes aligned to `align` (a power of two); `None` when the
     /// allocation fails or the layout is invalid.
     pub fn zeroed(len: usize, align: usize) -> Option<Self> {
         if len == 0 {
             let ptr = NonNull::new(align as *mut u8)?;
-            return Some(Self { ptr, len, align });
+            return Some(Self {
+                ptr,
+                len,
+                backing: Backing::Empty,
+            });
+        }
+        if len >= Self::MMAP_THRESHOLD && align <= 4096 {
+            return Self::mapped(len);
         }
         let layout = Layout::from_size_align(len, align).ok()?;
         // SAFETY: the layout has a non-zero size (checked above).
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw)?;
-        Some(Self { ptr, len, align })
+        Some(Self {
+            ptr,
+            len,
+            backing: Backing::Heap(align),
+        })
+    }
+
+    fn mapped(len: usize) -> Option<Self> {
+        // SAFETY: an anonymous private mapping with no address hint touches no existing memory;
+        // the result is checked against MAP_FAILED before use.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        // SAFETY: `raw` is the start of the `len`-byte mapping just created. The advice is a
+        // hint; failure (no THP support) changes nothing.
+        unsafe { libc::madvise(raw, len, libc::MADV_HUGEPAGE) };
+        let ptr = NonNull::new(raw.cast::<u8>())?;
+        Some(Self {
+            ptr,
+            len,
+            backing: Backing::Mapped,
+        })
     }
 
     /// Length in bytes.
@@ -204,12 +257,19 @@ impl DerefMut for HostBytes {
 
 impl Drop for HostBytes {
     fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        if let Ok(layout) = Layout::from_size_align(self.len, self.align) {
-            // SAFETY: the pointer came from `alloc_zeroed` with this same layout.
-            unsafe { dealloc(self.ptr.as_ptr(), layout) }
+        match self.backing {
+            Backing::Empty => {}
+            Backing::Heap(align) => {
+                if let Ok(layout) = Layout::from_size_align(self.len, align) {
+                    // SAFETY: the pointer came from `alloc_zeroed` with this same layout.
+                    unsafe { dealloc(self.ptr.as_ptr(), layout) }
+                }
+            }
+            Backing::Mapped => {
+                // SAFETY: the pointer and length are exactly those of our own mapping, and no
+                // borrow of it outlives `self`.
+                unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            }
         }
     }
 }
@@ -218,7 +278,7 @@ impl fmt::Debug for HostBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostBytes")
             .field("len", &self.len)
-            .field("align", &self.align)
+            .field("backing", &self.backing)
             .finish()
     }
 }
@@ -248,5 +308,13 @@ mod tests {
         let empty = HostBytes::zeroed(0, 4096).unwrap();
         assert!(empty.is_empty());
         assert!(HostBytes::zeroed(usize::MAX - 10, 4096).is_none());
+        let mut big = HostBytes::zeroed(3 << 20, 4096).unwrap();
+        assert_eq!(big.backing, Backing::Mapped);
+        assert_eq!(big.as_ptr() as usize % 4096, 0);
+        assert!(big.iter().all(|&b| b == 0));
+        big[3 << 19] = 9;
+        assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 9);
+        let small = HostBytes::zeroed(100, 64).unwrap();
+        assert_eq!(small.backing, Backing::Heap(64));
     }
 }

@@ -53,7 +53,8 @@ pub struct StagingPolicy {
     /// The most bytes one read asks for (default 16 MiB).
     pub chunk_size: usize,
     /// Size of the one device staging buffer used for host assembly (default 16 MiB). Host-path
-    /// reads are at most this long.
+    /// reads are at most this long. When the device cannot allocate it, the stager halves it (down
+    /// to one 4 KiB page) rather than fail.
     pub staging_size: usize,
     /// A free-memory budget that replaces the device's own figure (for example the minimum over
     /// ranks). The stager subtracts the device bytes it holds from it.
@@ -87,11 +88,6 @@ impl StagingPolicy {
     pub fn fits_on_device(&self, len: u64, free: u64) -> bool {
         len.checked_add(self.headroom(len))
             .is_some_and(|needed| free >= needed)
-    }
-
-    /// The chunk size on the host path: no larger than the staging buffer.
-    pub fn host_chunk_size(&self) -> usize {
-        self.chunk_size.min(self.staging_size)
     }
 
     /// Checks the numbers make sense.

@@ -19,6 +19,9 @@ use crate::traits::{
 };
 use crate::write_loop::{fill_region, plan_chunks, read_exact};
 
+/// The smallest staging buffer tried when memory is short: one 4 KiB page.
+pub const MIN_STAGING_SIZE: usize = 4096;
+
 /// Alignment of host-assembled tensors.
 const HOST_ALIGN: usize = 64;
 
@@ -400,27 +403,22 @@ where
         };
         if meta.len > 0 {
             if self.staging.is_none() {
-                let size = self.policy.staging_size;
-                let buffer =
-                    self.allocator
-                        .allocate(size)
-                        .map_err(|source| Error::StagingBuffer {
-                            tensor: meta.name.clone(),
-                            file: meta.file.to_path_buf(),
-                            offset: meta.offset,
-                            bytes: size,
-                            source,
-                        })?;
+                let (buffer, size) = allocate_staging(&self.allocator, self.policy.staging_size)
+                    .map_err(|(bytes, source)| Error::StagingBuffer {
+                        tensor: meta.name.clone(),
+                        file: meta.file.to_path_buf(),
+                        offset: meta.offset,
+                        bytes,
+                        source,
+                    })?;
                 let held = Held::new(&self.accounting, MemoryKind::Device, size as u64);
-                self.staging = Some(DeviceTensor {
-                    buffer,
-                    _held: held,
-                });
+                self.staging = Some(DeviceTensor { buffer, _held: held });
             }
             let Some(staging) = self.staging.as_mut() else {
                 return Err(Error::Policy("internal: no staging buffer".into()));
             };
-            for (rel, n) in plan_chunks(meta.offset, meta.len, self.policy.host_chunk_size()) {
+            let chunk = self.policy.chunk_size.min(staging.buffer.len());
+            for (rel, n) in plan_chunks(meta.offset, meta.len, chunk) {
                 let at = meta.offset + rel as u64;
                 let mut whole = staging.buffer.region();
                 let Some(region) = whole.slice(0, n) else {
@@ -448,6 +446,23 @@ where
             data: TensorData::Host(host),
             fallback: Some(cause),
         })
+    }
+}
+
+/// Allocates the staging buffer: `size` bytes, or on out-of-memory half as much, down to
+/// [`MIN_STAGING_SIZE`]. Any other failure, or out-of-memory at the minimum, is returned with the
+/// size last tried.
+fn allocate_staging<A: DeviceAllocator>(
+    allocator: &A,
+    size: usize,
+) -> std::result::Result<(A::Buffer, usize), (usize, AllocError)> {
+    let mut size = size;
+    loop {
+        match allocator.allocate(size) {
+            Ok(buffer) => return Ok((buffer, size)),
+            Err(AllocError::OutOfMemory { .. }) if size / 2 >= MIN_STAGING_SIZE => size /= 2,
+            Err(e) => return Err((size, e)),
+        }
     }
 }
 
