@@ -335,7 +335,13 @@ pub fn capped_device_mixes_paths<H: Harness>(h: &H) {
 pub fn staging_buffer_shrinks_when_memory_is_short<H: Harness>(h: &H) {
     let f = standard_fixture();
     let cap = (CHUNK / 2 + 100) as u64;
-    let mut r = run(h, &f, small_policy(), |r| r, |a| a.report_free(0).with_capacity(cap));
+    let mut r = run(
+        h,
+        &f,
+        small_policy(),
+        |r| r,
+        |a| a.report_free(0).with_capacity(cap),
+    );
     let tensors = collect_ok(&mut r.stager);
     assert!(tensors.iter().all(|t| t.path() == StagingPath::Host));
     assert_bytes(r.stager.allocator(), &tensors, &f.contents);
@@ -350,7 +356,13 @@ pub fn staging_buffer_shrinks_when_memory_is_short<H: Harness>(h: &H) {
 /// No staging buffer fits at all: the load fails naming the tensor, with nothing leaked.
 pub fn no_staging_buffer_is_an_error<H: Harness>(h: &H) {
     let f = standard_fixture();
-    let mut r = run(h, &f, small_policy(), |r| r, |a| a.report_free(0).with_capacity(4095));
+    let mut r = run(
+        h,
+        &f,
+        small_policy(),
+        |r| r,
+        |a| a.report_free(0).with_capacity(4095),
+    );
     match r.stager.next() {
         Some(Err(Error::StagingBuffer { tensor, bytes, .. })) => {
             assert_eq!(tensor, "a.small");

@@ -412,7 +412,10 @@ where
                         source,
                     })?;
                 let held = Held::new(&self.accounting, MemoryKind::Device, size as u64);
-                self.staging = Some(DeviceTensor { buffer, _held: held });
+                self.staging = Some(DeviceTensor {
+                    buffer,
+                    _held: held,
+                });
             }
             let Some(staging) = self.staging.as_mut() else {
                 return Err(Error::Policy("internal: no staging buffer".into()));
