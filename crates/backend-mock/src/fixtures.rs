@@ -123,7 +123,7 @@ pub fn write_streaming(
             left -= n;
         }
     }
-    out.into_inner().map_err(|e| e.into_error())?.sync_data()
+    out.flush()
 }
 
 /// Writes one safetensors file of random contents (seeded) and returns what it holds.
