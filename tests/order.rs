@@ -161,6 +161,7 @@ fn after_a_read_error_nothing_is_read_again() {
     let policy = StagingPolicy {
         chunk_size: 32,
         staging_size: 32,
+        io_threads: 1,
         ..StagingPolicy::default()
     };
     let mut stager = Stager::new(checkpoint, reader, HostAllocator::new(), policy).unwrap();

@@ -117,6 +117,9 @@ impl<B: DeviceBuffer> DeviceBuffer for ScriptedBuffer<B> {
 ///   free memory said: the allocation race;
 /// - `fail_allocation(k)`: the `k`-th allocation fails with a non-OOM error;
 /// - `fail_copy(k)`: the `k`-th device-to-host copy fails.
+///
+/// The capacity check and the ledger update are not one atomic step: allocations are expected to
+/// come from one thread at a time, as the stager makes them.
 #[derive(Debug)]
 pub struct ScriptedAllocator<A> {
     inner: A,
