@@ -1,0 +1,326 @@
+//! CUDA through `cudarc`'s driver API (loaded at run time): the device and its primary context,
+//! device buffers, pinned host buffers, and the allocator.
+//!
+//! `cudarc` panics when `libcuda` is missing, so [`CudaDevice::open`] checks
+//! `is_culib_present()` before its first call. Errors are formatted from the `CUresult` itself,
+//! never through `cuGetErrorString`.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{DriverError, result, sys};
+use staging_core::{
+    AllocError, DeviceAllocator, DeviceBuffer, DeviceError, DeviceRegion, MemoryInfo, MemorySpace,
+};
+
+use crate::errors::{Error, cuda_code};
+
+/// CUDA device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaMemory;
+
+impl MemorySpace for CudaMemory {
+    const NAME: &'static str = "cuda";
+}
+
+/// One CUDA device with its retained primary context.
+#[derive(Debug)]
+pub struct CudaDevice {
+    ordinal: usize,
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+}
+
+// SAFETY: a primary context may be made current on any thread; the handle is only passed to the
+// driver, which synchronizes internally.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; `&CudaDevice` only allows binding the context and driver calls.
+unsafe impl Sync for CudaDevice {}
+
+impl CudaDevice {
+    /// Confirms a CUDA driver and device `ordinal` exist, and retains its primary context.
+    /// Never calls into `cudarc` before the driver library is known to load.
+    pub fn open(ordinal: usize) -> Result<Arc<Self>, Error> {
+        // SAFETY: this only tries to dlopen the driver library by its usual names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoCudaDriver);
+        }
+        let cuda = |call| {
+            move |e: DriverError| Error::Cuda {
+                call,
+                code: cuda_code(e),
+            }
+        };
+        result::init().map_err(cuda("cuInit"))?;
+        let count = result::device::get_count().map_err(cuda("cuDeviceGetCount"))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if count == 0 {
+            return Err(Error::NoDevice);
+        }
+        if ordinal >= count {
+            return Err(Error::DeviceOutOfRange {
+                requested: ordinal,
+                count,
+            });
+        }
+        let index = i32::try_from(ordinal).map_err(|_| Error::DeviceOutOfRange {
+            requested: ordinal,
+            count,
+        })?;
+        let device = result::device::get(index).map_err(cuda("cuDeviceGet"))?;
+        // SAFETY: `device` came from cuDeviceGet.
+        let context = unsafe { result::primary_ctx::retain(device) }
+            .map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+        let this = Self {
+            ordinal,
+            device,
+            context,
+        };
+        this.bind().map_err(cuda("cuCtxSetCurrent"))?;
+        Ok(Arc::new(this))
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Makes the device's primary context current on this thread.
+    pub fn bind(&self) -> Result<(), DriverError> {
+        // SAFETY: the context was retained in `open` and is released only on drop.
+        unsafe { result::ctx::set_current(self.context) }
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: the device came from cuDeviceGet and its primary context was retained once.
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+/// A device allocation. Dropping it frees it.
+#[derive(Debug)]
+pub struct CudaBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    device: Arc<CudaDevice>,
+}
+
+// SAFETY: the buffer exclusively owns its device allocation; device pointers are plain numbers
+// valid in the device's context on any thread.
+unsafe impl Send for CudaBuffer {}
+
+impl CudaBuffer {
+    /// The device pointer.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl DeviceBuffer for CudaBuffer {
+    type Space = CudaMemory;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    fn region(&mut self) -> DeviceRegion<'_, CudaMemory> {
+        // SAFETY: the allocation is `len` bytes of device memory owned by this buffer, and the
+        // region borrows the buffer mutably.
+        unsafe { DeviceRegion::from_raw_parts(self.ptr as usize, self.len) }
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let _ = self.device.bind();
+        // SAFETY: `ptr` came from cuMemAlloc and is freed once, here; nothing borrows it now.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Device memory of one CUDA device.
+#[derive(Debug, Clone)]
+pub struct CudaAllocator {
+    device: Arc<CudaDevice>,
+}
+
+impl CudaAllocator {
+    /// An allocator on `device`.
+    pub fn new(device: Arc<CudaDevice>) -> Self {
+        Self { device }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+}
+
+fn device_error(operation: &str, e: DriverError) -> DeviceError {
+    DeviceError::new(operation, cuda_code(e))
+}
+
+impl DeviceAllocator for CudaAllocator {
+    type Space = CudaMemory;
+    type Buffer = CudaBuffer;
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        self.device
+            .bind()
+            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+        let (free, total) = result::mem_get_info().map_err(|e| device_error("cuMemGetInfo", e))?;
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn allocate(&self, len: usize) -> Result<CudaBuffer, AllocError> {
+        let device = Arc::clone(&self.device);
+        if len == 0 {
+            return Ok(CudaBuffer {
+                ptr: 0,
+                len,
+                device,
+            });
+        }
+        let failed = |e: DriverError| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                AllocError::OutOfMemory {
+                    requested: len,
+                    detail: format!("cuMemAlloc: {}", cuda_code(e)),
+                }
+            } else {
+                AllocError::Failed {
+                    requested: len,
+                    detail: format!("cuMemAlloc: {}", cuda_code(e)),
+                }
+            }
+        };
+        self.device.bind().map_err(failed)?;
+        // SAFETY: a plain allocation of `len` bytes in the bound context.
+        let ptr = unsafe { result::malloc_sync(len) }.map_err(failed)?;
+        Ok(CudaBuffer { ptr, len, device })
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &CudaBuffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let in_bounds = offset
+            .checked_add(dst.len())
+            .is_some_and(|end| end <= src.len);
+        if !in_bounds {
+            return Err(DeviceError::new(
+                "cuMemcpyDtoH",
+                format!(
+                    "{} bytes at offset {offset} are outside a {}-byte buffer",
+                    dst.len(),
+                    src.len
+                ),
+            ));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.device
+            .bind()
+            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+        // SAFETY: the source range lies inside `src`'s allocation (checked above) and `dst` is a
+        // valid host slice of the copied length; the copy is synchronous.
+        unsafe { result::memcpy_dtoh_sync(dst, src.ptr + offset as u64) }
+            .map_err(|e| device_error("cuMemcpyDtoH", e))
+    }
+}
+
+/// Page-locked host memory for bounce buffers (`cuMemHostAlloc`, portable, not write-combined,
+/// since the CPU writes it with `pread` and the GPU reads it).
+#[derive(Debug)]
+pub struct PinnedBuffer {
+    ptr: *mut c_void,
+    len: usize,
+    device: Arc<CudaDevice>,
+}
+
+// SAFETY: the buffer exclusively owns its pinned allocation.
+unsafe impl Send for PinnedBuffer {}
+
+/// `CU_MEMHOSTALLOC_PORTABLE`.
+const MEMHOSTALLOC_PORTABLE: u32 = 1;
+
+impl PinnedBuffer {
+    /// Allocates `len` pinned bytes.
+    pub fn new(device: &Arc<CudaDevice>, len: usize) -> Result<Self, DeviceError> {
+        device
+            .bind()
+            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+        // SAFETY: a plain pinned allocation; the memory is written before it is read.
+        let ptr = unsafe { result::malloc_host(len.max(1), MEMHOSTALLOC_PORTABLE) }
+            .map_err(|e| device_error("cuMemHostAlloc", e))?;
+        if ptr.is_null() {
+            return Err(DeviceError::new(
+                "cuMemHostAlloc",
+                "returned a null pointer",
+            ));
+        }
+        Ok(Self {
+            ptr,
+            len,
+            device: Arc::clone(device),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, for `pread` to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of at least `len` bytes owned by `self`; pinned
+        // memory from the driver is ordinary readable and writable host memory.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+
+    /// Copies the first `len` bytes to device address `dst`, synchronously.
+    pub fn copy_to_device(&mut self, dst: DeviceRegion<'_, CudaMemory>) -> Result<(), DeviceError> {
+        let n = dst.len();
+        self.device
+            .bind()
+            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+        let Some(src) = self.as_mut_slice().get(..n) else {
+            return Err(DeviceError::new(
+                "cuMemcpyHtoD",
+                "copy larger than the bounce buffer",
+            ));
+        };
+        // SAFETY: `dst` is a live, exclusively borrowed device region of `n` bytes, and `src`
+        // is `n` valid host bytes; the copy is synchronous.
+        unsafe { result::memcpy_htod_sync(dst.addr() as u64, src) }
+            .map_err(|e| device_error("cuMemcpyHtoD", e))
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        let _ = self.device.bind();
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
+        let _ = unsafe { result::free_host(self.ptr) };
+    }
+}

@@ -1,0 +1,111 @@
+//! # backend-cufile
+//!
+//! NVIDIA GPUs through cuFile: GPUDirect Storage, cuFile's compatibility mode (the common case on
+//! cloud machines), and a POSIX path when `libcufile` is absent. `libcufile` is loaded at run
+//! time with `libloading`; CUDA comes through `cudarc`'s driver API, also loaded at run time, so
+//! this crate builds and its tests run on machines without CUDA.
+//!
+//! [`open`] is the one entry point. Its order is the never-hang guard: a CUDA driver library and
+//! a device are confirmed before `libcufile` is touched, because `cuFileDriverOpen()` without a
+//! CUDA driver has been seen to spin at 100% CPU for over ten minutes.
+//!
+//! What has run where: this crate's code runs in CI against stub `libcuda` and `libcufile`
+//! libraries compiled by the tests (system memory standing for device memory). It has not yet run
+//! on NVIDIA hardware.
+
+mod cuda;
+pub mod errors;
+mod reader;
+#[cfg(feature = "test-stubs")]
+pub mod stubs;
+pub mod sys;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use cuda::{CudaAllocator, CudaBuffer, CudaDevice, CudaMemory, PinnedBuffer};
+pub use errors::Error;
+pub use reader::{ActiveMode, CuFile, CuFileReader, Driver, RequestedMode};
+use sys::CuFileApi;
+
+/// How to open the backend.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The CUDA device ordinal (`--device`).
+    pub device: usize,
+    /// The mode asked for (`--cufile-mode`).
+    pub mode: RequestedMode,
+    /// An explicit `libcufile` path; else `$STAGING_CUFILE_LIB`, `libcufile.so.0`, `libcufile.so`.
+    pub library: Option<PathBuf>,
+    /// Size of each pinned bounce buffer on the POSIX path (default 16 MiB).
+    pub bounce_size: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            mode: RequestedMode::Auto,
+            library: None,
+            bounce_size: 16 << 20,
+        }
+    }
+}
+
+/// An opened backend: a reader and an allocator on one device, and why the mode is what it is.
+#[derive(Debug)]
+pub struct Backend {
+    /// Reads files into device memory.
+    pub reader: CuFileReader,
+    /// Allocates device memory.
+    pub allocator: CudaAllocator,
+    /// Why `auto` chose the POSIX path, when it did.
+    pub fallback_reason: Option<String>,
+}
+
+/// Opens the backend on `options.device`.
+///
+/// Order: confirm the CUDA driver and the device (fails fast with [`Error::NoCudaDriver`],
+/// [`Error::NoDevice`], ...); unless `posix` was asked for, load `libcufile` and open its driver;
+/// in `auto`, a missing library or a driver that will not open means the POSIX path.
+pub fn open(options: &Options) -> Result<Backend, Error> {
+    let device = CudaDevice::open(options.device)?;
+    let allocator = CudaAllocator::new(Arc::clone(&device));
+    let auto = options.mode == RequestedMode::Auto;
+    let driver = if options.mode == RequestedMode::Posix {
+        Err("posix mode was asked for".to_owned())
+    } else {
+        match CuFileApi::load(options.library.as_deref()) {
+            Ok(api) => match Driver::open(api, options.mode, &device) {
+                Ok(driver) => Ok(driver),
+                Err(e) if auto => Err(e.to_string()),
+                Err(e) => return Err(e),
+            },
+            Err(e) if auto => Err(e.to_string()),
+            Err(e) => return Err(e),
+        }
+    };
+    let (driver, mode, fallback_reason) = match driver {
+        Err(reason) => (None, ActiveMode::Posix, Some(reason)),
+        Ok(driver) => {
+            let mode = match options.mode {
+                RequestedMode::Gds if !driver.has_nvfs() => {
+                    return Err(Error::ModeUnavailable {
+                        mode: "gds",
+                        why: "nvidia-fs is not loaded (cuFileDriverGetProperties reports version 0.0); try --cufile-mode compat".into(),
+                    });
+                }
+                RequestedMode::Compat => ActiveMode::Compat,
+                _ if driver.has_nvfs() => ActiveMode::Gds,
+                _ => ActiveMode::Compat,
+            };
+            (Some(Arc::new(driver)), mode, None)
+        }
+    };
+    let reader = CuFileReader::new(device, driver, options.mode, mode, options.bounce_size);
+    Ok(Backend {
+        reader,
+        allocator,
+        fallback_reason,
+    })
+}

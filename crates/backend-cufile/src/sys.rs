@@ -1,0 +1,204 @@
+//! `libcufile` loaded at run time: the C types, and one table of function pointers loaded once.
+//!
+//! Search order: an explicit path (option, or the `STAGING_CUFILE_LIB` environment variable),
+//! then `libcufile.so.0` (the soname the wheels and KvikIO use), then `libcufile.so`. Required
+//! symbols missing is an error; optional ones (properties, version, parameter API) may be absent.
+
+use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
+
+use libloading::Library;
+
+use crate::errors::Error;
+
+/// `CUfileError_t`: an operation code and a CUDA result, returned by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUfileError {
+    /// `CUfileOpError`: 0 on success, 5001 and up otherwise.
+    pub err: c_int,
+    /// The `CUresult` when `err` is a CUDA driver error.
+    pub cu_err: c_int,
+}
+
+/// The union inside `CUfileDescr_t`.
+#[allow(missing_debug_implementations)] // a C union: which field is live depends on `kind`
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUfileDescrHandle {
+    /// A POSIX file descriptor (type 1).
+    pub fd: c_int,
+    /// Other handle kinds.
+    pub handle: *mut c_void,
+}
+
+/// `CUfileDescr_t` (24 bytes on x86_64).
+#[allow(missing_debug_implementations)] // holds the union above
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUfileDescr {
+    /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD` = 1.
+    pub kind: u32,
+    /// The descriptor.
+    pub handle: CUfileDescrHandle,
+    /// Must be null for file descriptors.
+    pub fs_ops: *const c_void,
+}
+
+/// `CU_FILE_HANDLE_TYPE_OPAQUE_FD`.
+pub const HANDLE_TYPE_OPAQUE_FD: u32 = 1;
+/// `CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE` for `cuFileSetParameterBool`.
+pub const PARAM_ALLOW_COMPAT_MODE: c_int = 1;
+/// `CUFILE_PARAM_FORCE_COMPAT_MODE` for `cuFileSetParameterBool`.
+pub const PARAM_FORCE_COMPAT_MODE: c_int = 2;
+
+/// `CUfileDrvProps_t` is 56 bytes in cuFile 1.14 and 1.20 (older headers are shorter); this
+/// buffer is larger and zeroed, and only the nvidia-fs version at its start is read.
+#[allow(missing_debug_implementations)] // raw bytes, read by offset
+#[repr(C, align(8))]
+pub struct DriverProps {
+    /// Raw bytes.
+    pub bytes: [u8; 256],
+}
+
+type DriverOpenFn = unsafe extern "C" fn() -> CUfileError;
+type DriverCloseFn = unsafe extern "C" fn() -> CUfileError;
+type HandleRegisterFn = unsafe extern "C" fn(*mut *mut c_void, *mut CUfileDescr) -> CUfileError;
+type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
+type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
+type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> CUfileError;
+type GetPropertiesFn = unsafe extern "C" fn(*mut DriverProps) -> CUfileError;
+type SetParameterBoolFn = unsafe extern "C" fn(c_int, bool) -> CUfileError;
+
+/// The cuFile functions this backend calls, loaded once from one library.
+pub struct CuFileApi {
+    path: PathBuf,
+    pub(crate) driver_open: DriverOpenFn,
+    pub(crate) driver_close: DriverCloseFn,
+    pub(crate) handle_register: HandleRegisterFn,
+    pub(crate) handle_deregister: HandleDeregisterFn,
+    pub(crate) read: ReadFn,
+    pub(crate) get_version: Option<GetVersionFn>,
+    pub(crate) get_properties: Option<GetPropertiesFn>,
+    pub(crate) set_parameter_bool: Option<SetParameterBoolFn>,
+    // Keeps the function pointers above valid; dropped last.
+    _library: Library,
+}
+
+impl std::fmt::Debug for CuFileApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CuFileApi")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// The names tried, in order, when no explicit path is given.
+pub const DEFAULT_NAMES: [&str; 2] = ["libcufile.so.0", "libcufile.so"];
+/// The environment variable naming an explicit library path.
+pub const LIBRARY_ENV: &str = "STAGING_CUFILE_LIB";
+
+impl CuFileApi {
+    /// Loads the library: `explicit`, else `$STAGING_CUFILE_LIB`, else the default names.
+    /// Loading runs no cuFile function.
+    pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
+        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
+        let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
+            Some(path) => vec![path],
+            None => DEFAULT_NAMES.iter().map(PathBuf::from).collect(),
+        };
+        let mut tried = Vec::new();
+        for candidate in candidates {
+            // SAFETY: loading a shared library runs its initializers; libcufile's are those of
+            // NVIDIA's library (or a test stub), which is the point of this backend.
+            match unsafe { Library::new(&candidate) } {
+                Ok(library) => return Self::from_library(library, candidate),
+                Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+            }
+        }
+        Err(Error::LibraryMissing {
+            tried: tried.join("; "),
+        })
+    }
+
+    fn from_library(library: Library, path: PathBuf) -> Result<Self, Error> {
+        fn required<T: Copy>(
+            library: &Library,
+            path: &Path,
+            symbol: &'static str,
+        ) -> Result<T, Error> {
+            // SAFETY: `T` is the C signature of `symbol` as declared in cufile.h.
+            unsafe { library.get::<T>(symbol.as_bytes()) }
+                .map(|s| *s)
+                .map_err(|e| Error::MissingSymbol {
+                    library: path.to_path_buf(),
+                    symbol,
+                    detail: loader_message(&e),
+                })
+        }
+        fn optional<T: Copy>(library: &Library, symbol: &str) -> Option<T> {
+            // SAFETY: as above; absence is allowed.
+            unsafe { library.get::<T>(symbol.as_bytes()) }
+                .ok()
+                .map(|s| *s)
+        }
+        let driver_close = required::<DriverCloseFn>(&library, &path, "cuFileDriverClose_v2")
+            .or_else(|_| required::<DriverCloseFn>(&library, &path, "cuFileDriverClose"))?;
+        Ok(Self {
+            driver_open: required(&library, &path, "cuFileDriverOpen")?,
+            driver_close,
+            handle_register: required(&library, &path, "cuFileHandleRegister")?,
+            handle_deregister: required(&library, &path, "cuFileHandleDeregister")?,
+            read: required(&library, &path, "cuFileRead")?,
+            get_version: optional(&library, "cuFileGetVersion"),
+            get_properties: optional(&library, "cuFileDriverGetProperties"),
+            set_parameter_bool: optional(&library, "cuFileSetParameterBool"),
+            path,
+            _library: library,
+        })
+    }
+
+    /// The library's path as loaded.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `cuFileGetVersion`: `1000 * major + 10 * minor` (1200 = 1.20), or `None` when the
+    /// library lacks the call (KvikIO then assumes 1.7). Safe to call before the driver opens.
+    pub fn version(&self) -> Option<i32> {
+        let get = self.get_version?;
+        let mut version: c_int = 0;
+        // SAFETY: `get` is cuFileGetVersion, writing one int to a valid pointer.
+        let status = unsafe { get(&mut version) };
+        (status.err == 0).then_some(version)
+    }
+}
+
+/// libloading's `Display` is only "dlopen failed"; its source has the loader's message.
+pub(crate) fn loader_message(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => source.to_string(),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_cufile_h() {
+        assert_eq!(std::mem::size_of::<CUfileError>(), 8);
+        assert_eq!(std::mem::size_of::<CUfileDescr>(), 24);
+        assert_eq!(std::mem::offset_of!(CUfileDescr, handle), 8);
+        assert_eq!(std::mem::offset_of!(CUfileDescr, fs_ops), 16);
+    }
+
+    #[test]
+    fn a_missing_library_names_what_was_tried() {
+        let err = CuFileApi::load(Some(Path::new("/nonexistent/libcufile.so.0"))).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("/nonexistent/libcufile.so.0"), "{text}");
+        assert!(text.contains("No such file"), "{text}");
+    }
+}

@@ -1,0 +1,72 @@
+/* A stand-in for libcuda.so for tests on machines without a GPU: "device memory" is host memory
+ * from malloc, so the backend's real code runs end to end. Only the driver calls the backend makes
+ * are exported. Behaviour is set by environment variables read at each call:
+ *   STUB_CUDA_DEVICES      device count (default 1)
+ *   STUB_CUDA_TOTAL_MIB    device memory in MiB (default 1024)
+ *   STUB_CUDA_INIT_ERROR   CUresult cuInit returns (default 0)
+ * stub_cuda_used_bytes() reports bytes allocated and not freed, for leak checks. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static size_t used = 0;
+static int context_token;
+
+static long env_long(const char *name, long fallback) {
+    const char *v = getenv(name);
+    return v ? atol(v) : fallback;
+}
+
+static size_t total_bytes(void) { return (size_t)env_long("STUB_CUDA_TOTAL_MIB", 1024) << 20; }
+
+CUresult cuInit(unsigned flags) { (void)flags; return (CUresult)env_long("STUB_CUDA_INIT_ERROR", 0); }
+CUresult cuDeviceGetCount(int *count) { *count = (int)env_long("STUB_CUDA_DEVICES", 1); return 0; }
+CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    if (ordinal < 0 || ordinal >= env_long("STUB_CUDA_DEVICES", 1)) return 101; /* INVALID_DEVICE */
+    *dev = ordinal;
+    return 0;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) { (void)dev; *ctx = &context_token; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { (void)dev; return 0; }
+CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx == &context_token ? 0 : 201; /* INVALID_CONTEXT */ }
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    pthread_mutex_lock(&mu);
+    *total = total_bytes();
+    *free_bytes = *total > used ? *total - used : 0;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t n) {
+    pthread_mutex_lock(&mu);
+    if (used + n > total_bytes()) { pthread_mutex_unlock(&mu); return 2; /* OUT_OF_MEMORY */ }
+    char *raw = malloc(n + 64);
+    if (!raw) { pthread_mutex_unlock(&mu); return 2; }
+    *(size_t *)raw = n;
+    used += n;
+    pthread_mutex_unlock(&mu);
+    *ptr = (CUdeviceptr)(uintptr_t)(raw + 64);
+    return 0;
+}
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    if (!ptr) return 0;
+    char *raw = (char *)(uintptr_t)ptr - 64;
+    pthread_mutex_lock(&mu);
+    used -= *(size_t *)raw;
+    pthread_mutex_unlock(&mu);
+    free(raw);
+    return 0;
+}
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return 0; }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { memcpy((void *)(uintptr_t)dst, src, n); return 0; }
+CUresult cuMemHostAlloc(void **ptr, size_t n, unsigned flags) { (void)flags; *ptr = malloc(n ? n : 1); return *ptr ? 0 : 2; }
+CUresult cuMemFreeHost(void *ptr) { free(ptr); return 0; }
+CUresult cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "stub CUDA error"; return 0; }
+CUresult cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_STUB"; return 0; }
+size_t stub_cuda_used_bytes(void) { pthread_mutex_lock(&mu); size_t u = used; pthread_mutex_unlock(&mu); return u; }
