@@ -2,8 +2,9 @@
 //! tensor went.
 //!
 //! ```text
-//! stage [PATH ...] [--backend auto|host|mock] [--device-memory SIZE] [--synthetic-size SIZE]
+//! stage [PATH ...] [--backend auto|host|mock|cufile] [--device-memory SIZE] [--synthetic-size SIZE]
 //!       [--chunk-size SIZE] [--threads N] [--json] [--checksums]
+//!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH]
 //! ```
 //!
 //! With no PATH it writes a synthetic sharded checkpoint to a temporary directory, loads it and
@@ -15,6 +16,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use backend_cufile::{Options as CufileOptions, RequestedMode};
 use backend_mock::fixtures::write_synthetic;
 use backend_mock::mock_backend;
 use clap::{Parser, ValueEnum};
@@ -31,12 +33,37 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
-    /// The best backend available: a GPU backend when one is built and usable, else host.
+    /// cuFile when a CUDA driver and device are usable, else host.
     Auto,
     /// System memory standing for the device.
     Host,
     /// The host backend behind the mock's ledger, which checks every buffer came back.
     Mock,
+    /// NVIDIA GPUs through cuFile (GDS or compatibility mode) or its POSIX path.
+    Cufile,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CufileMode {
+    /// GDS if nvidia-fs is loaded, else cuFile's compatibility mode, else POSIX.
+    Auto,
+    /// GPUDirect Storage only.
+    Gds,
+    /// cuFile's compatibility mode.
+    Compat,
+    /// No libcufile: pread into pinned buffers, then host-to-device copies.
+    Posix,
+}
+
+impl From<CufileMode> for RequestedMode {
+    fn from(mode: CufileMode) -> Self {
+        match mode {
+            CufileMode::Auto => RequestedMode::Auto,
+            CufileMode::Gds => RequestedMode::Gds,
+            CufileMode::Compat => RequestedMode::Compat,
+            CufileMode::Posix => RequestedMode::Posix,
+        }
+    }
 }
 
 /// Load a safetensors checkpoint onto a device and report where every tensor went.
@@ -49,9 +76,19 @@ struct Args {
     /// Which backend loads the tensors.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// Cap the (host or mock) device's memory, e.g. 512MiB.
+    /// Cap the device's memory, e.g. 512MiB: the host or mock device's capacity, or a budget
+    /// that replaces the free-memory figure of a GPU.
     #[arg(long, value_parser = parse_size)]
     device_memory: Option<u64>,
+    /// The CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// How the cuFile backend reads.
+    #[arg(long, value_enum, default_value_t = CufileMode::Auto)]
+    cufile_mode: CufileMode,
+    /// An explicit libcufile path (else $STAGING_CUFILE_LIB, libcufile.so.0, libcufile.so).
+    #[arg(long)]
+    cufile_lib: Option<PathBuf>,
     /// Size of the synthetic checkpoint written when no PATH is given.
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     synthetic_size: u64,
@@ -133,22 +170,55 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<(), BoxError> {
-    let mut _synthetic_dir = None;
-    let checkpoint = match args.paths.as_slice() {
+/// The backend chosen before anything is read or written.
+enum Chosen {
+    Host,
+    Mock,
+    Cufile(Box<backend_cufile::Backend>),
+}
+
+fn choose_backend(args: &Args) -> Result<Chosen, BoxError> {
+    match args.backend {
+        Backend::Host => Ok(Chosen::Host),
+        Backend::Mock => Ok(Chosen::Mock),
+        Backend::Auto | Backend::Cufile => {
+            let options = CufileOptions {
+                device: args.device,
+                mode: args.cufile_mode.into(),
+                library: args.cufile_lib.clone(),
+                ..CufileOptions::default()
+            };
+            match backend_cufile::open(&options) {
+                Ok(backend) => {
+                    if let (Some(reason), false) = (&backend.fallback_reason, args.json) {
+                        eprintln!("cufile: using the POSIX path: {reason}");
+                    }
+                    Ok(Chosen::Cufile(Box::new(backend)))
+                }
+                Err(backend_cufile::Error::NoCudaDriver | backend_cufile::Error::NoDevice)
+                    if args.backend == Backend::Auto =>
+                {
+                    Ok(Chosen::Host)
+                }
+                Err(e) => Err(format!("cufile backend: {e}").into()),
+            }
+        }
+    }
+}
+
+fn open_checkpoint(args: &Args) -> Result<(Checkpoint, Option<tempfile::TempDir>), BoxError> {
+    match args.paths.as_slice() {
         [] => {
-            let dir: PathBuf = match &args.keep_synthetic {
+            let (dir, temporary) = match &args.keep_synthetic {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-                    dir.clone()
+                    (dir.clone(), None)
                 }
                 None => {
                     let tmp = tempfile::Builder::new()
                         .prefix("stage-synthetic-")
                         .tempdir()?;
-                    let path = tmp.path().to_path_buf();
-                    _synthetic_dir = Some(tmp);
-                    path
+                    (tmp.path().to_path_buf(), Some(tmp))
                 }
             };
             if !args.json {
@@ -160,12 +230,14 @@ fn run(args: &Args) -> Result<(), BoxError> {
             }
             write_synthetic(&dir, args.synthetic_size, 0x5eed)
                 .map_err(|e| format!("{}: writing the synthetic checkpoint: {e}", dir.display()))?;
-            Checkpoint::open(&dir)?
+            Ok((Checkpoint::open(&dir)?, temporary))
         }
-        [one] => Checkpoint::open(one)?,
-        many => Checkpoint::from_files(many)?,
-    };
+        [one] => Ok((Checkpoint::open(one)?, None)),
+        many => Ok((Checkpoint::from_files(many)?, None)),
+    }
+}
 
+fn run(args: &Args) -> Result<(), BoxError> {
     let mut policy = StagingPolicy::default();
     if let Some(chunk) = args.chunk_size {
         let chunk = usize::try_from(chunk).map_err(|_| "--chunk-size is too large")?;
@@ -175,16 +247,27 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if let Some(threads) = args.threads {
         policy.io_threads = threads;
     }
+    policy.validate()?;
 
-    match args.backend {
-        Backend::Auto | Backend::Host => {
+    // The backend first: a machine that cannot run it fails before a byte is written.
+    let chosen = choose_backend(args)?;
+    // Removed when dropped, after the load.
+    let (checkpoint, _synthetic_dir) = open_checkpoint(args)?;
+    match chosen {
+        Chosen::Host => {
             let allocator = match args.device_memory {
                 Some(cap) => HostAllocator::with_capacity(cap),
                 None => HostAllocator::new(),
             };
             load(args, checkpoint, HostReader, allocator, policy)
         }
-        Backend::Mock => {
+        Chosen::Cufile(backend) => {
+            // On a GPU the cap is a budget that replaces the device's free-memory figure.
+            policy.memory_budget = args.device_memory;
+            let backend = *backend;
+            load(args, checkpoint, backend.reader, backend.allocator, policy)
+        }
+        Chosen::Mock => {
             let (reader, allocator) = mock_backend();
             let allocator = match args.device_memory {
                 Some(cap) => allocator.with_capacity(cap),

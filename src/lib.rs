@@ -14,3 +14,7 @@ pub use staging_core as core;
 /// Fault-injecting doubles, fixture writers and the backend conformance suite.
 #[cfg(feature = "mock")]
 pub use backend_mock as mock;
+
+/// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices.
+#[cfg(feature = "cufile")]
+pub use backend_cufile as cufile;

@@ -7,49 +7,17 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use backend_mock::fixtures::{TensorSpec, every_dtype, write_file, write_sharded};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use staging_core::Dtype;
 
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
+use common::Output;
 
 /// Runs `stage` with `args`, killing it (and failing) if it has not exited within 60 s.
 fn stage(args: &[&str], scratch: &Path) -> Output {
-    let out_path = scratch.join("stdout.txt");
-    let err_path = scratch.join("stderr.txt");
-    let start = Instant::now();
-    let mut child = Command::new(common::stage_binary())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            panic!("stage {args:?} hung");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output {
-        code: status.code(),
-        stdout: std::fs::read_to_string(&out_path).unwrap(),
-        stderr: std::fs::read_to_string(&err_path).unwrap(),
-        elapsed: start.elapsed(),
-    }
+    common::run_stage(args, &[], scratch)
 }
 
 fn json(output: &Output) -> Value {
