@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One prepared command for a CUDA machine with the release `stage` binary carried over:
+#   scripts/gpu-check.sh [STAGE_BINARY] [SIZE_GIB]
+# Prints one table and writes $OUT/gpu-check.{md,json}. See scripts/gpu_check.py.
+#
+# To prepare it from the development machine (no Rust on the GPU machine):
+#   cargo build --release --example stage
+#   mkdir -p gpu-carry && cp target/release/examples/stage gpu-carry/   # gpu-carry/ is git-excluded
+# then run `bash scripts/gpu-check.sh gpu-carry/stage 8` there with gpu-carry carried.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+stage=${1:-gpu-carry/stage}
+size=${2:-8}
+out=${OUT:-gpu-check-out}
+nvidia-smi -L || true
+python3 -c "import torch, safetensors; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'safetensors', safetensors.__version__)" || true
+exec python3 "$here/gpu_check.py" --stage "$stage" --size-gib "$size" --out "$out"

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""GPU check for the cuFile backend: one command on a CUDA machine, one table at the end.
+
+usage: gpu_check.py --stage PATH [--size-gib 8] [--dir /dev/shm/staging-gpu-check] [--out DIR]
+                    [--dry-run]
+
+1. Writes a Qwen-like bf16 checkpoint (shards + index) of --size-gib with PyTorch and
+   safetensors (falls back to `stage --keep-synthetic` when torch is missing).
+2. Finds libcufile.so.0 in the nvidia-cufile Python package (or $STAGING_CUFILE_LIB).
+3. For each cuFile mode (auto, compat, gds, posix): a timed run of
+   `stage --backend cufile --json`, then a `--checksums` run whose every SHA-256 is compared with
+   the bytes Python's safetensors reads.
+4. Times safetensors.torch.load_file(shard, device="cuda:0") over the same shards in the same run
+   (and fastsafetensors when it is installed).
+5. Forces the low-memory path with a budget (--device-memory) and checks bytes there too.
+Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
+(minus the idle baseline) and from stage's own report. Everything lands in --out as JSON + a
+Markdown table.
+
+--dry-run runs the same orchestration without a GPU (stub libraries via the environment, no
+torch): it checks the script, not the hardware.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+GIB = 1 << 30
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+class GpuMemorySampler:
+    """Polls nvidia-smi for used memory on GPU 0; reports the peak above the starting value."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled and shutil.which("nvidia-smi") is not None
+        self.peak = 0
+        self.base = 0
+        self._stop = threading.Event()
+
+    def _used_mib(self):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True, text=True, check=False)
+        try:
+            return int(out.stdout.strip().splitlines()[0])
+        except (ValueError, IndexError):
+            return 0
+
+    def __enter__(self):
+        if self.enabled:
+            self.base = self._used_mib()
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._used_mib())
+            time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+
+    def delta_mib(self):
+        return max(0, self.peak - self.base) if self.enabled else None
+
+
+def run_child(cmd, env=None, gpu=False):
+    """Runs cmd; returns (returncode, stdout, stderr, seconds, peak_rss_mib, gpu_delta_mib)."""
+    start = time.perf_counter()
+    with GpuMemorySampler(gpu) as sampler:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        out_chunks, err_chunks = [], []
+        t_out = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()))
+        t_err = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()))
+        t_out.start()
+        t_err.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        t_out.join()
+        t_err.join()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - start
+    return (proc.returncode, out_chunks[0].decode(), err_chunks[0].decode(), seconds,
+            usage.ru_maxrss / 1024, sampler.delta_mib())
+
+
+def find_libcufile():
+    if os.environ.get("STAGING_CUFILE_LIB"):
+        return os.environ["STAGING_CUFILE_LIB"]
+    try:
+        import nvidia  # noqa: F401  (namespace package of the NVIDIA wheels)
+        roots = list(getattr(sys.modules["nvidia"], "__path__", []))
+    except ImportError:
+        roots = []
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            if "libcufile.so.0" in files:
+                return os.path.join(dirpath, "libcufile.so.0")
+    return None
+
+
+def qwen_like_shapes(size_bytes):
+    hidden, inter, kv, vocab = 3584, 18944, 512, 152064  # Qwen2-7B
+    tensors = [("model.embed_tokens.weight", (vocab, hidden))]
+    layer = lambda i: [
+        (f"model.layers.{i}.input_layernorm.weight", (hidden,)),
+        (f"model.layers.{i}.self_attn.q_proj.weight", (hidden, hidden)),
+        (f"model.layers.{i}.self_attn.q_proj.bias", (hidden,)),
+        (f"model.layers.{i}.self_attn.k_proj.weight", (kv, hidden)),
+        (f"model.layers.{i}.self_attn.k_proj.bias", (kv,)),
+        (f"model.layers.{i}.self_attn.v_proj.weight", (kv, hidden)),
+        (f"model.layers.{i}.self_attn.v_proj.bias", (kv,)),
+        (f"model.layers.{i}.self_attn.o_proj.weight", (hidden, hidden)),
+        (f"model.layers.{i}.post_attention_layernorm.weight", (hidden,)),
+        (f"model.layers.{i}.mlp.gate_proj.weight", (inter, hidden)),
+        (f"model.layers.{i}.mlp.up_proj.weight", (inter, hidden)),
+        (f"model.layers.{i}.mlp.down_proj.weight", (hidden, inter)),
+    ]
+    nbytes = lambda shape: 2 * eval("*".join(map(str, shape)))
+    total, i = nbytes(tensors[0][1]), 0
+    while total < size_bytes:
+        for t in layer(i):
+            tensors.append(t)
+            total += nbytes(t[1])
+        i += 1
+    tensors.append(("model.norm.weight", (hidden,)))
+    return tensors, nbytes
+
+
+def write_checkpoint_torch(directory, size_bytes):
+    import torch
+    from safetensors.torch import save_file
+    tensors, nbytes = qwen_like_shapes(size_bytes)
+    shards, current, current_bytes = [], [], 0
+    for name, shape in tensors:
+        if current and current_bytes + nbytes(shape) > 2 * GIB:
+            shards.append(current)
+            current, current_bytes = [], 0
+        current.append((name, shape))
+        current_bytes += nbytes(shape)
+    shards.append(current)
+    weight_map = {}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        data = {name: torch.randn(shape, dtype=torch.bfloat16, device="cuda", generator=gen).cpu()
+                for name, shape in shard}
+        save_file(data, os.path.join(directory, fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name, _ in shard})
+        del data
+    total = sum(nbytes(s) for _, s in tensors)
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+    return [os.path.join(directory, f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
+            for i in range(len(shards))]
+
+
+def reference_hashes(files):
+    from safetensors import deserialize
+    hashes = {}
+    for file in files:
+        with open(file, "rb") as f:
+            for name, info in deserialize(f.read()):
+                hashes[name] = hashlib.sha256(bytes(info["data"])).hexdigest()
+    return hashes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", required=True)
+    ap.add_argument("--size-gib", type=float, default=8.0)
+    ap.add_argument("--dir", default="/dev/shm/staging-gpu-check")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"))
+    ap.add_argument("--modes", default="auto,compat,gds,posix")
+    ap.add_argument("--budget", default="4GiB", help="--device-memory for the low-memory run")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    results, facts = [], {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+    if shutil.which("nvidia-smi") and not args.dry_run:
+        facts["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                       "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    lib = find_libcufile()
+    facts["libcufile"] = lib
+    env = dict(os.environ)
+    if lib:
+        env["STAGING_CUFILE_LIB"] = lib
+    log(f"libcufile: {lib}")
+
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir)
+    size = int(args.size_gib * GIB)
+    t0 = time.perf_counter()
+    try:
+        import torch  # noqa: F401
+        have_torch = not args.dry_run
+    except ImportError:
+        have_torch = False
+    if have_torch:
+        files = write_checkpoint_torch(args.dir, size)
+    else:
+        subprocess.run([args.stage, "--keep-synthetic", args.dir, "--synthetic-size", str(size),
+                        "--backend", "host", "--json"], check=True, stdout=subprocess.DEVNULL, env=env)
+        files = sorted(os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".safetensors"))
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    facts["checkpoint"] = f"{args.dir}: {len(files)} shards, {total_bytes / GIB:.2f} GiB, written in {time.perf_counter() - t0:.1f} s"
+    log(facts["checkpoint"])
+    expected = reference_hashes(files)
+
+    def stage_row(label, extra, check_bytes=True):
+        cmd = [args.stage, args.dir, "--backend", "cufile", "--json", *extra]
+        code, out, err, secs, rss, gpu = run_child(cmd, env=env, gpu=not args.dry_run)
+        row = {"what": label, "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss)}
+        if code != 0:
+            row["error"] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
+            results.append(row)
+            return
+        report = json.loads(out)
+        row.update({"mode": report["mode"], "load_s": round(report["seconds"], 3),
+                    "gb_per_s": round(report["bytes_per_second"] / 1e9, 2),
+                    "peak_device_mib_report": report["peak_device_bytes"] >> 20,
+                    "peak_device_mib_smi": gpu, "paths": {k: v["tensors"] for k, v in report["paths"].items()},
+                    "fallbacks": report["fallbacks"]})
+        if check_bytes:
+            code, out, err, *_ = run_child(cmd + ["--checksums"], env=env)
+            if code != 0:
+                row["bytes_exact"] = f"checksum run failed: {err.strip()[-200:]}"
+            else:
+                got = {t["name"]: t["sha256"] for t in json.loads(out)["tensor_list"]}
+                bad = [n for n in expected if got.get(n) != expected[n]]
+                row["bytes_exact"] = "yes" if not bad and len(got) == len(expected) else f"NO: {len(bad)} differ"
+        results.append(row)
+
+    for mode in args.modes.split(","):
+        stage_row(f"stage cufile {mode}", ["--cufile-mode", mode])
+    stage_row(f"stage cufile auto, budget {args.budget}", ["--device-memory", args.budget])
+    stage_row("stage cufile auto, 8 threads", ["--threads", "8"])
+
+    if have_torch:
+        baseline = (
+            "import sys, time, torch\n"
+            "from safetensors.torch import load_file\n"
+            "torch.cuda.init(); torch.zeros(1, device='cuda:0'); torch.cuda.synchronize()\n"
+            "t = time.perf_counter(); kept = []\n"
+            "for f in sys.argv[1:]:\n"
+            "    kept.append(load_file(f, device='cuda:0'))\n"
+            "torch.cuda.synchronize(); s = time.perf_counter() - t\n"
+            "print(s, torch.cuda.max_memory_allocated())\n")
+        code, out, err, secs, rss, gpu = run_child([sys.executable, "-c", baseline, *files], gpu=True)
+        row = {"what": "safetensors.torch.load_file(device='cuda:0')", "exit": code, "wall_s": round(secs, 3),
+               "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+        if code == 0:
+            s, peak = out.split()
+            row.update({"load_s": round(float(s), 3), "gb_per_s": round(total_bytes / float(s) / 1e9, 2),
+                        "peak_device_mib_report": int(peak) >> 20})
+        else:
+            row["error"] = err.strip()[-300:]
+        results.append(row)
+        try:
+            import fastsafetensors  # noqa: F401
+            facts["fastsafetensors"] = "installed (not yet scripted)"
+        except ImportError:
+            facts["fastsafetensors"] = "not installed"
+
+    torch_rate = next((r.get("gb_per_s") for r in results if r["what"].startswith("safetensors.torch")), None)
+    lines = ["| what | mode | GB/s | load s | ratio vs torch | peak device MiB (report / smi) | peak RSS MiB | bytes exact | paths |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        ratio = f"{r['gb_per_s'] / torch_rate:.2f}" if torch_rate and r.get("gb_per_s") else ""
+        if "error" in r:
+            lines.append(f"| {r['what']} | | | | | | {r['peak_rss_mib']} | | error: {r['error'][:120]} |")
+            continue
+        lines.append(f"| {r['what']} | {r.get('mode', '')} | {r.get('gb_per_s', '')} | {r.get('load_s', '')} | {ratio} | "
+                     f"{r.get('peak_device_mib_report', '')} / {r.get('peak_device_mib_smi', '')} | {r['peak_rss_mib']} | "
+                     f"{r.get('bytes_exact', '')} | {r.get('paths', '')} |")
+    table = "\n".join(lines)
+    facts_text = "\n".join(f"- {k}: {v}" for k, v in facts.items())
+    print(facts_text + "\n\n" + table)
+    with open(os.path.join(args.out, "gpu-check.md"), "w") as f:
+        f.write(facts_text + "\n\n" + table + "\n")
+    with open(os.path.join(args.out, "gpu-check.json"), "w") as f:
+        json.dump({"facts": facts, "results": results}, f, indent=2)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    failed = [r for r in results if r.get("bytes_exact", "yes") != "yes"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
