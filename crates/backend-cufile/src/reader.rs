@@ -383,15 +383,22 @@ impl Reader for CuFileReader {
             code: e.0 as i64,
             message: cuda_code(e),
         })?;
+        let buf_offset = i64::try_from(dst.offset_in_base()).map_err(|_| {
+            ReadError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "buffer offset too large",
+            ))
+        })?;
         // SAFETY: `dst` is a live, exclusively borrowed device region of `dst.len()` bytes in the
-        // bound context; cuFileRead writes at most that many bytes at its start.
+        // bound context, `buf_offset` bytes from its allocation's base; cuFileRead writes at most
+        // that many bytes at `base + buf_offset`.
         let ret = unsafe {
             (handle.driver.api.read)(
                 handle.raw,
-                dst.addr() as *mut c_void,
+                dst.base() as *mut c_void,
                 dst.len(),
                 file_offset,
-                0,
+                buf_offset,
             )
         };
         match ret {

@@ -39,6 +39,8 @@ type Borrow<'a, S> = (&'a mut [u8], fn() -> S);
 pub struct DeviceRegion<'a, S: MemorySpace> {
     addr: usize,
     len: usize,
+    /// Where the allocation this region was carved from starts (cuFile's `bufPtr_base`).
+    base: usize,
     _borrow: PhantomData<Borrow<'a, S>>,
 }
 
@@ -64,6 +66,7 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         Self {
             addr,
             len,
+            base: addr,
             _borrow: PhantomData,
         }
     }
@@ -78,6 +81,28 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         self.len
     }
 
+    /// The start of the allocation (or caller region) this region was carved from. Sub-regions
+    /// keep it, so a reader can pass a base pointer and an offset (cuFile's `bufPtr_base` and
+    /// `bufPtr_offset`, which registered buffers require).
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// This region's offset from [`base`](Self::base).
+    pub fn offset_in_base(&self) -> usize {
+        self.addr - self.base
+    }
+
+    /// A sub-region that keeps this region's base.
+    fn carve(&self, offset: usize, len: usize) -> Self {
+        Self {
+            addr: self.addr + offset,
+            len,
+            base: self.base,
+            _borrow: PhantomData,
+        }
+    }
+
     /// Whether the region is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -89,9 +114,15 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         if end > self.len {
             return None;
         }
-        // SAFETY: the sub-range lies inside this region (checked above) and is borrowed from
-        // `&mut self`, so nothing else can use this region's memory while it exists.
-        Some(unsafe { DeviceRegion::from_raw_parts(self.addr + offset, len) })
+        // The sub-range lies inside this region (checked above) and is borrowed from `&mut self`,
+        // so nothing else can use this region's memory while it exists.
+        let sub = self.carve(offset, len);
+        Some(DeviceRegion {
+            addr: sub.addr,
+            len: sub.len,
+            base: sub.base,
+            _borrow: PhantomData,
+        })
     }
 
     /// Narrows the region to `[offset, offset + len)`, keeping its lifetime; `None` when out of
@@ -101,8 +132,8 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         if end > self.len {
             return None;
         }
-        // SAFETY: the sub-range lies inside this region, which is consumed.
-        Some(unsafe { DeviceRegion::from_raw_parts(self.addr + offset, len) })
+        // The sub-range lies inside this region, which is consumed.
+        Some(self.carve(offset, len))
     }
 
     /// Splits the region in two at `mid`; `None` when `mid > len`.
@@ -110,15 +141,9 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         if mid > self.len {
             return None;
         }
-        // SAFETY: the two halves are disjoint and together cover exactly this region, which is
-        // consumed, so the exclusivity of `'a` carries over to each half.
-        let halves = unsafe {
-            (
-                DeviceRegion::from_raw_parts(self.addr, mid),
-                DeviceRegion::from_raw_parts(self.addr + mid, self.len - mid),
-            )
-        };
-        Some(halves)
+        // The two halves are disjoint and together cover exactly this region, which is consumed,
+        // so the exclusivity of `'a` carries over to each half.
+        Some((self.carve(0, mid), self.carve(mid, self.len - mid)))
     }
 }
 
@@ -298,6 +323,14 @@ mod tests {
         assert_eq!(a.as_mut_slice(), &[0, 0, 7, 7, 7]);
         b.as_mut_slice().fill(1);
         assert_eq!(bytes, [0, 0, 7, 7, 7, 1, 1, 1, 1, 1]);
+        let mut more = vec![0u8; 10];
+        let mut region = DeviceRegion::from_slice(&mut more);
+        let base = region.addr();
+        let mut sub = region.slice(4, 6).unwrap();
+        let inner = sub.slice(1, 2).unwrap();
+        assert_eq!((inner.base(), inner.offset_in_base()), (base, 5));
+        let (_, tail) = region.split_at(7).unwrap();
+        assert_eq!((tail.base(), tail.offset_in_base()), (base, 7));
     }
 
     #[test]
