@@ -325,7 +325,14 @@ pub(crate) fn assert_checksums(report: &serde_json::Value) -> usize {
             .or_insert_with(|| std::fs::read(&file).unwrap());
         let reference = safetensors::SafeTensors::deserialize(bytes).unwrap();
         let name = t["name"].as_str().unwrap();
-        let expected: String = Sha256::digest(reference.tensor(name).unwrap().data())
+        let view = reference.tensor(name).unwrap();
+        assert_eq!(
+            t["dtype"].as_str(),
+            Some(format!("{:?}", view.dtype()).as_str()),
+            "{name}"
+        );
+        assert_eq!(t["shape"], serde_json::json!(view.shape()), "{name}");
+        let expected: String = Sha256::digest(view.data())
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use staging_core::host::open_regular_file;
 use staging_core::{DeviceRegion, ReadError, Reader};
 
 use crate::cuda::{CudaDevice, CudaMemory, PinnedBuffer};
@@ -321,16 +322,7 @@ impl Reader for CuFileReader {
     }
 
     fn open(&self, path: &Path) -> Result<CuFile, ReadError> {
-        let buffered = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)?;
-        if !buffered.metadata()?.is_file() {
-            return Err(ReadError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
-        }
+        let buffered = open_regular_file(path)?;
         let posix = CuFile {
             handle: None,
             _direct: None,

@@ -19,6 +19,22 @@ use crate::traits::{
 /// Alignment of host "device" buffers: a page, as O_DIRECT needs.
 pub const HOST_BUFFER_ALIGN: usize = 4096;
 
+/// Opens `path` read-only if it is a regular file, without blocking on a fifo (`O_NONBLOCK`,
+/// which does not affect regular files). The shared way readers open checkpoint files.
+pub fn open_regular_file(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
 /// Reads files with `pread` into host memory.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostReader;
@@ -42,17 +58,9 @@ impl Reader for HostReader {
     }
 
     fn open(&self, path: &Path) -> Result<HostFile, ReadError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)?;
-        if !file.metadata()?.is_file() {
-            return Err(ReadError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
-        }
-        Ok(HostFile { file })
+        Ok(HostFile {
+            file: open_regular_file(path)?,
+        })
     }
 
     fn read_at(
