@@ -228,6 +228,12 @@ pub struct SyntheticCheckpoint {
 /// total (over 256 MiB at 1 GiB), then decoder layers (attention with biases, MLP, norms) in BF16
 /// and F32, with sizes that leave tail chunks; split into shards of about a quarter each.
 pub fn synthetic_specs(total_bytes: u64) -> Vec<Vec<TensorSpec>> {
+    synthetic_specs_with(total_bytes, Dtype::BF16)
+}
+
+/// [`synthetic_specs`] with the matrices in `dtype` (a 2-byte type keeps the sizes; F16 lets
+/// numpy-based baselines read the checkpoint).
+pub fn synthetic_specs_with(total_bytes: u64, dtype: Dtype) -> Vec<Vec<TensorSpec>> {
     let hidden: usize = match total_bytes {
         b if b >= 256 << 20 => 2048,
         b if b >= 16 << 20 => 512,
@@ -235,7 +241,7 @@ pub fn synthetic_specs(total_bytes: u64) -> Vec<Vec<TensorSpec>> {
     };
     let intermediate = hidden * 43 / 16; // 2048 -> 5504
     let kv = hidden / 8;
-    let bf16 = Dtype::BF16;
+    let bf16 = dtype;
     // An odd row count keeps the embedding off any power-of-two multiple.
     let vocab = ((total_bytes as f64 * 0.3) as usize / (2 * hidden)) | 1;
     let mut tensors = vec![TensorSpec::new(
@@ -312,7 +318,15 @@ pub fn synthetic_specs(total_bytes: u64) -> Vec<Vec<TensorSpec>> {
 /// Writes a Qwen-like sharded checkpoint of about `total_bytes` (see [`synthetic_specs`]) with
 /// random contents into `dir`, streaming, without holding the data in memory.
 pub fn write_synthetic(dir: &Path, total_bytes: u64, seed: u64) -> io::Result<SyntheticCheckpoint> {
-    let shards = synthetic_specs(total_bytes);
+    write_sharded_streaming(dir, &synthetic_specs(total_bytes), seed)
+}
+
+/// Writes `shards` as a sharded checkpoint with an index and random contents, streaming.
+pub fn write_sharded_streaming(
+    dir: &Path,
+    shards: &[Vec<TensorSpec>],
+    seed: u64,
+) -> io::Result<SyntheticCheckpoint> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut files = Vec::new();
     let mut weight_map = BTreeMap::new();

@@ -1,0 +1,384 @@
+//! `bench`: the stager against the limits, side by side, in one run.
+//!
+//! ```text
+//! bench [--sizes 2GiB[,8GiB]] [--dir DIR] [--repeat N] [--threads N] [--json]
+//! ```
+//!
+//! For each size it writes (once, kept in `--dir`) two F16 checkpoints: `large` (Qwen-like: few
+//! large tensors) and `small` (many tensors of 4 KiB to 1 MiB). With the page cache hot, each
+//! variant runs in a child process (so its peak RSS is its own, from `wait4`):
+//!
+//! - `seq-reused`: sequential `pread` of the files into one reused 16 MiB buffer (page-cache limit);
+//! - `fresh-memory`: the files read into fresh memory of their size (fresh-memory limit; the same
+//!   huge-page-advised mappings the host backend uses);
+//! - `safetensors-mmap`: the `safetensors` crate over an mmap, every tensor copied out;
+//! - `python-numpy`: Python's `safetensors.numpy.load_file` (when importable);
+//! - `stager-1`: the stager, host backend, one I/O thread;
+//! - `stager`: the stager as configured (`--threads`, default: the stager's default).
+//!
+//! Every variant keeps what it loaded until it ends, as a loader would. The table gives GB/s (of
+//! tensor bytes), each variant's ratio to `fresh-memory` and `python-numpy`, peak RSS, and for the
+//! stager the peak host and device bytes its report holds.
+
+use std::error::Error as StdError;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use backend_mock::fixtures::{TensorSpec, synthetic_specs_with, write_sharded_streaming};
+use serde::{Deserialize, Serialize};
+use staging_core::host::{HostAllocator, HostReader};
+use staging_core::{Checkpoint, Dtype, HostBytes, Stager, StagingPolicy};
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+const VARIANTS: [&str; 6] = [
+    "seq-reused",
+    "fresh-memory",
+    "safetensors-mmap",
+    "python-numpy",
+    "stager-1",
+    "stager",
+];
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ChildResult {
+    seconds: f64,
+    peak_host_bytes: Option<u64>,
+    peak_device_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    size: String,
+    layout: String,
+    variant: String,
+    gb_per_s: f64,
+    seconds: f64,
+    vs_fresh_memory: Option<f64>,
+    vs_python_numpy: Option<f64>,
+    peak_rss_mib: u64,
+    peak_host_bytes: Option<u64>,
+    peak_device_bytes: Option<u64>,
+}
+
+fn parse_size(text: &str) -> Result<u64, BoxError> {
+    let t = text.trim().to_ascii_lowercase();
+    let (num, scale) = if let Some(n) = t.strip_suffix("gib") {
+        (n, 1u64 << 30)
+    } else if let Some(n) = t.strip_suffix("mib") {
+        (n, 1 << 20)
+    } else {
+        (t.as_str(), 1)
+    };
+    Ok(num.trim().parse::<u64>()? * scale)
+}
+
+fn arg_value(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match arg_value(&args, "--variant") {
+        Some(variant) => child(&variant, &args),
+        None => parent(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("bench: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The files of a checkpoint directory, in load order.
+fn files_of(dir: &Path) -> Result<Vec<PathBuf>, BoxError> {
+    Ok(Checkpoint::open(dir)?
+        .files()
+        .iter()
+        .map(|f| f.path.to_path_buf())
+        .collect())
+}
+
+fn read_file_into(file: &File, buf: &mut [u8]) -> Result<(), BoxError> {
+    let mut done = 0;
+    while done < buf.len() {
+        let end = (done + (16 << 20)).min(buf.len());
+        let n = file.read_at(&mut buf[done..end], done as u64)?;
+        if n == 0 {
+            return Err("file shrank".into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
+    let dir = PathBuf::from(arg_value(args, "--checkpoint").ok_or("--checkpoint missing")?);
+    let threads: Option<usize> = arg_value(args, "--threads")
+        .map(|t| t.parse())
+        .transpose()?;
+    let start = Instant::now();
+    let mut result = ChildResult {
+        seconds: 0.0,
+        peak_host_bytes: None,
+        peak_device_bytes: None,
+    };
+    match variant {
+        "seq-reused" => {
+            let mut buf = vec![0u8; 16 << 20];
+            for path in files_of(&dir)? {
+                let file = File::open(&path)?;
+                let mut offset = 0u64;
+                loop {
+                    let n = file.read_at(&mut buf, offset)?;
+                    if n == 0 {
+                        break;
+                    }
+                    offset += n as u64;
+                }
+            }
+        }
+        "fresh-memory" => {
+            let mut kept = Vec::new();
+            for path in files_of(&dir)? {
+                let file = File::open(&path)?;
+                let len = usize::try_from(file.metadata()?.len())?;
+                let mut bytes = HostBytes::zeroed(len, 4096).ok_or("allocation failed")?;
+                read_file_into(&file, &mut bytes)?;
+                kept.push(bytes);
+            }
+        }
+        "safetensors-mmap" => {
+            let mut kept: Vec<Vec<u8>> = Vec::new();
+            for path in files_of(&dir)? {
+                let file = File::open(&path)?;
+                // SAFETY: the benchmark's own files are not modified while mapped.
+                let map = unsafe { memmap2::Mmap::map(&file)? };
+                let tensors = safetensors::SafeTensors::deserialize(&map)?;
+                for (_, view) in tensors.iter() {
+                    kept.push(view.data().to_vec());
+                }
+            }
+        }
+        "stager-1" | "stager" => {
+            let mut policy = StagingPolicy::default();
+            if variant == "stager-1" {
+                policy.io_threads = 1;
+            } else if let Some(t) = threads {
+                policy.io_threads = t;
+            }
+            let checkpoint = Checkpoint::open(&dir)?;
+            let mut stager = Stager::new(checkpoint, HostReader, HostAllocator::new(), policy)?;
+            let mut kept = Vec::new();
+            for tensor in stager.by_ref() {
+                kept.push(tensor?);
+            }
+            let report = stager.report();
+            result.peak_host_bytes = Some(report.peak_host_bytes);
+            result.peak_device_bytes = Some(report.peak_device_bytes);
+        }
+        other => return Err(format!("unknown variant {other}").into()),
+    }
+    result.seconds = start.elapsed().as_secs_f64();
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+/// Runs a command, returning its stdout and peak RSS in KiB (from `wait4`).
+fn run_measured(command: &mut Command) -> Result<(String, u64), BoxError> {
+    let out_file = tempfile::tempfile()?;
+    let mut child = command
+        .stdout(out_file.try_clone()?)
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let pid = libc::pid_t::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain old data that wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own un-waited child; the pointers are to valid locals.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if waited != pid {
+        let _ = child.kill();
+        return Err(format!("wait4 failed: {}", std::io::Error::last_os_error()).into());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(format!("{command:?} failed with status {status}").into());
+    }
+    let mut out = String::new();
+    use std::io::{Read, Seek};
+    let mut f = out_file;
+    f.rewind()?;
+    f.read_to_string(&mut out)?;
+    Ok((out, u64::try_from(usage.ru_maxrss)?))
+}
+
+fn small_layout(total: u64) -> Vec<Vec<TensorSpec>> {
+    // Sizes cycle over 4 KiB .. 1 MiB (F16), odd element counts included, in shards of ~512 MiB.
+    let sizes = [
+        2048usize, 3000, 16384, 65536, 131_072, 262_144, 524_288, 77_777,
+    ];
+    let mut shards = vec![Vec::new()];
+    let (mut in_shard, mut total_written, mut i) = (0u64, 0u64, 0usize);
+    while total_written < total {
+        let elements = sizes[i % sizes.len()];
+        let bytes = 2 * elements as u64;
+        if in_shard + bytes > 512 << 20 {
+            shards.push(Vec::new());
+            in_shard = 0;
+        }
+        if let Some(last) = shards.last_mut() {
+            last.push(TensorSpec::new(format!("t.{i}"), Dtype::F16, &[elements]));
+        }
+        in_shard += bytes;
+        total_written += bytes;
+        i += 1;
+    }
+    shards
+}
+
+fn ensure_checkpoint(dir: &Path, layout: &str, size: u64) -> Result<(), BoxError> {
+    let marker = dir.join(".complete");
+    if marker.exists() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let shards = match layout {
+        "large" => synthetic_specs_with(size, Dtype::F16),
+        _ => small_layout(size),
+    };
+    eprintln!(
+        "writing {layout} checkpoint of {} MiB to {} ...",
+        size >> 20,
+        dir.display()
+    );
+    write_sharded_streaming(dir, &shards, 42)?;
+    std::fs::write(marker, b"")?;
+    Ok(())
+}
+
+fn parent(args: &[String]) -> Result<(), BoxError> {
+    let sizes: Vec<u64> = arg_value(args, "--sizes")
+        .unwrap_or_else(|| "2GiB".into())
+        .split(',')
+        .map(parse_size)
+        .collect::<Result<_, _>>()?;
+    let root = PathBuf::from(arg_value(args, "--dir").unwrap_or_else(|| "/tmp/stage-bench".into()));
+    let repeat: usize = arg_value(args, "--repeat").map_or(Ok(3), |r| r.parse())?;
+    let threads = arg_value(args, "--threads");
+    let json = args.iter().any(|a| a == "--json");
+    let exe = std::env::current_exe()?;
+    let python_ok = Command::new("python3")
+        .args(["-c", "import safetensors.numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+
+    let mut rows = Vec::new();
+    for &size in &sizes {
+        for layout in ["large", "small"] {
+            let dir = root.join(format!("{layout}-{}mib", size >> 20));
+            ensure_checkpoint(&dir, layout, size)?;
+            let checkpoint = Checkpoint::open(&dir)?;
+            let tensor_bytes = checkpoint.total_bytes();
+            let files = files_of(&dir)?;
+            // Warm the page cache.
+            run_measured(
+                Command::new(&exe)
+                    .args(["--variant", "seq-reused", "--checkpoint"])
+                    .arg(&dir),
+            )?;
+            let mut results: Vec<(String, f64, u64, Option<u64>, Option<u64>)> = Vec::new();
+            for variant in VARIANTS {
+                if variant == "python-numpy" && !python_ok {
+                    eprintln!("python-numpy: skipped (safetensors.numpy not importable)");
+                    continue;
+                }
+                let mut seconds = Vec::new();
+                let (mut rss, mut host, mut device) = (0u64, None, None);
+                for _ in 0..repeat {
+                    let mut command = if variant == "python-numpy" {
+                        let mut c = Command::new("python3");
+                        c.args([
+                            "-c",
+                            "import json, sys, time\nfrom safetensors.numpy import load_file\nt = time.perf_counter()\nkept = [load_file(f) for f in sys.argv[1:]]\nprint(json.dumps({'seconds': time.perf_counter() - t, 'peak_host_bytes': None, 'peak_device_bytes': None}))",
+                        ]);
+                        c.args(&files);
+                        c
+                    } else {
+                        let mut c = Command::new(&exe);
+                        c.args(["--variant", variant, "--checkpoint"]).arg(&dir);
+                        if let Some(t) = &threads {
+                            c.args(["--threads", t]);
+                        }
+                        c
+                    };
+                    let (out, kib) = run_measured(&mut command)?;
+                    let child: ChildResult = serde_json::from_str(out.trim())?;
+                    seconds.push(child.seconds);
+                    rss = rss.max(kib);
+                    host = child.peak_host_bytes;
+                    device = child.peak_device_bytes;
+                }
+                seconds.sort_by(f64::total_cmp);
+                let median = seconds[seconds.len() / 2];
+                results.push((variant.to_owned(), median, rss, host, device));
+            }
+            let rate = |name: &str| {
+                results
+                    .iter()
+                    .find(|r| r.0 == name)
+                    .map(|r| tensor_bytes as f64 / r.1 / 1e9)
+            };
+            let (fresh, python) = (rate("fresh-memory"), rate("python-numpy"));
+            for (variant, secs, rss, host, device) in results {
+                let gbps = tensor_bytes as f64 / secs / 1e9;
+                rows.push(Row {
+                    size: format!("{} MiB", size >> 20),
+                    layout: format!("{layout} ({} tensors)", checkpoint.tensors().len()),
+                    variant,
+                    gb_per_s: (gbps * 100.0).round() / 100.0,
+                    seconds: (secs * 1000.0).round() / 1000.0,
+                    vs_fresh_memory: fresh.map(|f| (gbps / f * 100.0).round() / 100.0),
+                    vs_python_numpy: python.map(|p| (gbps / p * 100.0).round() / 100.0),
+                    peak_rss_mib: rss / 1024,
+                    peak_host_bytes: host,
+                    peak_device_bytes: device,
+                });
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "| size | layout | variant | GB/s | s (median of {repeat}) | vs fresh-memory | vs python-numpy | peak RSS MiB | stager peak host / device MiB |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2}"));
+    for r in rows {
+        let held = match (r.peak_host_bytes, r.peak_device_bytes) {
+            (Some(h), Some(d)) => format!("{} / {}", h >> 20, d >> 20),
+            _ => String::new(),
+        };
+        println!(
+            "| {} | {} | {} | {:.2} | {:.3} | {} | {} | {} | {} |",
+            r.size,
+            r.layout,
+            r.variant,
+            r.gb_per_s,
+            r.seconds,
+            opt(r.vs_fresh_memory),
+            opt(r.vs_python_numpy),
+            r.peak_rss_mib,
+            held
+        );
+    }
+    Ok(())
+}
