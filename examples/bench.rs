@@ -50,6 +50,15 @@ struct ChildResult {
     peak_device_bytes: Option<u64>,
 }
 
+/// One variant's median time and peaks.
+struct Measured {
+    variant: String,
+    seconds: f64,
+    rss_kib: u64,
+    host: Option<u64>,
+    device: Option<u64>,
+}
+
 #[derive(Debug, Serialize)]
 struct Row {
     size: String,
@@ -293,7 +302,7 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
                     .args(["--variant", "seq-reused", "--checkpoint"])
                     .arg(&dir),
             )?;
-            let mut results: Vec<(String, f64, u64, Option<u64>, Option<u64>)> = Vec::new();
+            let mut results: Vec<Measured> = Vec::new();
             for variant in VARIANTS {
                 if variant == "python-numpy" && !python_ok {
                     eprintln!("python-numpy: skipped (safetensors.numpy not importable)");
@@ -327,16 +336,29 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
                 }
                 seconds.sort_by(f64::total_cmp);
                 let median = seconds[seconds.len() / 2];
-                results.push((variant.to_owned(), median, rss, host, device));
+                results.push(Measured {
+                    variant: variant.to_owned(),
+                    seconds: median,
+                    rss_kib: rss,
+                    host,
+                    device,
+                });
             }
             let rate = |name: &str| {
                 results
                     .iter()
-                    .find(|r| r.0 == name)
-                    .map(|r| tensor_bytes as f64 / r.1 / 1e9)
+                    .find(|r| r.variant == name)
+                    .map(|r| tensor_bytes as f64 / r.seconds / 1e9)
             };
             let (fresh, python) = (rate("fresh-memory"), rate("python-numpy"));
-            for (variant, secs, rss, host, device) in results {
+            for Measured {
+                variant,
+                seconds: secs,
+                rss_kib: rss,
+                host,
+                device,
+            } in results
+            {
                 let gbps = tensor_bytes as f64 / secs / 1e9;
                 rows.push(Row {
                     size: format!("{} MiB", size >> 20),
