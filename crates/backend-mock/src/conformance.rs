@@ -62,11 +62,16 @@ struct Fixture {
 }
 
 fn small_policy() -> StagingPolicy {
+    threaded_policy(1)
+}
+
+/// The suite's policy with `threads` I/O threads (more than one reads in batches on a pool).
+fn threaded_policy(threads: usize) -> StagingPolicy {
     StagingPolicy {
         chunk_size: CHUNK,
         staging_size: CHUNK,
-        // One thread: the cases that count read calls rely on chunks being read in order.
-        io_threads: 1,
+        // Cases that count read calls use one thread: they rely on chunks being read in order.
+        io_threads: threads,
         ..StagingPolicy::default()
     }
 }
@@ -243,9 +248,15 @@ fn file_of(checkpoint: &Checkpoint, name: &str) -> PathBuf {
 
 /// Sufficient memory: every tensor goes straight to the device, no host copy exists, and every
 /// buffer is returned when the tensors are dropped.
-pub fn device_path_when_memory_suffices<H: Harness>(h: &H) {
+pub fn device_path_when_memory_suffices<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
-    let mut r = run(h, &f, small_policy(), |r| r, |a| a.report_free(HUGE));
+    let mut r = run(
+        h,
+        &f,
+        threaded_policy(threads),
+        |r| r,
+        |a| a.report_free(HUGE),
+    );
     let tensors = collect_ok(&mut r.stager);
     for t in &tensors {
         assert_eq!(t.path(), StagingPath::Device, "{}", t.name());
@@ -300,12 +311,12 @@ pub fn host_path_when_memory_is_low<H: Harness>(h: &H) {
 
 /// A capped device: tensors that fit with headroom go to the device, the one that does not is
 /// assembled on the host, and device memory held never exceeds the cap.
-pub fn capped_device_mixes_paths<H: Harness>(h: &H) {
+pub fn capped_device_mixes_paths<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
     let cap = 2 * CHUNK as u64 + 4096;
     let policy = StagingPolicy {
         headroom_min: 1024,
-        ..small_policy()
+        ..threaded_policy(threads)
     };
     let mut r = run(h, &f, policy, |r| r, |a| a.with_capacity(cap));
     let tensors = collect_ok(&mut r.stager);
@@ -379,12 +390,12 @@ pub fn no_staging_buffer_is_an_error<H: Harness>(h: &H) {
 
 /// The allocation race: free memory said yes, the allocation said out-of-memory; the tensor
 /// falls back to the host and is counted as a race.
-pub fn allocation_race_falls_back<H: Harness>(h: &H) {
+pub fn allocation_race_falls_back<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
     let mut r = run(
         h,
         &f,
-        small_policy(),
+        threaded_policy(threads),
         |r| r,
         |a| a.report_free(HUGE).oom_on_allocation(1),
     );
@@ -409,12 +420,12 @@ pub fn allocation_race_falls_back<H: Harness>(h: &H) {
 }
 
 /// An allocation failure other than out-of-memory aborts the load, naming the tensor.
-pub fn other_allocation_error_aborts<H: Harness>(h: &H) {
+pub fn other_allocation_error_aborts<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
     let mut r = run(
         h,
         &f,
-        small_policy(),
+        threaded_policy(threads),
         |r| r,
         |a| a.report_free(HUGE).fail_allocation(1),
     );
@@ -501,6 +512,58 @@ pub fn read_error_aborts<H: Harness>(h: &H, path: StagingPath, at: ChunkAt) {
     assert!(r.ledger.outstanding().is_empty());
 }
 
+/// A read error at the first, a middle or the tail chunk, named by file offset so that it holds
+/// with any number of I/O threads: the error names tensor, file and offset; nothing after it is
+/// yielded; nothing leaks.
+pub fn read_error_at_offset<H: Harness>(h: &H, path: StagingPath, at: ChunkAt, threads: usize) {
+    let f = standard_fixture();
+    let target = meta(&f.checkpoint, "b.multi");
+    let chunks = plan_chunks(target.offset, target.len, CHUNK).count();
+    let chunk = match at {
+        ChunkAt::First => 0,
+        ChunkAt::Middle => chunks / 2,
+        ChunkAt::Tail => chunks - 1,
+    };
+    let (_, offset) = call_index(&f.checkpoint, "b.multi", chunk, CHUNK);
+    let mut r = run(
+        h,
+        &f,
+        threaded_policy(threads),
+        |r| r.fail_at_offset(offset),
+        |a| a.report_free(free_for(path)),
+    );
+    let items: Vec<_> = r.stager.by_ref().collect();
+    assert_eq!(items.len(), 2, "a.small, then the error, then nothing");
+    let Ok(first) = &items[0] else {
+        panic!("a.small failed: {:?}", items[0]);
+    };
+    assert_eq!(first.path(), path);
+    assert!(
+        bytes_of(r.stager.allocator(), first) == f.contents["a.small"],
+        "a tensor before the failure was handed out incomplete"
+    );
+    match &items[1] {
+        Err(Error::Read {
+            tensor,
+            file,
+            offset: got,
+            ..
+        }) => {
+            assert_eq!(tensor, "b.multi");
+            assert_eq!(*file, file_of(&f.checkpoint, "b.multi"));
+            assert_eq!(*got, offset);
+        }
+        other => panic!("expected a read error, got {other:?}"),
+    }
+    assert!(r.stager.next().is_none());
+    drop(items);
+    assert!(
+        r.ledger.outstanding().is_empty(),
+        "leaked: {:?}",
+        r.ledger.outstanding()
+    );
+}
+
 /// A file that ends early (a read returns 0 bytes) is a truncation error with the offset.
 pub fn truncation_is_an_error<H: Harness>(h: &H, path: StagingPath) {
     let f = standard_fixture();
@@ -532,13 +595,13 @@ pub fn truncation_is_an_error<H: Harness>(h: &H, path: StagingPath) {
 }
 
 /// Short reads of varying length are continued until every byte is in place.
-pub fn short_reads_are_continued<H: Harness>(h: &H, path: StagingPath) {
+pub fn short_reads_are_continued<H: Harness>(h: &H, path: StagingPath, threads: usize) {
     let f = standard_fixture();
     let pattern = vec![1, 7, 4093, 100_000, 3, 5000];
     let mut r = run(
         h,
         &f,
-        small_policy(),
+        threaded_policy(threads),
         |r| r.short_reads(pattern),
         |a| a.report_free(free_for(path)),
     );
@@ -610,7 +673,7 @@ pub fn tail_chunks<H: Harness>(h: &H, path: StagingPath, len: usize) {
 }
 
 /// Zero-length tensors are handed out empty, on the path the policy gives, and read nothing.
-pub fn zero_length_tensors<H: Harness>(h: &H, path: StagingPath) {
+pub fn zero_length_tensors<H: Harness>(h: &H, path: StagingPath, threads: usize) {
     let specs = [
         TensorSpec::bytes("a", 10),
         TensorSpec::new("empty.f32", staging_core::Dtype::F32, &[0]),
@@ -621,7 +684,7 @@ pub fn zero_length_tensors<H: Harness>(h: &H, path: StagingPath) {
     let mut r = run(
         h,
         &f,
-        small_policy(),
+        threaded_policy(threads),
         |r| r,
         |a| a.report_free(free_for(path)),
     );
@@ -673,7 +736,7 @@ impl<B: DeviceBuffer> Destination<B::Space> for ArenaDestination<B> {
 
 /// The caller's destination is preferred: accepted tensors land there with nothing allocated
 /// for them; the rest take the device path; all bytes are right.
-pub fn destination_is_preferred<H: Harness>(h: &H) {
+pub fn destination_is_preferred<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
     let (_, arena_allocator) = h.backend();
     let arena_len = meta(&f.checkpoint, "b.multi").len + meta(&f.checkpoint, "c.norm").len;
@@ -684,7 +747,13 @@ pub fn destination_is_preferred<H: Harness>(h: &H) {
         placed: Vec::new(),
     };
     destination.prefix = "b.";
-    let r = run(h, &f, small_policy(), |r| r, |a| a.report_free(HUGE));
+    let r = run(
+        h,
+        &f,
+        threaded_policy(threads),
+        |r| r,
+        |a| a.report_free(HUGE),
+    );
     let arena_addr = destination.arena.addr();
     let mut stager = r.stager.with_destination(&mut destination);
     let mut tensors = Vec::new();
@@ -730,7 +799,7 @@ pub fn destination_is_preferred<H: Harness>(h: &H) {
 }
 
 /// A destination shorter than the tensor is an error, not a truncation; nothing is read into it.
-pub fn destination_too_small_is_an_error<H: Harness>(h: &H) {
+pub fn destination_too_small_is_an_error<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
     let (_, arena_allocator) = h.backend();
     let needed = meta(&f.checkpoint, "b.multi").len;
@@ -740,7 +809,13 @@ pub fn destination_too_small_is_an_error<H: Harness>(h: &H) {
         next: 0,
         placed: Vec::new(),
     };
-    let r = run(h, &f, small_policy(), |r| r, |a| a.report_free(HUGE));
+    let r = run(
+        h,
+        &f,
+        threaded_policy(threads),
+        |r| r,
+        |a| a.report_free(HUGE),
+    );
     let mut stager = r.stager.with_destination(&mut destination);
     let first = stager.next().unwrap().unwrap();
     let reads_before = r.log.calls().len();
@@ -821,12 +896,12 @@ pub fn copy_error_aborts<H: Harness>(h: &H) {
 
 /// A consumer that stops half-way and drops the stager frees everything the library held; the
 /// tensors it took stay valid until it drops them.
-pub fn dropped_early_frees_everything<H: Harness>(h: &H, path: StagingPath) {
+pub fn dropped_early_frees_everything<H: Harness>(h: &H, path: StagingPath, threads: usize) {
     let f = standard_fixture();
     let r = run(
         h,
         &f,
-        small_policy(),
+        threaded_policy(threads),
         |r| r,
         |a| a.report_free(free_for(path)),
     );
@@ -850,12 +925,13 @@ pub fn parallel_reads<H: Harness>(h: &H, fail: bool) {
         io_threads: 4,
         ..small_policy()
     };
-    let (call, offset) = call_index(&f.checkpoint, "b.multi", 0, CHUNK);
+    // The failing chunk is named by its offset: parallel reads run in any order.
+    let (_, offset) = call_index(&f.checkpoint, "b.multi", 1, CHUNK);
     let mut r = run(
         h,
         &f,
         policy,
-        |r| if fail { r.fail_on_call(call) } else { r },
+        |r| if fail { r.fail_at_offset(offset) } else { r },
         |a| a.report_free(HUGE),
     );
     if !fail {
@@ -934,7 +1010,7 @@ macro_rules! conformance_suite {
 
         #[test]
         fn device_path_when_memory_suffices() {
-            suite::device_path_when_memory_suffices(&$harness)
+            suite::device_path_when_memory_suffices(&$harness, 1)
         }
         #[test]
         fn host_path_when_memory_is_low() {
@@ -942,7 +1018,7 @@ macro_rules! conformance_suite {
         }
         #[test]
         fn capped_device_mixes_paths() {
-            suite::capped_device_mixes_paths(&$harness)
+            suite::capped_device_mixes_paths(&$harness, 1)
         }
         #[test]
         fn staging_buffer_shrinks_when_memory_is_short() {
@@ -954,11 +1030,11 @@ macro_rules! conformance_suite {
         }
         #[test]
         fn allocation_race_falls_back() {
-            suite::allocation_race_falls_back(&$harness)
+            suite::allocation_race_falls_back(&$harness, 1)
         }
         #[test]
         fn other_allocation_error_aborts() {
-            suite::other_allocation_error_aborts(&$harness)
+            suite::other_allocation_error_aborts(&$harness, 1)
         }
         #[test]
         fn read_error_first_chunk_device() {
@@ -994,11 +1070,11 @@ macro_rules! conformance_suite {
         }
         #[test]
         fn short_reads_device() {
-            suite::short_reads_are_continued(&$harness, StagingPath::Device)
+            suite::short_reads_are_continued(&$harness, StagingPath::Device, 1)
         }
         #[test]
         fn short_reads_host() {
-            suite::short_reads_are_continued(&$harness, StagingPath::Host)
+            suite::short_reads_are_continued(&$harness, StagingPath::Host, 1)
         }
         #[test]
         fn every_dtype_device() {
@@ -1038,19 +1114,19 @@ macro_rules! conformance_suite {
         }
         #[test]
         fn zero_length_device() {
-            suite::zero_length_tensors(&$harness, StagingPath::Device)
+            suite::zero_length_tensors(&$harness, StagingPath::Device, 1)
         }
         #[test]
         fn zero_length_host() {
-            suite::zero_length_tensors(&$harness, StagingPath::Host)
+            suite::zero_length_tensors(&$harness, StagingPath::Host, 1)
         }
         #[test]
         fn destination_is_preferred() {
-            suite::destination_is_preferred(&$harness)
+            suite::destination_is_preferred(&$harness, 1)
         }
         #[test]
         fn destination_too_small_is_an_error() {
-            suite::destination_too_small_is_an_error(&$harness)
+            suite::destination_too_small_is_an_error(&$harness, 1)
         }
         #[test]
         fn headroom_boundary_exact() {
@@ -1066,11 +1142,11 @@ macro_rules! conformance_suite {
         }
         #[test]
         fn dropped_early_device() {
-            suite::dropped_early_frees_everything(&$harness, StagingPath::Device)
+            suite::dropped_early_frees_everything(&$harness, StagingPath::Device, 1)
         }
         #[test]
         fn dropped_early_host() {
-            suite::dropped_early_frees_everything(&$harness, StagingPath::Host)
+            suite::dropped_early_frees_everything(&$harness, StagingPath::Host, 1)
         }
         #[test]
         fn parallel_reads_bytes() {
@@ -1087,6 +1163,63 @@ macro_rules! conformance_suite {
         #[test]
         fn load_order_is_file_then_offset() {
             suite::load_order_is_file_then_offset(&$harness)
+        }
+        // The same contract with several I/O threads (batched reads on a pool).
+        #[test]
+        fn threads_device_path_when_memory_suffices() {
+            suite::device_path_when_memory_suffices(&$harness, 3)
+        }
+        #[test]
+        fn threads_capped_device_mixes_paths() {
+            suite::capped_device_mixes_paths(&$harness, 3)
+        }
+        #[test]
+        fn threads_allocation_race_falls_back() {
+            suite::allocation_race_falls_back(&$harness, 3)
+        }
+        #[test]
+        fn threads_other_allocation_error_aborts() {
+            suite::other_allocation_error_aborts(&$harness, 3)
+        }
+        #[test]
+        fn threads_destination_is_preferred() {
+            suite::destination_is_preferred(&$harness, 3)
+        }
+        #[test]
+        fn threads_destination_too_small_is_an_error() {
+            suite::destination_too_small_is_an_error(&$harness, 3)
+        }
+        #[test]
+        fn threads_short_reads_device() {
+            suite::short_reads_are_continued(&$harness, StagingPath::Device, 3)
+        }
+        #[test]
+        fn threads_zero_length_device() {
+            suite::zero_length_tensors(&$harness, StagingPath::Device, 3)
+        }
+        #[test]
+        fn threads_dropped_early_device() {
+            suite::dropped_early_frees_everything(&$harness, StagingPath::Device, 3)
+        }
+        #[test]
+        fn read_error_at_offset_first_device() {
+            suite::read_error_at_offset(&$harness, StagingPath::Device, ChunkAt::First, 1)
+        }
+        #[test]
+        fn threads_read_error_at_offset_first_device() {
+            suite::read_error_at_offset(&$harness, StagingPath::Device, ChunkAt::First, 3)
+        }
+        #[test]
+        fn threads_read_error_at_offset_middle_device() {
+            suite::read_error_at_offset(&$harness, StagingPath::Device, ChunkAt::Middle, 3)
+        }
+        #[test]
+        fn threads_read_error_at_offset_tail_device() {
+            suite::read_error_at_offset(&$harness, StagingPath::Device, ChunkAt::Tail, 3)
+        }
+        #[test]
+        fn threads_read_error_at_offset_middle_host() {
+            suite::read_error_at_offset(&$harness, StagingPath::Host, ChunkAt::Middle, 3)
         }
     };
 }

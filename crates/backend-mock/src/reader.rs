@@ -48,6 +48,7 @@ pub struct FaultyFile<F> {
 /// Wraps a reader with scripted faults:
 ///
 /// - `fail_on_call(k)`: the `k`-th `read_at` call (from 0) fails with an I/O error;
+/// - `fail_at_offset(at)`: any read covering file offset `at` fails (order-independent);
 /// - `eof_on_call(k)`: the `k`-th call returns 0 bytes, as a truncated file would;
 /// - `short_reads(pattern)`: call `i` reads at most `pattern[i % len]` bytes;
 /// - `fail_open()`: opening any file fails.
@@ -58,6 +59,7 @@ pub struct FaultyReader<R> {
     inner: R,
     label: String,
     fail_on: BTreeSet<usize>,
+    fail_at: BTreeSet<u64>,
     eof_on: BTreeSet<usize>,
     short_reads: Vec<usize>,
     fail_open: bool,
@@ -73,6 +75,7 @@ impl<R: Reader> FaultyReader<R> {
             inner,
             label,
             fail_on: BTreeSet::new(),
+            fail_at: BTreeSet::new(),
             eof_on: BTreeSet::new(),
             short_reads: Vec::new(),
             fail_open: false,
@@ -90,6 +93,13 @@ impl<R: Reader> FaultyReader<R> {
     /// The `k`-th read call fails.
     pub fn fail_on_call(mut self, k: usize) -> Self {
         self.fail_on.insert(k);
+        self
+    }
+
+    /// Any read whose requested range `[offset, offset + len)` contains file offset `at` fails:
+    /// deterministic whatever order parallel reads run in.
+    pub fn fail_at_offset(mut self, at: u64) -> Self {
+        self.fail_at.insert(at);
         self
     }
 
@@ -159,7 +169,8 @@ impl<R: Reader> Reader for FaultyReader<R> {
                 returned,
             })
         };
-        if self.fail_on.contains(&index) {
+        let end = offset + requested as u64;
+        if self.fail_on.contains(&index) || self.fail_at.range(offset..end).next().is_some() {
             record(None);
             return Err(ReadError::Io(io::Error::other(format!(
                 "injected read error on call {index}"

@@ -59,9 +59,13 @@ pub struct StagingPolicy {
     /// A free-memory budget that replaces the device's own figure (for example the minimum over
     /// ranks). The stager subtracts the device bytes it holds from it.
     pub memory_budget: Option<u64>,
-    /// Threads reading chunks of one tensor at once on the destination and device paths
-    /// (default 1).
+    /// I/O threads. With more than one, chunks of several tensors of a file are read at once on
+    /// a pool of this many threads (decisions and allocations stay in file order, one tensor at a
+    /// time); with one, everything runs on the caller's thread.
     pub io_threads: usize,
+    /// With several I/O threads: how many bytes of device-path tensors are read together before
+    /// they are handed out (default 64 MiB; a larger tensor is read alone).
+    pub batch_bytes: usize,
 }
 
 impl Default for StagingPolicy {
@@ -73,6 +77,7 @@ impl Default for StagingPolicy {
             staging_size: 16 * MIB as usize,
             memory_budget: None,
             io_threads: 1,
+            batch_bytes: 64 * MIB as usize,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! its staging buffer and closes its file as soon as the load ends (last tensor, error, or drop).
 //! A tensor is only ever handed out whole: a failed read drops the partly filled buffer.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -11,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Checkpoint, TensorMeta};
 use crate::error::{Error, Result};
-use crate::memory::HostBytes;
+use crate::memory::{DeviceRegion, HostBytes, MemorySpace};
 use crate::policy::{FallbackCause, StagingPath, StagingPolicy};
 use crate::report::{Accounting, Fallbacks, LoadReport, MemoryKind, PathTotals};
 use crate::traits::{
     AllocError, Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader,
 };
-use crate::write_loop::{fill_region, plan_chunks, read_exact};
+use crate::write_loop::{fill_region, fill_regions, plan_chunks, read_exact};
 
 /// The smallest staging buffer tried when memory is short: one 4 KiB page.
 pub const MIN_STAGING_SIZE: usize = 4096;
@@ -177,6 +178,8 @@ where
     next: usize,
     open: Option<(usize, R::File)>,
     staging: Option<DeviceTensor<A::Buffer>>,
+    pool: Option<rayon::ThreadPool>,
+    ready: VecDeque<Result<StagedTensor<A::Buffer>>>,
     accounting: Arc<Accounting>,
     paths: PathTotals,
     fallbacks: Fallbacks,
@@ -198,6 +201,21 @@ where
         policy: StagingPolicy,
     ) -> Result<Self> {
         policy.validate()?;
+        let pool = if policy.io_threads > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(policy.io_threads)
+                .thread_name(|i| format!("staging-io-{i}"))
+                .build()
+                .map_err(|e| {
+                    Error::Policy(format!(
+                        "cannot start {} I/O threads: {e}",
+                        policy.io_threads
+                    ))
+                })?;
+            Some(pool)
+        } else {
+            None
+        };
         Ok(Self {
             checkpoint,
             reader,
@@ -207,6 +225,8 @@ where
             next: 0,
             open: None,
             staging: None,
+            pool,
+            ready: VecDeque::new(),
             accounting: Arc::default(),
             paths: PathTotals::default(),
             fallbacks: Fallbacks::default(),
@@ -234,6 +254,8 @@ where
             next: self.next,
             open: self.open,
             staging: self.staging,
+            pool: self.pool,
+            ready: self.ready,
             accounting: self.accounting,
             paths: self.paths,
             fallbacks: self.fallbacks,
@@ -297,7 +319,7 @@ where
         }
     }
 
-    fn stage(&mut self, meta: TensorMeta) -> Result<StagedTensor<A::Buffer>> {
+    fn ensure_open(&mut self, meta: &TensorMeta) -> Result<()> {
         if self.open.as_ref().map(|(index, _)| *index) != Some(meta.file_index) {
             self.open = None;
             let file = self.reader.open(&meta.file).map_err(|source| Error::Open {
@@ -306,90 +328,192 @@ where
             })?;
             self.open = Some((meta.file_index, file));
         }
+        Ok(())
+    }
+
+    /// Free device memory by the policy: the caller's budget less what the load holds, or the
+    /// device's own figure.
+    fn free_memory(&self, meta: &TensorMeta) -> Result<u64> {
+        match self.policy.memory_budget {
+            Some(budget) => Ok(budget.saturating_sub(self.accounting.device_now())),
+            None => Ok(self
+                .allocator
+                .memory_info()
+                .map_err(|source| Error::Device {
+                    tensor: meta.name.clone(),
+                    file: meta.file.to_path_buf(),
+                    offset: meta.offset,
+                    source,
+                })?
+                .free),
+        }
+    }
+
+    /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
+    fn try_device(&mut self, meta: &TensorMeta) -> Result<DevicePlan<A::Buffer>> {
+        if !self
+            .policy
+            .fits_on_device(meta.len as u64, self.free_memory(meta)?)
+        {
+            return Ok(DevicePlan::Fallback(FallbackCause::InsufficientMemory));
+        }
+        match self.allocator.allocate(meta.len) {
+            Ok(buffer) => {
+                let held = Held::new(&self.accounting, MemoryKind::Device, meta.len as u64);
+                Ok(DevicePlan::Allocated(DeviceTensor {
+                    buffer,
+                    _held: held,
+                }))
+            }
+            Err(AllocError::OutOfMemory { .. }) => {
+                Ok(DevicePlan::Fallback(FallbackCause::AllocationRace))
+            }
+            Err(source) => Err(Error::Allocation {
+                tensor: meta.name.clone(),
+                file: meta.file.to_path_buf(),
+                offset: meta.offset,
+                source,
+            }),
+        }
+    }
+
+    /// One tensor, start to end, on the calling thread.
+    fn stage(&mut self, meta: TensorMeta) -> Result<StagedTensor<A::Buffer>> {
+        self.ensure_open(&meta)?;
         let Some((_, file)) = self.open.as_ref() else {
             return Err(Error::Policy("internal: no open file".into()));
         };
-        let (chunk, threads) = (self.policy.chunk_size, self.policy.io_threads);
+        let chunk = self.policy.chunk_size;
 
         // 1. The caller's destination, asked before anything is allocated.
-        let offered = self
-            .destination
-            .region(&meta)
-            .map_err(|source| Error::Destination {
-                tensor: meta.name.clone(),
-                file: meta.file.to_path_buf(),
-                source,
-            })?;
-        if let Some(region) = offered {
-            let (addr, capacity) = (region.addr(), region.len());
-            let Some((target, _)) = region.split_at(meta.len) else {
-                return Err(Error::DestinationTooSmall {
-                    tensor: meta.name.clone(),
-                    file: meta.file.to_path_buf(),
-                    needed: meta.len,
-                    capacity,
-                });
-            };
-            fill_region(&self.reader, file, &meta, target, chunk, threads)?;
+        if let Some((region, capacity)) = ask_destination(&mut self.destination, &meta)? {
+            let addr = region.addr();
+            fill_region(&self.reader, file, &meta, region, chunk)?;
             return Ok(StagedTensor {
                 meta,
                 data: TensorData::Destination { addr, capacity },
                 fallback: None,
             });
         }
-
         // 2. A device buffer of its own when free memory leaves the headroom.
-        let free = match self.policy.memory_budget {
-            Some(budget) => budget.saturating_sub(self.accounting.device_now()),
-            None => {
-                self.allocator
-                    .memory_info()
-                    .map_err(|source| Error::Device {
-                        tensor: meta.name.clone(),
-                        file: meta.file.to_path_buf(),
-                        offset: meta.offset,
-                        source,
-                    })?
-                    .free
+        match self.try_device(&meta)? {
+            DevicePlan::Allocated(mut tensor) => {
+                let Some((_, file)) = self.open.as_ref() else {
+                    return Err(Error::Policy("internal: no open file".into()));
+                };
+                fill_region(&self.reader, file, &meta, tensor.buffer.region(), chunk)?;
+                Ok(StagedTensor {
+                    meta,
+                    data: TensorData::Device(tensor),
+                    fallback: None,
+                })
             }
-        };
-        let cause = if self.policy.fits_on_device(meta.len as u64, free) {
-            match self.allocator.allocate(meta.len) {
-                Ok(buffer) => {
-                    let held = Held::new(&self.accounting, MemoryKind::Device, meta.len as u64);
-                    let mut tensor = DeviceTensor {
-                        buffer,
-                        _held: held,
-                    };
-                    fill_region(
-                        &self.reader,
-                        file,
-                        &meta,
-                        tensor.buffer.region(),
-                        chunk,
-                        threads,
-                    )?;
-                    return Ok(StagedTensor {
-                        meta,
-                        data: TensorData::Device(tensor),
-                        fallback: None,
-                    });
-                }
-                Err(AllocError::OutOfMemory { .. }) => FallbackCause::AllocationRace,
-                Err(source) => {
-                    return Err(Error::Allocation {
-                        tensor: meta.name.clone(),
-                        file: meta.file.to_path_buf(),
-                        offset: meta.offset,
-                        source,
-                    });
-                }
-            }
-        } else {
-            FallbackCause::InsufficientMemory
-        };
+            // 3. Host assembly through the one bounded staging buffer.
+            DevicePlan::Fallback(cause) => self.stage_host(meta, cause),
+        }
+    }
 
-        // 3. Host assembly through the one bounded staging buffer.
+    /// Several tensors of one file at once on the I/O pool, queued in order on `self.ready`.
+    ///
+    /// Destinations are asked and device buffers allocated one tensor at a time, in file order,
+    /// exactly as [`stage`](Self::stage) does; only the reads run together. A batch ends at a
+    /// file boundary, after `batch_bytes`, after a destination tensor, before a host-path tensor
+    /// (assembled after the batch's reads, so it sees their memory held), or at an error, which
+    /// is queued after the tensors before it.
+    fn stage_batch(&mut self) {
+        let tensors_len = self.checkpoint.tensors().len();
+        let mut planned: Vec<(TensorMeta, DeviceTensor<A::Buffer>)> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut after: Option<Result<(TensorMeta, FallbackCause)>> = None;
+        let mut file_index = None;
+        while self.next < tensors_len {
+            let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() else {
+                break;
+            };
+            let crosses_file = file_index.is_some_and(|f| f != meta.file_index);
+            if !planned.is_empty()
+                && (crosses_file || batch_bytes + meta.len > self.policy.batch_bytes)
+            {
+                break;
+            }
+            self.next += 1;
+            file_index = Some(meta.file_index);
+            if let Err(e) = self.ensure_open(&meta) {
+                after = Some(Err(e));
+                break;
+            }
+            match ask_destination(&mut self.destination, &meta) {
+                Err(e) => {
+                    after = Some(Err(e));
+                    break;
+                }
+                Ok(Some((region, capacity))) => {
+                    // Read the batch and this destination together, then end the batch.
+                    let addr = region.addr();
+                    let batch = BatchRead {
+                        pool: self.pool.as_ref(),
+                        reader: &self.reader,
+                        file: self.open.as_ref().map(|(_, f)| f),
+                        chunk_size: self.policy.chunk_size,
+                    };
+                    let staged = batch.run(planned, Some((&meta, region)));
+                    let destination_ok = staged.iter().all(Result::is_ok);
+                    self.ready.extend(staged);
+                    if destination_ok {
+                        self.ready.push_back(Ok(StagedTensor {
+                            meta,
+                            data: TensorData::Destination { addr, capacity },
+                            fallback: None,
+                        }));
+                    }
+                    return;
+                }
+                Ok(None) => {}
+            }
+            match self.try_device(&meta) {
+                Ok(DevicePlan::Allocated(tensor)) => {
+                    batch_bytes += meta.len;
+                    planned.push((meta, tensor));
+                }
+                Ok(DevicePlan::Fallback(cause)) => {
+                    after = Some(Ok((meta, cause)));
+                    break;
+                }
+                Err(e) => {
+                    after = Some(Err(e));
+                    break;
+                }
+            }
+        }
+        let batch = BatchRead {
+            pool: self.pool.as_ref(),
+            reader: &self.reader,
+            file: self.open.as_ref().map(|(_, f)| f),
+            chunk_size: self.policy.chunk_size,
+        };
+        let staged = batch.run(planned, None);
+        let all_ok = staged.iter().all(Result::is_ok);
+        self.ready.extend(staged);
+        if !all_ok {
+            return;
+        }
+        match after {
+            Some(Ok((meta, cause))) => {
+                let host = self.stage_host(meta, cause);
+                self.ready.push_back(host);
+            }
+            Some(Err(e)) => self.ready.push_back(Err(e)),
+            None => {}
+        }
+    }
+
+    /// Step 3 of the policy: host assembly through the one bounded staging buffer.
+    fn stage_host(
+        &mut self,
+        meta: TensorMeta,
+        cause: FallbackCause,
+    ) -> Result<StagedTensor<A::Buffer>> {
+        self.ensure_open(&meta)?;
         let bytes =
             HostBytes::zeroed(meta.len, HOST_ALIGN).ok_or_else(|| Error::HostAllocation {
                 tensor: meta.name.clone(),
@@ -417,8 +541,11 @@ where
                     _held: held,
                 });
             }
-            let Some(staging) = self.staging.as_mut() else {
-                return Err(Error::Policy("internal: no staging buffer".into()));
+            let (Some(staging), Some((_, file))) = (self.staging.as_mut(), self.open.as_ref())
+            else {
+                return Err(Error::Policy(
+                    "internal: no staging buffer or open file".into(),
+                ));
             };
             let chunk = self.policy.chunk_size.min(staging.buffer.len());
             for (rel, n) in plan_chunks(meta.offset, meta.len, chunk) {
@@ -430,18 +557,17 @@ where
                     ));
                 };
                 read_exact(&self.reader, file, &meta, at, region)?;
-                let copy_error = |source| Error::Device {
-                    tensor: meta.name.clone(),
-                    file: meta.file.to_path_buf(),
-                    offset: at,
-                    source,
-                };
                 let Some(dst) = host.bytes.get_mut(rel..rel + n) else {
                     return Err(Error::Policy("internal: chunk outside tensor".into()));
                 };
                 self.allocator
                     .copy_to_host(&staging.buffer, 0, dst)
-                    .map_err(copy_error)?;
+                    .map_err(|source| Error::Device {
+                        tensor: meta.name.clone(),
+                        file: meta.file.to_path_buf(),
+                        offset: at,
+                        source,
+                    })?;
             }
         }
         Ok(StagedTensor {
@@ -449,6 +575,89 @@ where
             data: TensorData::Host(host),
             fallback: Some(cause),
         })
+    }
+}
+
+/// A batch read: what [`Stager::stage_batch`] hands to the pool.
+struct BatchRead<'a, R: Reader> {
+    pool: Option<&'a rayon::ThreadPool>,
+    reader: &'a R,
+    file: Option<&'a R::File>,
+    chunk_size: usize,
+}
+
+impl<R: Reader> BatchRead<'_, R> {
+    /// Reads the planned device tensors (and an optional destination region, last in order) on
+    /// the pool; returns them in order up to and including the first failure.
+    fn run<B: DeviceBuffer<Space = R::Space>>(
+        &self,
+        planned: Vec<(TensorMeta, DeviceTensor<B>)>,
+        destination: Option<(&TensorMeta, DeviceRegion<'_, R::Space>)>,
+    ) -> Vec<Result<StagedTensor<B>>> {
+        let mut planned = planned;
+        let failure = {
+            let (Some(pool), Some(file)) = (self.pool, self.file) else {
+                return vec![Err(Error::Policy("internal: no pool or open file".into()))];
+            };
+            let mut items: Vec<(&TensorMeta, DeviceRegion<'_, R::Space>)> = planned
+                .iter_mut()
+                .map(|(meta, tensor)| (&*meta, tensor.buffer.region()))
+                .collect();
+            items.extend(destination);
+            fill_regions(pool, self.reader, file, items, self.chunk_size)
+        };
+        let mut out = Vec::with_capacity(planned.len() + 1);
+        for (index, (meta, tensor)) in planned.into_iter().enumerate() {
+            if failure.as_ref().is_some_and(|(failed, _)| *failed == index) {
+                break;
+            }
+            out.push(Ok(StagedTensor {
+                meta,
+                data: TensorData::Device(tensor),
+                fallback: None,
+            }));
+        }
+        if let Some((_, error)) = failure {
+            out.push(Err(error));
+        }
+        out
+    }
+}
+
+/// What step 2 of the policy decided.
+enum DevicePlan<B> {
+    /// A device buffer, allocated and not yet read.
+    Allocated(DeviceTensor<B>),
+    /// The host path, and why.
+    Fallback(FallbackCause),
+}
+
+/// Step 1 of the policy: asks the destination, and checks the region is long enough. Returns
+/// the region cut to the tensor's length (its address and full capacity are those of the
+/// region the destination gave).
+fn ask_destination<'d, S: MemorySpace, D: Destination<S>>(
+    destination: &'d mut D,
+    meta: &TensorMeta,
+) -> Result<Option<(DeviceRegion<'d, S>, usize)>> {
+    let offered = destination
+        .region(meta)
+        .map_err(|source| Error::Destination {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            source,
+        })?;
+    let Some(region) = offered else {
+        return Ok(None);
+    };
+    let capacity = region.len();
+    match region.split_at(meta.len) {
+        Some((target, _)) => Ok(Some((target, capacity))),
+        None => Err(Error::DestinationTooSmall {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            needed: meta.len,
+            capacity,
+        }),
     }
 }
 
@@ -478,31 +687,38 @@ where
     type Item = Result<StagedTensor<A::Buffer>>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.finished {
-            return None;
+        if self.ready.is_empty() && !self.finished {
+            self.started.get_or_insert_with(Instant::now);
+            if self.next < self.checkpoint.tensors().len() {
+                if self.pool.is_some() {
+                    self.stage_batch();
+                } else if let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() {
+                    self.next += 1;
+                    let staged = self.stage(meta);
+                    self.ready.push_back(staged);
+                }
+            }
         }
-        self.started.get_or_insert_with(Instant::now);
-        let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() else {
+        let Some(item) = self.ready.pop_front() else {
             self.finish();
             return None;
         };
-        self.next += 1;
-        match self.stage(meta) {
+        match &item {
             Ok(tensor) => {
                 self.paths.add(tensor.path(), tensor.meta.len as u64);
                 if let Some(cause) = tensor.fallback {
                     self.fallbacks.add(cause);
                 }
-                if self.next == self.checkpoint.tensors().len() {
+                if self.ready.is_empty() && self.next == self.checkpoint.tensors().len() {
                     self.finish();
                 }
-                Some(Ok(tensor))
             }
-            Err(e) => {
+            Err(_) => {
+                self.ready.clear();
                 self.finish();
-                Some(Err(e))
             }
         }
+        Some(item)
     }
 }
 

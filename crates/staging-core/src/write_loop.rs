@@ -7,7 +7,7 @@
 //! region it did not fill completely.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::checkpoint::TensorMeta;
 use crate::error::{Error, Result};
@@ -107,66 +107,71 @@ pub fn read_exact<R: Reader>(
     Ok(())
 }
 
-/// Fills all of `dst` with the tensor's bytes, chunk by chunk, on up to `threads` threads.
-///
-/// With one thread, chunks are read in order and the first failure stops all reading. With more,
-/// workers take chunks in order, stop taking new ones after any failure, and the failure at the
-/// lowest file offset is returned.
+/// Fills all of `dst` with the tensor's bytes, chunk by chunk, in order; the first failure
+/// stops all reading.
 pub fn fill_region<R: Reader>(
     reader: &R,
     file: &R::File,
     tensor: &TensorMeta,
-    dst: DeviceRegion<'_, R::Space>,
+    mut dst: DeviceRegion<'_, R::Space>,
     chunk_size: usize,
-    threads: usize,
 ) -> Result<()> {
-    let plan = plan_chunks(tensor.offset, dst.len(), chunk_size);
-    let chunk_count = plan.clone().count();
-    if threads <= 1 || chunk_count <= 1 {
-        let mut dst = dst;
-        for (offset, len) in plan {
-            let Some(piece) = dst.slice(offset, len) else {
-                return Err(split_error(tensor, offset));
-            };
-            read_exact(reader, file, tensor, tensor.offset + offset as u64, piece)?;
-        }
-        return Ok(());
-    }
-
-    let mut pieces = Vec::with_capacity(chunk_count);
-    let mut rest = dst;
-    for (offset, len) in plan {
-        let Some((head, tail)) = rest.split_at(len) else {
+    for (offset, len) in plan_chunks(tensor.offset, dst.len(), chunk_size) {
+        let Some(piece) = dst.slice(offset, len) else {
             return Err(split_error(tensor, offset));
         };
-        pieces.push((offset, head));
-        rest = tail;
+        read_exact(reader, file, tensor, tensor.offset + offset as u64, piece)?;
     }
-    let queue = Mutex::new(pieces.into_iter());
-    let failed = AtomicBool::new(false);
+    Ok(())
+}
+
+/// Reads several tensors of one file at once: every chunk of every `(tensor, region)` becomes a
+/// task on `pool`. Returns the failure of the lowest-numbered failing tensor (at its lowest
+/// failing offset), or `None` when every region is filled.
+///
+/// Every tensor numbered below the returned one is complete: a task is skipped only when a
+/// tensor numbered *lower than its own* has already failed.
+pub fn fill_regions<R: Reader>(
+    pool: &rayon::ThreadPool,
+    reader: &R,
+    file: &R::File,
+    items: Vec<(&TensorMeta, DeviceRegion<'_, R::Space>)>,
+    chunk_size: usize,
+) -> Option<(usize, Error)> {
+    let mut jobs = Vec::new();
+    for (index, (tensor, region)) in items.into_iter().enumerate() {
+        let mut rest = region;
+        for (offset, len) in plan_chunks(tensor.offset, rest.len(), chunk_size) {
+            let Some((head, tail)) = rest.split_at(len) else {
+                return Some((index, split_error(tensor, offset)));
+            };
+            jobs.push((index, tensor, tensor.offset + offset as u64, head));
+            rest = tail;
+        }
+    }
+    let lowest_failed = AtomicUsize::new(usize::MAX);
     let errors = Mutex::new(Vec::new());
-    std::thread::scope(|scope| {
-        for _ in 0..threads.min(chunk_count) {
-            scope.spawn(|| {
-                while !failed.load(Ordering::Acquire) {
-                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
-                    let Some((offset, piece)) = next else { break };
-                    if let Err(e) =
-                        read_exact(reader, file, tensor, tensor.offset + offset as u64, piece)
-                    {
-                        failed.store(true, Ordering::Release);
-                        errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
-                        break;
-                    }
+    pool.scope(|scope| {
+        for (index, tensor, at, piece) in jobs {
+            let (lowest_failed, errors) = (&lowest_failed, &errors);
+            scope.spawn(move |_| {
+                if index >= lowest_failed.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Err(e) = read_exact(reader, file, tensor, at, piece) {
+                    lowest_failed.fetch_min(index, Ordering::AcqRel);
+                    errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((index, e));
                 }
             });
         }
     });
     let errors = errors.into_inner().unwrap_or_else(|p| p.into_inner());
-    match errors.into_iter().min_by_key(error_offset) {
-        Some(first) => Err(first),
-        None => Ok(()),
-    }
+    errors
+        .into_iter()
+        .min_by_key(|(index, e)| (*index, error_offset(e)))
 }
 
 fn split_error(tensor: &TensorMeta, offset: usize) -> Error {
