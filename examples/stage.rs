@@ -98,7 +98,7 @@ struct Args {
     /// Largest single read, and the size of the one staging buffer (default 16MiB).
     #[arg(long, value_parser = parse_size)]
     chunk_size: Option<u64>,
-    /// Threads reading chunks of one tensor at once.
+    /// I/O threads (default: the machine's cores, at most 8).
     #[arg(long)]
     threads: Option<usize>,
     /// Print only the JSON report on stdout.

@@ -957,11 +957,15 @@ pub fn parallel_reads<H: Harness>(h: &H, fail: bool) {
 }
 
 /// A file the reader cannot open is an error naming the file, before anything is allocated.
-pub fn open_failure_names_the_file<H: Harness>(h: &H) {
+pub fn open_failure_names_the_file<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
-    let mut r = run(h, &f, small_policy(), FaultyReader::fail_open, |a| {
-        a.report_free(HUGE)
-    });
+    let mut r = run(
+        h,
+        &f,
+        threaded_policy(threads),
+        FaultyReader::fail_open,
+        |a| a.report_free(HUGE),
+    );
     match r.stager.next() {
         Some(Err(Error::Open { file, .. })) => assert_eq!(file, file_of(&f.checkpoint, "a.small")),
         other => panic!("expected an open error, got {other:?}"),
@@ -1158,7 +1162,7 @@ macro_rules! conformance_suite {
         }
         #[test]
         fn open_failure_names_the_file() {
-            suite::open_failure_names_the_file(&$harness)
+            suite::open_failure_names_the_file(&$harness, 1)
         }
         #[test]
         fn load_order_is_file_then_offset() {
@@ -1200,6 +1204,10 @@ macro_rules! conformance_suite {
         #[test]
         fn threads_dropped_early_device() {
             suite::dropped_early_frees_everything(&$harness, StagingPath::Device, 3)
+        }
+        #[test]
+        fn threads_open_failure_names_the_file() {
+            suite::open_failure_names_the_file(&$harness, 3)
         }
         #[test]
         fn read_error_at_offset_first_device() {

@@ -16,8 +16,14 @@ use crate::traits::{
     AllocError, DeviceAllocator, DeviceBuffer, DeviceError, MemoryInfo, ReadError, Reader,
 };
 
-/// Alignment of host "device" buffers: a page, as O_DIRECT needs.
-pub const HOST_BUFFER_ALIGN: usize = 4096;
+/// Alignment of small host "device" buffers: enough for every dtype, and what `calloc` gives,
+/// so they come zeroed without a second pass. Buffers of [`HostBytes::MMAP_THRESHOLD`] or more
+/// are page-aligned mappings.
+pub const HOST_BUFFER_ALIGN: usize = 16;
+
+/// How long a `/proc/meminfo` reading stands in for the system's free memory; in between, bytes
+/// this allocator handed out are subtracted from it.
+const MEMINFO_REFRESH: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Opens `path` read-only if it is a regular file, without blocking on a fifo (`O_NONBLOCK`,
 /// which does not affect regular files). The shared way readers open checkpoint files.
@@ -78,6 +84,15 @@ impl Reader for HostReader {
 pub struct HostAllocator {
     capacity: Option<u64>,
     used: Arc<AtomicU64>,
+    snapshot: Arc<std::sync::Mutex<Option<MeminfoSnapshot>>>,
+}
+
+/// A `/proc/meminfo` reading and this allocator's use at the time.
+#[derive(Debug, Clone, Copy)]
+struct MeminfoSnapshot {
+    taken: std::time::Instant,
+    info: MemoryInfo,
+    used: u64,
 }
 
 /// A host "device" buffer. Dropping it returns its bytes to the allocator's capacity.
@@ -127,7 +142,7 @@ impl HostAllocator {
     pub fn with_capacity(bytes: u64) -> Self {
         Self {
             capacity: Some(bytes),
-            used: Arc::default(),
+            ..Self::default()
         }
     }
 
@@ -163,10 +178,7 @@ impl DeviceAllocator for HostAllocator {
                 free: total.saturating_sub(self.used()),
                 total,
             }),
-            None => Ok(system_memory().unwrap_or(MemoryInfo {
-                free: u64::MAX,
-                total: u64::MAX,
-            })),
+            None => Ok(self.system_memory_cached()),
         }
     }
 
@@ -208,6 +220,37 @@ impl DeviceAllocator for HostAllocator {
             })?;
         dst.copy_from_slice(source);
         Ok(())
+    }
+}
+
+impl HostAllocator {
+    /// The system's free memory without reading `/proc/meminfo` for every tensor: a reading at
+    /// most [`MEMINFO_REFRESH`] old, less what this allocator handed out since.
+    fn system_memory_cached(&self) -> MemoryInfo {
+        let mut slot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        let used = self.used();
+        let fresh = slot.filter(|s| s.taken.elapsed() < MEMINFO_REFRESH);
+        let snapshot = match fresh {
+            Some(s) => s,
+            None => {
+                let info = system_memory().unwrap_or(MemoryInfo {
+                    free: u64::MAX,
+                    total: u64::MAX,
+                });
+                let s = MeminfoSnapshot {
+                    taken: std::time::Instant::now(),
+                    info,
+                    used,
+                };
+                *slot = Some(s);
+                s
+            }
+        };
+        let since = used.saturating_sub(snapshot.used);
+        MemoryInfo {
+            free: snapshot.info.free.saturating_sub(since),
+            total: snapshot.info.total,
+        }
     }
 }
 

@@ -337,6 +337,9 @@ mod tests {
     fn host_bytes_are_zeroed_aligned_and_empty_is_fine() {
         let bytes = HostBytes::zeroed(10_000, 4096).unwrap();
         assert_eq!(bytes.as_ptr() as usize % 4096, 0);
+        let calloc = HostBytes::zeroed(10_000, 16).unwrap();
+        assert_eq!(calloc.as_ptr() as usize % 16, 0);
+        assert!(calloc.iter().all(|&b| b == 0));
         assert!(bytes.iter().all(|&b| b == 0));
         let empty = HostBytes::zeroed(0, 4096).unwrap();
         assert!(empty.is_empty());

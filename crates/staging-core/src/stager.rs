@@ -24,7 +24,7 @@ use crate::write_loop::{fill_region, fill_regions, plan_chunks, read_exact};
 pub const MIN_STAGING_SIZE: usize = 4096;
 
 /// Alignment of host-assembled tensors.
-const HOST_ALIGN: usize = 64;
+const HOST_ALIGN: usize = 16;
 
 /// Bytes counted against the load's accounting until dropped.
 struct Held {
@@ -594,6 +594,9 @@ impl<R: Reader> BatchRead<'_, R> {
         planned: Vec<(TensorMeta, DeviceTensor<B>)>,
         destination: Option<(&TensorMeta, DeviceRegion<'_, R::Space>)>,
     ) -> Vec<Result<StagedTensor<B>>> {
+        if planned.is_empty() && destination.is_none() {
+            return Vec::new();
+        }
         let mut planned = planned;
         let failure = {
             let (Some(pool), Some(file)) = (self.pool, self.file) else {
