@@ -303,20 +303,30 @@ fn a_budget_or_a_small_device_takes_the_host_path() {
     assert_eq!(budget["fallbacks"]["insufficient_memory"], 1);
     assert!(budget["peak_device_bytes"].as_u64().unwrap() <= 300 << 20);
     assert_eq!(assert_checksums(&budget), 3);
-    // A 64 MiB device: nothing leaves 256 MiB of headroom; everything is assembled on the host.
-    let args = [file, "--backend", "cufile", "--json", "--checksums"];
-    let small = report(&run_stage(
-        &args,
-        &with_cuda(&[("STUB_CUDA_TOTAL_MIB", "64")]),
-        dir.path(),
-    ));
-    assert_eq!(small["paths"]["host"]["tensors"], 3);
-    assert_eq!(
-        small["peak_device_bytes"],
-        16 << 20,
-        "only the staging buffer"
-    );
-    assert_eq!(assert_checksums(&small), 3);
+    // A 64 MiB device: nothing leaves 256 MiB of headroom; everything is assembled on the host,
+    // through one 16 MiB staging buffer with one I/O thread, or two (overlapped) with two.
+    for (threads, staging) in [("1", 16u64 << 20), ("2", 32 << 20)] {
+        let args = [
+            file,
+            "--backend",
+            "cufile",
+            "--json",
+            "--checksums",
+            "--threads",
+            threads,
+        ];
+        let small = report(&run_stage(
+            &args,
+            &with_cuda(&[("STUB_CUDA_TOTAL_MIB", "64")]),
+            dir.path(),
+        ));
+        assert_eq!(small["paths"]["host"]["tensors"], 3);
+        assert_eq!(
+            small["peak_device_bytes"], staging,
+            "only the staging buffers"
+        );
+        assert_eq!(assert_checksums(&small), 3);
+    }
 }
 
 /// NVIDIA's real `libcufile.so.0` (from the `nvidia-cufile` wheel, which `.ci/run` downloads):

@@ -309,6 +309,28 @@ pub fn host_path_when_memory_is_low<H: Harness>(h: &H) {
     assert_eq!(report.peak_host_bytes, f.checkpoint.total_bytes());
 }
 
+/// Low memory with several I/O threads: host assembly runs through two staging slots at once
+/// (reads overlapping device-to-host copies); the bytes are right, the device held exactly the
+/// two slots, and both are freed when the load ends.
+pub fn host_path_overlapped<H: Harness>(h: &H) {
+    let f = standard_fixture();
+    let mut r = run(h, &f, threaded_policy(3), |r| r, |a| a.report_free(0));
+    let tensors = collect_ok(&mut r.stager);
+    assert!(tensors.iter().all(|t| t.path() == StagingPath::Host));
+    assert!(
+        r.ledger.outstanding().is_empty(),
+        "staging slots held after the load"
+    );
+    let lens: Vec<usize> = r.ledger.entries().iter().map(|e| e.len).collect();
+    assert_eq!(
+        lens,
+        vec![CHUNK, CHUNK],
+        "two staging slots, allocated once"
+    );
+    assert_bytes(r.stager.allocator(), &tensors, &f.contents);
+    assert_eq!(r.stager.report().peak_device_bytes, 2 * CHUNK as u64);
+}
+
 /// A capped device: tensors that fit with headroom go to the device, the one that does not is
 /// assembled on the host, and device memory held never exceeds the cap.
 pub fn capped_device_mixes_paths<H: Harness>(h: &H, threads: usize) {
@@ -1204,6 +1226,10 @@ macro_rules! conformance_suite {
         #[test]
         fn threads_dropped_early_device() {
             suite::dropped_early_frees_everything(&$harness, StagingPath::Device, 3)
+        }
+        #[test]
+        fn threads_host_path_overlapped() {
+            suite::host_path_overlapped(&$harness)
         }
         #[test]
         fn threads_open_failure_names_the_file() {

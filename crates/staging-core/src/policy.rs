@@ -63,6 +63,10 @@ pub struct StagingPolicy {
     /// a pool of this many threads (decisions and allocations stay in file order, one tensor at a
     /// time); with one, everything runs on the caller's thread.
     pub io_threads: usize,
+    /// With several I/O threads: how many staging buffers host assembly uses at once, so one
+    /// chunk's read overlaps another's device-to-host copy (default 2; fewer when the device
+    /// cannot hold them). Device memory for staging is at most `staging_slots * staging_size`.
+    pub staging_slots: usize,
     /// With several I/O threads: how many bytes of device-path tensors are read together before
     /// they are handed out (default 64 MiB; a larger tensor is read alone).
     pub batch_bytes: usize,
@@ -77,6 +81,7 @@ impl Default for StagingPolicy {
             staging_size: 16 * MIB as usize,
             memory_budget: None,
             io_threads: default_io_threads(),
+            staging_slots: 2,
             batch_bytes: 64 * MIB as usize,
         }
     }
@@ -117,6 +122,9 @@ impl StagingPolicy {
         }
         if self.headroom_divisor == 0 {
             return Err(Error::Policy("headroom divisor must be at least 1".into()));
+        }
+        if self.staging_slots == 0 {
+            return Err(Error::Policy("staging slots must be at least 1".into()));
         }
         if self.io_threads == 0 {
             return Err(Error::Policy("I/O threads must be at least 1".into()));
@@ -169,6 +177,10 @@ mod tests {
             },
             StagingPolicy {
                 io_threads: 0,
+                ..Default::default()
+            },
+            StagingPolicy {
+                staging_slots: 0,
                 ..Default::default()
             },
         ] {
