@@ -14,7 +14,8 @@
 //! - `safetensors-mmap`: the `safetensors` crate over an mmap, every tensor copied out;
 //! - `python-numpy`: Python's `safetensors.numpy.load_file` (when importable);
 //! - `stager-1`: the stager, host backend, one I/O thread;
-//! - `stager`: the stager as configured (`--threads`, default: the stager's default).
+//! - `stager`: the stager as configured (`--threads`, default: the stager's default);
+//! - `stager-direct`: the same reading with `O_DIRECT`: past the page cache, from the disk.
 //!
 //! Every variant keeps what it loaded until it ends, as a loader would. The table gives GB/s (of
 //! tensor bytes), each variant's ratio to `fresh-memory` and `python-numpy`, peak RSS, and for the
@@ -29,18 +30,19 @@ use std::time::Instant;
 
 use backend_mock::fixtures::{TensorSpec, synthetic_specs_with, write_sharded_streaming};
 use serde::{Deserialize, Serialize};
-use staging_core::host::{HostAllocator, HostReader};
-use staging_core::{Checkpoint, Dtype, HostBytes, Stager, StagingPolicy};
+use staging_core::host::{DirectHostReader, HostAllocator, HostReader};
+use staging_core::{Checkpoint, Dtype, HostBytes, LoadReport, Stager, StagingPolicy};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 7] = [
     "seq-reused",
     "fresh-memory",
     "safetensors-mmap",
     "python-numpy",
     "stager-1",
     "stager",
+    "stager-direct",
 ];
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -173,7 +175,7 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
                 }
             }
         }
-        "stager-1" | "stager" => {
+        "stager-1" | "stager" | "stager-direct" => {
             let mut policy = StagingPolicy::default();
             if variant == "stager-1" {
                 policy.io_threads = 1;
@@ -181,12 +183,21 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
                 policy.io_threads = t;
             }
             let checkpoint = Checkpoint::open(&dir)?;
-            let mut stager = Stager::new(checkpoint, HostReader, HostAllocator::new(), policy)?;
-            let mut kept = Vec::new();
-            for tensor in stager.by_ref() {
-                kept.push(tensor?);
-            }
-            let report = stager.report();
+            let report = if variant == "stager-direct" {
+                load_all(Stager::new(
+                    checkpoint,
+                    DirectHostReader::default(),
+                    HostAllocator::new(),
+                    policy,
+                )?)?
+            } else {
+                load_all(Stager::new(
+                    checkpoint,
+                    HostReader,
+                    HostAllocator::new(),
+                    policy,
+                )?)?
+            };
             result.peak_host_bytes = Some(report.peak_host_bytes);
             result.peak_device_bytes = Some(report.peak_device_bytes);
         }
@@ -195,6 +206,19 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
     result.seconds = start.elapsed().as_secs_f64();
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
+}
+
+/// Loads every tensor, keeping them all until the end, and returns the report.
+fn load_all<R, A>(mut stager: Stager<R, A>) -> Result<LoadReport, BoxError>
+where
+    R: staging_core::Reader,
+    A: staging_core::DeviceAllocator<Space = R::Space>,
+{
+    let mut kept = Vec::new();
+    for tensor in stager.by_ref() {
+        kept.push(tensor?);
+    }
+    Ok(stager.report())
 }
 
 /// Runs a command, returning its stdout and peak RSS in KiB (from `wait4`).

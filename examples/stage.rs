@@ -4,7 +4,7 @@
 //! ```text
 //! stage [PATH ...] [--backend auto|host|mock|cufile] [--device-memory SIZE] [--synthetic-size SIZE]
 //!       [--chunk-size SIZE] [--threads N] [--json] [--checksums]
-//!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH]
+//!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH] [--direct-io]
 //! ```
 //!
 //! With no PATH it writes a synthetic sharded checkpoint to a temporary directory, loads it and
@@ -23,7 +23,7 @@ use clap::{Parser, ValueEnum};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use staging_core::host::{HostAllocator, HostReader};
+use staging_core::host::{DirectHostReader, HostAllocator, HostReader};
 use staging_core::{
     Checkpoint, DeviceAllocator, LoadReport, Reader, StagedTensor, Stager, StagingPath,
     StagingPolicy, TensorData,
@@ -101,6 +101,9 @@ struct Args {
     /// I/O threads (default: the machine's cores, at most 8).
     #[arg(long)]
     threads: Option<usize>,
+    /// Host backend: read with O_DIRECT, bypassing the page cache (for a cold first load).
+    #[arg(long)]
+    direct_io: bool,
     /// Print only the JSON report on stdout.
     #[arg(long)]
     json: bool,
@@ -259,7 +262,17 @@ fn run(args: &Args) -> Result<(), BoxError> {
                 Some(cap) => HostAllocator::with_capacity(cap),
                 None => HostAllocator::new(),
             };
-            load(args, checkpoint, HostReader, allocator, policy)
+            if args.direct_io {
+                load(
+                    args,
+                    checkpoint,
+                    DirectHostReader::default(),
+                    allocator,
+                    policy,
+                )
+            } else {
+                load(args, checkpoint, HostReader, allocator, policy)
+            }
         }
         Chosen::Cufile(backend) => {
             // On a GPU the cap is a budget that replaces the device's free-memory figure.

@@ -35,3 +35,22 @@ mod mock {
 
     backend_mock::conformance_suite!(MockBackend);
 }
+
+mod host_direct {
+    use backend_mock::conformance::Harness;
+    use staging_core::host::{DirectHostReader, HostAllocator};
+
+    /// The host backend reading with O_DIRECT through aligned bounce buffers (small ones, so
+    /// tensors span several bounce reads).
+    struct DirectBackend;
+
+    impl Harness for DirectBackend {
+        type Reader = DirectHostReader;
+        type Allocator = HostAllocator;
+        fn backend(&self) -> (DirectHostReader, HostAllocator) {
+            (DirectHostReader::new(8192), HostAllocator::new())
+        }
+    }
+
+    backend_mock::conformance_suite!(DirectBackend);
+}
