@@ -1,7 +1,7 @@
 //! `bench`: the stager against the limits, side by side, in one run.
 //!
 //! ```text
-//! bench [--sizes 2GiB[,8GiB]] [--dir DIR] [--repeat N] [--threads N] [--json]
+//! bench [--sizes 2GiB[,8GiB]] [--layouts large,small] [--dir DIR] [--repeat N] [--threads N] [--json]
 //! ```
 //!
 //! For each size it writes (once, kept in `--dir`) two F16 checkpoints: `large` (Qwen-like: few
@@ -302,6 +302,7 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
         .collect::<Result<_, _>>()?;
     let root = PathBuf::from(arg_value(args, "--dir").unwrap_or_else(|| "/tmp/stage-bench".into()));
     let repeat: usize = arg_value(args, "--repeat").map_or(Ok(3), |r| r.parse())?;
+    let layouts = arg_value(args, "--layouts").unwrap_or_else(|| "large,small".into());
     let threads = arg_value(args, "--threads");
     let json = args.iter().any(|a| a == "--json");
     let exe = std::env::current_exe()?;
@@ -314,7 +315,7 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
 
     let mut rows = Vec::new();
     for &size in &sizes {
-        for layout in ["large", "small"] {
+        for layout in layouts.split(',') {
             let dir = root.join(format!("{layout}-{}mib", size >> 20));
             ensure_checkpoint(&dir, layout, size)?;
             let checkpoint = Checkpoint::open(&dir)?;
