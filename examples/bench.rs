@@ -31,7 +31,7 @@ use std::time::Instant;
 use backend_mock::fixtures::{TensorSpec, synthetic_specs_with, write_sharded_streaming};
 use serde::{Deserialize, Serialize};
 use staging_core::host::{DirectHostReader, HostAllocator, HostReader};
-use staging_core::{Checkpoint, Dtype, HostBytes, LoadReport, Stager, StagingPolicy};
+use staging_core::{Checkpoint, Dtype, HostBytes, LoadReport, Stager, StagingPolicy, SubAllocator};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -183,20 +183,17 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
                 policy.io_threads = t;
             }
             let checkpoint = Checkpoint::open(&dir)?;
+            // As the `stage` command runs it: small tensors carved from shared blocks.
+            let device = SubAllocator::with_defaults(HostAllocator::new());
             let report = if variant == "stager-direct" {
                 load_all(Stager::new(
                     checkpoint,
                     DirectHostReader::default(),
-                    HostAllocator::new(),
+                    device,
                     policy,
                 )?)?
             } else {
-                load_all(Stager::new(
-                    checkpoint,
-                    HostReader,
-                    HostAllocator::new(),
-                    policy,
-                )?)?
+                load_all(Stager::new(checkpoint, HostReader, device, policy)?)?
             };
             result.peak_host_bytes = Some(report.peak_host_bytes);
             result.peak_device_bytes = Some(report.peak_device_bytes);

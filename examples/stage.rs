@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 use staging_core::host::{DirectHostReader, HostAllocator, HostReader};
 use staging_core::{
     Checkpoint, DeviceAllocator, LoadReport, Reader, StagedTensor, Stager, StagingPath,
-    StagingPolicy, TensorData,
+    StagingPolicy, SubAllocator, TensorData,
 };
 
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -258,10 +258,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let (checkpoint, _synthetic_dir) = open_checkpoint(args)?;
     match chosen {
         Chosen::Host => {
-            let allocator = match args.device_memory {
+            let allocator = SubAllocator::with_defaults(match args.device_memory {
                 Some(cap) => HostAllocator::with_capacity(cap),
                 None => HostAllocator::new(),
-            };
+            });
             if args.direct_io {
                 load(
                     args,
@@ -278,7 +278,8 @@ fn run(args: &Args) -> Result<(), BoxError> {
             // On a GPU the cap is a budget that replaces the device's free-memory figure.
             policy.memory_budget = args.device_memory;
             let backend = *backend;
-            load(args, checkpoint, backend.reader, backend.allocator, policy)
+            let allocator = SubAllocator::with_defaults(backend.allocator);
+            load(args, checkpoint, backend.reader, allocator, policy)
         }
         Chosen::Mock => {
             let (reader, allocator) = mock_backend();

@@ -54,3 +54,26 @@ mod host_direct {
 
     backend_mock::conformance_suite!(DirectBackend);
 }
+
+mod host_suballocated {
+    use backend_mock::conformance::Harness;
+    use staging_core::SubAllocator;
+    use staging_core::host::{HostAllocator, HostReader};
+
+    /// The host backend with small tensors carved from shared blocks (small blocks, so the
+    /// suite's tensors span several).
+    struct SubBackend;
+
+    impl Harness for SubBackend {
+        type Reader = HostReader;
+        type Allocator = SubAllocator<HostAllocator>;
+        fn backend(&self) -> (HostReader, SubAllocator<HostAllocator>) {
+            (
+                HostReader,
+                SubAllocator::new(HostAllocator::new(), 64 * 1024, 20 * 1024),
+            )
+        }
+    }
+
+    backend_mock::conformance_suite!(SubBackend);
+}

@@ -67,8 +67,25 @@ impl Harness for CuFilePosix {
     }
 }
 
+/// Compat mode with small tensors carved from shared device blocks, as `stage` runs it.
+struct CuFileSuballocated;
+
+impl Harness for CuFileSuballocated {
+    type Reader = CuFileReader;
+    type Allocator = staging_core::SubAllocator<CudaAllocator>;
+    fn backend(&self) -> (CuFileReader, Self::Allocator) {
+        let backend = open(RequestedMode::Auto);
+        let allocator = staging_core::SubAllocator::new(backend.allocator, 64 * 1024, 20 * 1024);
+        (backend.reader, allocator)
+    }
+}
+
 mod compat {
     backend_mock::conformance_suite!(super::CuFileCompat);
+}
+
+mod compat_suballocated {
+    backend_mock::conformance_suite!(super::CuFileSuballocated);
 }
 
 mod posix {

@@ -45,6 +45,7 @@ pub mod memory;
 pub mod policy;
 pub mod report;
 pub mod stager;
+pub mod suballoc;
 pub mod traits;
 pub mod write_loop;
 
@@ -54,6 +55,7 @@ pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace};
 pub use policy::{FallbackCause, StagingPath, StagingPolicy};
 pub use report::{Fallbacks, LoadReport, PathCount, PathTotals};
 pub use stager::{DeviceTensor, HostTensor, StagedTensor, Stager, TensorData};
+pub use suballoc::{SubAllocator, SubBuffer};
 pub use traits::{
     AllocError, Destination, DestinationError, DeviceAllocator, DeviceBuffer, DeviceError,
     MemoryInfo, NoDestination, ReadError, Reader,

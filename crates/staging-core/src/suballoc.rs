@@ -1,0 +1,263 @@
+//! [`SubAllocator`]: small tensors carved from large blocks.
+//!
+//! Thousands of small tensors each with an allocation of their own cost more than their bytes:
+//! on the host, every fresh small allocation is faulted in 4 KiB pages; on a GPU, every
+//! `cuMemAlloc` is a driver call. This wrapper serves requests below a threshold from blocks of
+//! the inner allocator (bump allocation), and frees a block when the last buffer carved from it
+//! is dropped. Larger requests pass straight through.
+//!
+//! It never hands out overlapping ranges: each block's bump pointer only moves forward, under a
+//! lock, and a block is only freed when no buffer refers to it.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::memory::DeviceRegion;
+use crate::traits::{AllocError, DeviceAllocator, DeviceBuffer, DeviceError, MemoryInfo};
+
+/// Alignment of every carved buffer: enough for any dtype and for 4 KiB-aligned chunk reads to
+/// stay cheap.
+pub const SUB_ALIGN: usize = 256;
+
+/// Serves small allocations from shared blocks of an inner allocator.
+pub struct SubAllocator<A: DeviceAllocator> {
+    inner: A,
+    block_size: usize,
+    threshold: usize,
+    current: Mutex<Option<Current<A::Buffer>>>,
+}
+
+impl<A: DeviceAllocator + fmt::Debug> fmt::Debug for SubAllocator<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubAllocator")
+            .field("inner", &self.inner)
+            .field("block_size", &self.block_size)
+            .field("threshold", &self.threshold)
+            .finish()
+    }
+}
+
+/// The block being carved, and how much of it is used.
+type Current<B> = (Arc<Block<B>>, usize);
+
+/// One block of the inner allocator, shared by the buffers carved from it.
+#[derive(Debug)]
+struct Block<B> {
+    buffer: B,
+    addr: usize,
+}
+
+/// A buffer: either carved from a block, or an inner buffer of its own.
+#[derive(Debug)]
+pub struct SubBuffer<B> {
+    kind: Kind<B>,
+    len: usize,
+}
+
+#[derive(Debug)]
+enum Kind<B> {
+    Carved { block: Arc<Block<B>>, offset: usize },
+    Own(B),
+}
+
+// SAFETY: a carved buffer is an exclusive range of its block (never handed out twice); the block
+// itself is only freed when the last `Arc` drops. Sending it is like sending a `&mut [u8]` into
+// memory that outlives it.
+unsafe impl<B: Send + Sync> Send for SubBuffer<B> {}
+
+impl<A: DeviceAllocator> SubAllocator<A> {
+    /// Serves requests smaller than `threshold` from blocks of `block_size` bytes of `inner`.
+    pub fn new(inner: A, block_size: usize, threshold: usize) -> Self {
+        Self {
+            inner,
+            block_size: block_size.max(SUB_ALIGN),
+            threshold: threshold.min(block_size),
+            current: Mutex::new(None),
+        }
+    }
+
+    /// The defaults: 32 MiB blocks for requests under 1 MiB.
+    pub fn with_defaults(inner: A) -> Self {
+        Self::new(inner, 32 << 20, 1 << 20)
+    }
+
+    /// The wrapped allocator.
+    pub fn inner(&self) -> &A {
+        &self.inner
+    }
+}
+
+impl<A: DeviceAllocator> DeviceAllocator for SubAllocator<A>
+where
+    A::Buffer: Sync,
+{
+    type Space = A::Space;
+    type Buffer = SubBuffer<A::Buffer>;
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        self.inner.memory_info()
+    }
+
+    fn allocate(&self, len: usize) -> Result<SubBuffer<A::Buffer>, AllocError> {
+        if len == 0 || len >= self.threshold {
+            return Ok(SubBuffer {
+                kind: Kind::Own(self.inner.allocate(len)?),
+                len,
+            });
+        }
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let fits = current
+            .as_ref()
+            .is_some_and(|(block, used)| used + len <= block.buffer.len());
+        if !fits {
+            // A new block; the old one lives on in the buffers carved from it.
+            match self.inner.allocate(self.block_size) {
+                Ok(buffer) => {
+                    let addr = buffer.addr();
+                    *current = Some((Arc::new(Block { buffer, addr }), 0));
+                }
+                // No room for a whole block: the request on its own may still fit.
+                Err(AllocError::OutOfMemory { .. }) => {
+                    return Ok(SubBuffer {
+                        kind: Kind::Own(self.inner.allocate(len)?),
+                        len,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((block, used)) = current.as_mut() else {
+            return Err(AllocError::Failed {
+                requested: len,
+                detail: "internal: no block".into(),
+            });
+        };
+        let offset = *used;
+        *used = (offset + len).div_ceil(SUB_ALIGN) * SUB_ALIGN;
+        Ok(SubBuffer {
+            kind: Kind::Carved {
+                block: Arc::clone(block),
+                offset,
+            },
+            len,
+        })
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &SubBuffer<A::Buffer>,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let in_bounds = offset
+            .checked_add(dst.len())
+            .is_some_and(|end| end <= src.len);
+        if !in_bounds {
+            return Err(DeviceError::new(
+                "copy_to_host",
+                format!(
+                    "{} bytes at offset {offset} are outside a {}-byte buffer",
+                    dst.len(),
+                    src.len
+                ),
+            ));
+        }
+        match &src.kind {
+            Kind::Own(buffer) => self.inner.copy_to_host(buffer, offset, dst),
+            Kind::Carved { block, offset: at } => {
+                self.inner.copy_to_host(&block.buffer, at + offset, dst)
+            }
+        }
+    }
+}
+
+impl<B: DeviceBuffer + Sync> DeviceBuffer for SubBuffer<B> {
+    type Space = B::Space;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn addr(&self) -> usize {
+        match &self.kind {
+            Kind::Own(buffer) => buffer.addr(),
+            Kind::Carved { block, offset } => block.addr + offset,
+        }
+    }
+
+    fn region(&mut self) -> DeviceRegion<'_, B::Space> {
+        match &mut self.kind {
+            Kind::Own(buffer) => buffer.region(),
+            Kind::Carved { block, offset } => {
+                // SAFETY: `[block.addr + offset, + len)` lies inside the block (the bump pointer
+                // checked it against the block's length), was handed to this buffer alone, and
+                // the block stays allocated while this buffer holds its `Arc`; the region
+                // borrows this buffer mutably.
+                unsafe { DeviceRegion::from_raw_parts(block.addr + *offset, self.len) }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostAllocator;
+
+    #[test]
+    fn small_buffers_share_a_block_and_the_block_is_freed_last() {
+        let host = HostAllocator::with_capacity(1 << 20);
+        let sub = SubAllocator::new(host.clone(), 4096, 1024);
+        let mut a = sub.allocate(100).unwrap();
+        let mut b = sub.allocate(300).unwrap();
+        assert_eq!(host.used(), 4096, "one block");
+        assert_eq!(b.addr() - a.addr(), SUB_ALIGN, "carved in order, aligned");
+        a.region().as_mut_slice().fill(1);
+        b.region().as_mut_slice().fill(2);
+        let mut out = vec![0u8; 300];
+        sub.copy_to_host(&b, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 2));
+        sub.copy_to_host(&a, 0, &mut out[..100]).unwrap();
+        assert!(out[..100].iter().all(|&x| x == 1));
+        assert!(
+            sub.copy_to_host(&a, 1, &mut out[..100]).is_err(),
+            "bounds are the buffer's own"
+        );
+        let big = sub.allocate(2000).unwrap();
+        assert_eq!(host.used(), 4096 + 2000, "large requests pass through");
+        drop(big);
+        // Filling the block starts a new one; the old one is freed only when its last buffer is.
+        let c = sub.allocate(1000).unwrap();
+        let d = sub.allocate(1000).unwrap();
+        let e = sub.allocate(1000).unwrap();
+        assert_eq!(host.used(), 4096, "a, b, c, d, e fit in one block");
+        let f = sub.allocate(1000).unwrap();
+        assert_eq!(host.used(), 2 * 4096, "f needed a second block");
+        drop((a, b, c, d));
+        assert_eq!(host.used(), 2 * 4096, "e still holds the first block");
+        drop(e);
+        assert_eq!(
+            host.used(),
+            4096,
+            "the first block is freed with its last buffer"
+        );
+        drop(f);
+        assert_eq!(
+            host.used(),
+            4096,
+            "the allocator still holds the current block"
+        );
+        drop(sub);
+        assert_eq!(host.used(), 0, "everything returned");
+    }
+
+    #[test]
+    fn a_full_device_still_serves_a_small_request_alone() {
+        let host = HostAllocator::with_capacity(3000);
+        let sub = SubAllocator::new(host.clone(), 4096, 1024);
+        let a = sub.allocate(500).unwrap();
+        assert_eq!(host.used(), 500, "no room for a block: allocated alone");
+        drop(a);
+        assert_eq!(host.used(), 0);
+    }
+}
