@@ -218,19 +218,7 @@ impl DeviceAllocator for CudaAllocator {
         offset: usize,
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
-        let in_bounds = offset
-            .checked_add(dst.len())
-            .is_some_and(|end| end <= src.len);
-        if !in_bounds {
-            return Err(DeviceError::new(
-                "cuMemcpyDtoH",
-                format!(
-                    "{} bytes at offset {offset} are outside a {}-byte buffer",
-                    dst.len(),
-                    src.len
-                ),
-            ));
-        }
+        DeviceError::check_bounds("cuMemcpyDtoH", src.len, offset, dst.len())?;
         if dst.is_empty() {
             return Ok(());
         }

@@ -205,19 +205,10 @@ impl DeviceAllocator for HostAllocator {
         offset: usize,
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
-        let source = offset
-            .checked_add(dst.len())
-            .and_then(|end| src.bytes.get(offset..end))
-            .ok_or_else(|| {
-                DeviceError::new(
-                    "copy_to_host",
-                    format!(
-                        "{} bytes at offset {offset} are outside a {}-byte buffer",
-                        dst.len(),
-                        src.bytes.len()
-                    ),
-                )
-            })?;
+        DeviceError::check_bounds("copy_to_host", src.bytes.len(), offset, dst.len())?;
+        let Some(source) = src.bytes.get(offset..offset + dst.len()) else {
+            return Err(DeviceError::new("copy_to_host", "out of bounds"));
+        };
         dst.copy_from_slice(source);
         Ok(())
     }

@@ -149,19 +149,7 @@ where
         offset: usize,
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
-        let in_bounds = offset
-            .checked_add(dst.len())
-            .is_some_and(|end| end <= src.len);
-        if !in_bounds {
-            return Err(DeviceError::new(
-                "copy_to_host",
-                format!(
-                    "{} bytes at offset {offset} are outside a {}-byte buffer",
-                    dst.len(),
-                    src.len
-                ),
-            ));
-        }
+        DeviceError::check_bounds("copy_to_host", src.len, offset, dst.len())?;
         match &src.kind {
             Kind::Own(buffer) => self.inner.copy_to_host(buffer, offset, dst),
             Kind::Carved { block, offset: at } => {

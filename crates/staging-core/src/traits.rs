@@ -57,6 +57,24 @@ pub struct DeviceError {
 }
 
 impl DeviceError {
+    /// Checks that `len` bytes at `offset` lie inside a buffer of `buffer_len` bytes, the
+    /// bounds check every [`DeviceAllocator::copy_to_host`] makes first.
+    pub fn check_bounds(
+        operation: &str,
+        buffer_len: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        if offset.checked_add(len).is_some_and(|end| end <= buffer_len) {
+            Ok(())
+        } else {
+            Err(DeviceError::new(
+                operation,
+                format!("{len} bytes at offset {offset} are outside a {buffer_len}-byte buffer"),
+            ))
+        }
+    }
+
     /// A device error for `operation` with `detail`.
     pub fn new(operation: impl Into<String>, detail: impl Into<String>) -> Self {
         Self {
