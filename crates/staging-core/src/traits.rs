@@ -201,6 +201,30 @@ pub trait DeviceAllocator: Send + Sync {
     ) -> Result<(), DeviceError>;
 }
 
+/// A shared allocator allocates like the allocator it shares (so a caller can keep a handle for
+/// copying tensors back while a stager owns another).
+impl<A: DeviceAllocator + ?Sized> DeviceAllocator for std::sync::Arc<A> {
+    type Space = A::Space;
+    type Buffer = A::Buffer;
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        (**self).memory_info()
+    }
+
+    fn allocate(&self, len: usize) -> Result<Self::Buffer, AllocError> {
+        (**self).allocate(len)
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &Self::Buffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        (**self).copy_to_host(src, offset, dst)
+    }
+}
+
 /// Caller-owned memory that tensors are read into, preferred over any allocation.
 ///
 /// # Contract

@@ -1,0 +1,412 @@
+//! The C ABI called wrongly on purpose, and rightly from several threads: every misuse is a
+//! status, never a crash; out-parameters stay untouched on failure; messages name what failed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::ptr::{null, null_mut};
+
+use backend_mock::fixtures::{TensorSpec, write_file};
+use staging_ffi::*;
+use stg_status::*;
+
+/// A pointer value no call may write: it must still be there after a failing call.
+fn sentinel<T>() -> *mut T {
+    std::ptr::dangling_mut::<T>()
+}
+
+fn config() -> *mut stg_config {
+    let mut out = null_mut();
+    // SAFETY: `out` is a valid local.
+    assert_eq!(unsafe { stg_config_new(&mut out) }, STG_OK);
+    out
+}
+
+fn checkpoint(dir: &std::path::Path) -> CString {
+    let path = dir.join("model.safetensors");
+    write_file(
+        &path,
+        &[TensorSpec::bytes("a", 1000), TensorSpec::bytes("b", 3000)],
+        5,
+    )
+    .unwrap();
+    CString::new(path.to_str().unwrap()).unwrap()
+}
+
+fn config_error(config: *const stg_config) -> String {
+    let mut buf = vec![0 as c_char; 512];
+    let mut written = 0;
+    // SAFETY: valid buffer and out-pointer.
+    let status =
+        unsafe { stg_config_last_error(config, buf.as_mut_ptr(), buf.len(), &mut written) };
+    assert_eq!(status, STG_OK);
+    // SAFETY: the call NUL-terminated the buffer.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn load_error(load: *const stg_load) -> String {
+    let mut buf = vec![0 as c_char; 512];
+    let mut written = 0;
+    // SAFETY: valid buffer and out-pointer.
+    let status = unsafe { stg_load_last_error(load, buf.as_mut_ptr(), buf.len(), &mut written) };
+    assert_eq!(status, STG_OK);
+    // SAFETY: the call NUL-terminated the buffer.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn null_handles_and_out_parameters_are_statuses() {
+    // SAFETY: every call below is made with NULL or valid pointers, which is the point.
+    unsafe {
+        assert_eq!(stg_config_new(null_mut()), STG_NULL_ARGUMENT);
+        assert_eq!(
+            stg_config_set_backend(null_mut(), c"host".as_ptr()),
+            STG_NULL_ARGUMENT
+        );
+        assert_eq!(stg_config_set_threads(null_mut(), 2), STG_NULL_ARGUMENT);
+        let c = config();
+        assert_eq!(stg_config_set_backend(c, null()), STG_NULL_ARGUMENT);
+        let mut out = sentinel::<stg_load>();
+        assert_eq!(
+            stg_load_new(null(), c"x".as_ptr(), &mut out),
+            STG_NULL_ARGUMENT
+        );
+        assert_eq!(stg_load_new(c, null(), &mut out), STG_NULL_ARGUMENT);
+        assert_eq!(
+            stg_load_new(c, c"x".as_ptr(), null_mut()),
+            STG_NULL_ARGUMENT
+        );
+        assert_eq!(out, sentinel(), "out written on failure");
+        let mut tensor = sentinel::<stg_tensor>();
+        assert_eq!(stg_load_next(null_mut(), &mut tensor), STG_NULL_ARGUMENT);
+        let mut report = std::mem::zeroed::<stg_report>();
+        assert_eq!(stg_load_report(null_mut(), &mut report), STG_NULL_ARGUMENT);
+        let mut info = std::mem::zeroed::<stg_tensor_info>();
+        assert_eq!(stg_tensor_describe(null(), &mut info), STG_NULL_ARGUMENT);
+        assert_eq!(
+            stg_tensor_copy_to_host(null(), null_mut(), 0),
+            STG_NULL_ARGUMENT
+        );
+        let mut buffer = sentinel::<stg_device_buffer>();
+        assert_eq!(
+            stg_tensor_take_device_buffer(null_mut(), &mut buffer),
+            STG_NULL_ARGUMENT
+        );
+        assert_eq!(buffer, sentinel());
+        assert!(stg_device_buffer_ptr(null()).is_null());
+        assert_eq!(stg_device_buffer_len(null()), 0);
+        assert!(stg_load_backend(null_mut(), null_mut()).is_null());
+        let mut written = 7usize;
+        assert_eq!(
+            stg_config_last_error(null(), null_mut(), 0, &mut written),
+            STG_NULL_ARGUMENT
+        );
+        assert_eq!(
+            stg_config_last_error(c, null_mut(), 0, null_mut()),
+            STG_NULL_ARGUMENT
+        );
+        assert_eq!(
+            stg_config_last_error(c, null_mut(), 10, &mut written),
+            STG_NULL_ARGUMENT
+        );
+        // _free(NULL) is harmless.
+        stg_config_free(null_mut());
+        stg_load_free(null_mut());
+        stg_tensor_free(null_mut());
+        stg_device_buffer_free(null_mut());
+        stg_config_free(c);
+    }
+}
+
+#[test]
+fn bad_arguments_are_statuses() {
+    let c = config();
+    let bad_utf8 = [0xffu8 as c_char, 0xfe_u8 as c_char, 0];
+    // SAFETY: valid handles and NUL-terminated strings.
+    unsafe {
+        assert_eq!(
+            stg_config_set_backend(c, c"warp-drive".as_ptr()),
+            STG_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            stg_config_set_backend(c, bad_utf8.as_ptr()),
+            STG_INVALID_UTF8
+        );
+        assert_eq!(stg_config_set_chunk_size(c, 0), STG_INVALID_ARGUMENT);
+        assert_eq!(stg_config_set_staging_size(c, 0), STG_INVALID_ARGUMENT);
+        assert_eq!(stg_config_set_threads(c, 0), STG_INVALID_ARGUMENT);
+        assert_eq!(stg_config_set_headroom(c, 1, 0), STG_INVALID_ARGUMENT);
+        let mut out = sentinel::<stg_load>();
+        assert_eq!(
+            stg_load_new(c, bad_utf8.as_ptr(), &mut out),
+            STG_INVALID_UTF8
+        );
+        assert_eq!(
+            stg_load_new(c, c"/nonexistent/model.safetensors".as_ptr(), &mut out),
+            STG_IO
+        );
+        assert_eq!(out, sentinel(), "out written on failure");
+        assert!(
+            config_error(c).contains("/nonexistent/model.safetensors"),
+            "{}",
+            config_error(c)
+        );
+        // Every status has a description.
+        for status in [
+            STG_OK,
+            STG_END,
+            STG_NULL_ARGUMENT,
+            STG_INVALID_UTF8,
+            STG_READ,
+            STG_PANIC,
+            STG_DESTINATION_TOO_SMALL,
+        ] {
+            assert!(!CStr::from_ptr(stg_status_str(status)).to_bytes().is_empty());
+        }
+        stg_config_free(c);
+    }
+}
+
+#[test]
+fn messages_truncate_safely_and_report_their_full_length() {
+    let c = config();
+    // SAFETY: valid handles, buffers and out-pointers.
+    unsafe {
+        let mut out = null_mut();
+        assert_eq!(
+            stg_load_new(c, c"/nonexistent/dir".as_ptr(), &mut out),
+            STG_IO
+        );
+        let full = config_error(c);
+        let mut small = [0x55 as c_char; 8];
+        let mut written = 0;
+        assert_eq!(
+            stg_config_last_error(c, small.as_mut_ptr(), small.len(), &mut written),
+            STG_OK
+        );
+        assert_eq!(written, full.len());
+        assert_eq!(
+            CStr::from_ptr(small.as_ptr()).to_bytes(),
+            &full.as_bytes()[..7]
+        );
+        stg_config_free(c);
+    }
+}
+
+#[test]
+fn a_device_buffer_is_taken_once_and_freed_by_its_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let c = config();
+    // SAFETY: valid handles and out-pointers throughout.
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        let mut load = null_mut();
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+        let mut tensor = null_mut();
+        assert_eq!(stg_load_next(load, &mut tensor), STG_OK);
+        let mut info = std::mem::zeroed::<stg_tensor_info>();
+        assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+        assert_eq!(info.path, stg_path::STG_PATH_DEVICE);
+        assert_eq!(CStr::from_ptr(info.name).to_str(), Ok("a"));
+        let mut wrong = vec![0u8; 999];
+        assert_eq!(
+            stg_tensor_copy_to_host(tensor, wrong.as_mut_ptr().cast(), wrong.len()),
+            STG_LENGTH_MISMATCH
+        );
+        let mut buffer = null_mut();
+        assert_eq!(stg_tensor_take_device_buffer(tensor, &mut buffer), STG_OK);
+        assert_eq!(stg_device_buffer_len(buffer), 1000);
+        assert_eq!(stg_device_buffer_ptr(buffer), info.data);
+        let mut again = sentinel::<stg_device_buffer>();
+        assert_eq!(
+            stg_tensor_take_device_buffer(tensor, &mut again),
+            STG_NOT_A_DEVICE_BUFFER
+        );
+        assert_eq!(again, sentinel());
+        let mut after = std::mem::zeroed::<stg_tensor_info>();
+        assert_eq!(stg_tensor_describe(tensor, &mut after), STG_OK);
+        assert!(
+            after.data.is_null(),
+            "a taken tensor no longer points at the buffer"
+        );
+        stg_tensor_free(tensor); // does not free the taken buffer
+        let taken = std::slice::from_raw_parts(stg_device_buffer_ptr(buffer).cast::<u8>(), 1000);
+        assert_eq!(taken.len(), 1000, "still readable after the tensor is gone");
+        stg_device_buffer_free(buffer);
+        // The rest of the load, then END, END.
+        let mut second = null_mut();
+        assert_eq!(stg_load_next(load, &mut second), STG_OK);
+        stg_tensor_free(second);
+        let mut none = sentinel::<stg_tensor>();
+        assert_eq!(stg_load_next(load, &mut none), STG_END);
+        assert_eq!(stg_load_next(load, &mut none), STG_END);
+        assert_eq!(none, sentinel());
+        let mut report = std::mem::zeroed::<stg_report>();
+        assert_eq!(stg_load_report(load, &mut report), STG_OK);
+        assert_eq!(
+            (report.tensors, report.bytes, report.device_tensors),
+            (2, 4000, 2)
+        );
+        stg_load_free(load);
+        stg_config_free(c);
+    }
+}
+
+unsafe extern "C" fn too_small(
+    _: *mut c_void,
+    info: *const stg_tensor_info,
+    region: *mut *mut c_void,
+    capacity: *mut usize,
+) -> stg_status {
+    static mut ARENA: [u8; 64] = [0; 64];
+    // SAFETY: the library passes valid pointers; the arena is static and only this test uses it.
+    unsafe {
+        if CStr::from_ptr((*info).name).to_bytes() == b"b" {
+            *region = std::ptr::addr_of_mut!(ARENA).cast();
+            *capacity = 64;
+        }
+    }
+    stg_status::STG_OK
+}
+
+unsafe extern "C" fn failing(
+    _: *mut c_void,
+    _: *const stg_tensor_info,
+    _: *mut *mut c_void,
+    _: *mut usize,
+) -> stg_status {
+    stg_status::STG_INVALID_ARGUMENT
+}
+
+#[test]
+fn a_too_small_or_failing_destination_ends_the_load_with_a_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    for (callback, expected, text) in [
+        (
+            too_small as unsafe extern "C" fn(_, _, _, _) -> _,
+            STG_DESTINATION_TOO_SMALL,
+            "tensor \"b\" needs 3000 bytes but its destination holds 64",
+        ),
+        (
+            failing,
+            STG_DESTINATION,
+            "the destination callback returned STG_INVALID_ARGUMENT",
+        ),
+    ] {
+        let c = config();
+        // SAFETY: valid handles and out-pointers; the callbacks follow the contract.
+        unsafe {
+            assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+            assert_eq!(stg_config_set_threads(c, 1), STG_OK);
+            assert_eq!(
+                stg_config_set_destination(c, Some(callback), null_mut()),
+                STG_OK
+            );
+            let mut load = null_mut();
+            assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+            let mut tensor = sentinel::<stg_tensor>();
+            if expected == STG_DESTINATION_TOO_SMALL {
+                assert_eq!(
+                    stg_load_next(load, &mut tensor),
+                    STG_OK,
+                    "tensor a is declined and loads"
+                );
+                stg_tensor_free(tensor);
+                tensor = sentinel();
+            }
+            assert_eq!(stg_load_next(load, &mut tensor), expected);
+            assert_eq!(tensor, sentinel(), "out written on failure");
+            let message = load_error(load);
+            assert!(message.contains(text), "{message}");
+            let mut none = null_mut();
+            assert_eq!(
+                stg_load_next(load, &mut none),
+                STG_END,
+                "nothing after the error"
+            );
+            stg_load_free(load);
+            stg_config_free(c);
+        }
+    }
+}
+
+#[test]
+fn cufile_without_a_cuda_driver_is_unavailable_and_auto_falls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let c = config();
+    // SAFETY: valid handles and out-pointers.
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"cufile".as_ptr()), STG_OK);
+        let mut load = sentinel::<stg_load>();
+        assert_eq!(
+            stg_load_new(c, path.as_ptr(), &mut load),
+            STG_BACKEND_UNAVAILABLE
+        );
+        assert!(
+            config_error(c).contains("no CUDA driver"),
+            "{}",
+            config_error(c)
+        );
+        assert_eq!(stg_config_set_backend(c, c"auto".as_ptr()), STG_OK);
+        let mut load = null_mut();
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+        let mut mode = null();
+        let backend = stg_load_backend(load, &mut mode);
+        assert_eq!(CStr::from_ptr(backend).to_str(), Ok("host"));
+        assert_eq!(CStr::from_ptr(mode).to_str(), Ok("posix"));
+        stg_load_free(load);
+        stg_config_free(c);
+    }
+}
+
+/// A raw pointer that may cross threads, as the header allows for a configuration shared
+/// read-only.
+#[derive(Clone, Copy)]
+struct Shared(*const stg_config);
+// SAFETY: the configuration is only read by the threads below, as the header documents.
+unsafe impl Send for Shared {}
+
+#[test]
+fn one_configuration_feeds_loads_on_several_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let c = config();
+    // SAFETY: valid handle.
+    unsafe { assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK) };
+    let shared = Shared(c);
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let config = shared;
+                let mut total = 0usize;
+                // SAFETY: each thread owns its load and tensors; the configuration is only read.
+                unsafe {
+                    let mut load = null_mut();
+                    assert_eq!(stg_load_new(config.0, path.as_ptr(), &mut load), STG_OK);
+                    let mut tensor = null_mut();
+                    while stg_load_next(load, &mut tensor) == STG_OK {
+                        let mut info = std::mem::zeroed::<stg_tensor_info>();
+                        assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+                        total += info.bytes;
+                        stg_tensor_free(tensor);
+                    }
+                    stg_load_free(load);
+                }
+                total
+            })
+        })
+        .collect();
+    for handle in handles {
+        assert_eq!(handle.join().unwrap(), 4000);
+    }
+    // SAFETY: no thread uses it any more.
+    unsafe { stg_config_free(c) };
+}

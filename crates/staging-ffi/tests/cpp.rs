@@ -1,0 +1,218 @@
+//! The C++ example (`examples/cpp/loader.cpp` with its RAII wrapper) compiled with the system
+//! C++ compiler against the cdylib, run on a checkpoint written here, and checked tensor by
+//! tensor against the bytes written; then run again under valgrind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use backend_mock::fixtures::{ShardedFixture, TensorSpec, write_sharded};
+use staging_core::Dtype;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Builds the cdylib and the C++ loader once.
+fn loader() -> &'static Path {
+    static LOADER: OnceLock<PathBuf> = OnceLock::new();
+    LOADER.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let target_dir = exe.ancestors().nth(3).unwrap().to_path_buf();
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "staging-ffi", "--manifest-path"])
+            .arg(workspace().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "building staging-ffi failed");
+        let lib_dir = target_dir.join("debug");
+        assert!(
+            lib_dir.join("libstaging_ffi.so").exists(),
+            "no libstaging_ffi.so in {}",
+            lib_dir.display()
+        );
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("loader");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let compiled = Command::new(cxx)
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+            .arg("-I")
+            .arg(workspace().join("crates/staging-ffi/include"))
+            .arg(workspace().join("examples/cpp/loader.cpp"))
+            .arg("-L")
+            .arg(&lib_dir)
+            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            .args(["-lstaging_ffi", "-o"])
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(
+            compiled.success(),
+            "compiling examples/cpp/loader.cpp failed"
+        );
+        out
+    })
+}
+
+fn fixture(dir: &Path) -> ShardedFixture {
+    let shards = vec![
+        vec![
+            TensorSpec::new("model.embed", Dtype::F16, &[300, 64]),
+            TensorSpec::new("model.layers.0.a", Dtype::F32, &[1000]),
+            TensorSpec::new("model.layers.0.b", Dtype::BF16, &[33, 17]),
+        ],
+        vec![
+            TensorSpec::new("model.layers.1.w", Dtype::U8, &[70000]),
+            TensorSpec::new("model.norm", Dtype::F32, &[64]),
+            TensorSpec::bytes("empty", 0),
+        ],
+    ];
+    write_sharded(dir, &shards, 99).unwrap()
+}
+
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+struct Run {
+    tensors: BTreeMap<String, (String, usize, String)>,
+    took: Option<String>,
+    report: String,
+}
+
+fn run_loader(
+    prefix: &str,
+    extra: &[&str],
+    valgrind: bool,
+) -> (Run, ShardedFixture, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture(dir.path());
+    let mut command = if valgrind {
+        let mut c = Command::new("valgrind");
+        c.args([
+            "--error-exitcode=1",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite,indirect",
+            "-q",
+        ])
+        .arg(loader());
+        c
+    } else {
+        Command::new(loader())
+    };
+    command
+        .arg(dir.path())
+        .args(["--prefix", prefix])
+        .args(extra);
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        output.status.success(),
+        "loader failed ({:?}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let mut run = Run {
+        tensors: BTreeMap::new(),
+        took: None,
+        report: String::new(),
+    };
+    for line in stdout.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["tensor", name, path, bytes, hash] => {
+                run.tensors.insert(
+                    name.to_string(),
+                    (path.to_string(), bytes.parse().unwrap(), hash.to_string()),
+                );
+            }
+            ["took", name, _] => run.took = Some(name.to_string()),
+            ["report", ..] => run.report = line.to_owned(),
+            _ => panic!("unexpected line {line:?}"),
+        }
+    }
+    (run, fixture, dir)
+}
+
+#[test]
+fn cpp_loader_matches_the_rust_api_tensor_by_tensor() {
+    let (run, fixture, _dir) = run_loader("model.layers.0.", &["--threads", "2"], false);
+    assert_eq!(run.tensors.len(), fixture.contents.len());
+    for (name, bytes) in &fixture.contents {
+        let (path, len, hash) = &run.tensors[name];
+        assert_eq!(*len, bytes.len(), "{name}");
+        assert_eq!(*hash, fnv1a(bytes), "{name}: bytes differ");
+        let expected = if name.starts_with("model.layers.0.") {
+            "destination"
+        } else {
+            "device"
+        };
+        assert_eq!(path, expected, "{name}");
+    }
+    assert_eq!(
+        run.took.as_deref(),
+        Some("model.embed"),
+        "the first device tensor was taken"
+    );
+    assert!(run.report.contains("tensors=6 "), "{}", run.report);
+    assert!(
+        run.report.contains("destination=2 device=4 host=0"),
+        "{}",
+        run.report
+    );
+    assert!(
+        run.report.contains("backend=host mode=posix"),
+        "{}",
+        run.report
+    );
+}
+
+#[test]
+fn cpp_loader_runs_clean_under_valgrind() {
+    assert!(
+        Command::new("valgrind")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "valgrind is required for this test (apt-get install valgrind)"
+    );
+    // One I/O thread: the pool's worker threads outlive a load briefly, which valgrind would
+    // report as possibly lost thread stacks, not as leaks of ours.
+    let (run, fixture, _dir) = run_loader("model.layers.0.", &["--threads", "1"], true);
+    for (name, bytes) in &fixture.contents {
+        assert_eq!(run.tensors[name].2, fnv1a(bytes), "{name}");
+    }
+}
+
+#[test]
+fn cpp_loader_reports_a_bad_checkpoint_with_the_library_message() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        b"\x05\0\0\0\0\0\0\0{bad}",
+    )
+    .unwrap();
+    let output = Command::new(loader()).arg(dir.path()).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: a header or index is malformed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("model.safetensors: invalid safetensors header"),
+        "{stderr}"
+    );
+}
