@@ -551,7 +551,7 @@ pub fn read_error_at_offset<H: Harness>(h: &H, path: StagingPath, at: ChunkAt, t
         h,
         &f,
         threaded_policy(threads),
-        |r| r.fail_at_offset(offset),
+        |r| r.fail_at_offset_in(file_of(&f.checkpoint, "b.multi"), offset),
         |a| a.report_free(free_for(path)),
     );
     let items: Vec<_> = r.stager.by_ref().collect();
@@ -953,7 +953,13 @@ pub fn parallel_reads<H: Harness>(h: &H, fail: bool) {
         h,
         &f,
         policy,
-        |r| if fail { r.fail_at_offset(offset) } else { r },
+        |r| {
+            if fail {
+                r.fail_at_offset_in(file_of(&f.checkpoint, "b.multi"), offset)
+            } else {
+                r
+            }
+        },
         |a| a.report_free(HUGE),
     );
     if !fail {

@@ -60,6 +60,7 @@ pub struct FaultyReader<R> {
     label: String,
     fail_on: BTreeSet<usize>,
     fail_at: BTreeSet<u64>,
+    fail_at_in: Vec<(PathBuf, u64)>,
     eof_on: BTreeSet<usize>,
     short_reads: Vec<usize>,
     fail_open: bool,
@@ -76,6 +77,7 @@ impl<R: Reader> FaultyReader<R> {
             label,
             fail_on: BTreeSet::new(),
             fail_at: BTreeSet::new(),
+            fail_at_in: Vec::new(),
             eof_on: BTreeSet::new(),
             short_reads: Vec::new(),
             fail_open: false,
@@ -100,6 +102,12 @@ impl<R: Reader> FaultyReader<R> {
     /// deterministic whatever order parallel reads run in.
     pub fn fail_at_offset(mut self, at: u64) -> Self {
         self.fail_at.insert(at);
+        self
+    }
+
+    /// Like [`fail_at_offset`](Self::fail_at_offset), for reads of the file at `path` only.
+    pub fn fail_at_offset_in(mut self, path: impl Into<PathBuf>, at: u64) -> Self {
+        self.fail_at_in.push((path.into(), at));
         self
     }
 
@@ -170,7 +178,14 @@ impl<R: Reader> Reader for FaultyReader<R> {
             })
         };
         let end = offset + requested as u64;
-        if self.fail_on.contains(&index) || self.fail_at.range(offset..end).next().is_some() {
+        let in_file = self
+            .fail_at_in
+            .iter()
+            .any(|(path, at)| *path == file.path && (offset..end).contains(at));
+        if self.fail_on.contains(&index)
+            || in_file
+            || self.fail_at.range(offset..end).next().is_some()
+        {
             record(None);
             return Err(ReadError::Io(io::Error::other(format!(
                 "injected read error on call {index}"
