@@ -15,6 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 pub use safetensors::Dtype;
+
 use safetensors::tensor::Metadata;
 use serde::Deserialize;
 
@@ -66,6 +67,58 @@ pub struct ShardFile {
     pub data_start: u64,
     /// How many tensors it holds.
     pub tensors: usize,
+    /// What the file was when its header was read; a load checks it is still that file.
+    pub identity: FileIdentity,
+}
+
+/// A file's identity and version: device, inode, size and modification time. A file replaced
+/// (another inode), truncated or extended (another size) or written (another mtime) since its
+/// header was read no longer matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    /// Device number.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, seconds.
+    pub mtime: i64,
+    /// Modification time, nanoseconds.
+    pub mtime_nsec: i64,
+}
+
+impl FileIdentity {
+    /// The identity in `metadata`.
+    pub fn of(metadata: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            size: metadata.size(),
+            mtime: metadata.mtime(),
+            mtime_nsec: metadata.mtime_nsec(),
+        }
+    }
+
+    /// Checks that `path` is still this file, unchanged; says what changed otherwise.
+    pub fn check(&self, path: &Path) -> std::result::Result<(), String> {
+        let now = std::fs::metadata(path)
+            .map(|m| Self::of(&m))
+            .map_err(|e| format!("cannot be inspected any more: {e}"))?;
+        if (now.dev, now.ino) != (self.dev, self.ino) {
+            Err("was replaced by another file".into())
+        } else if now.size != self.size {
+            Err(format!(
+                "changed size from {} to {} bytes",
+                self.size, now.size
+            ))
+        } else if (now.mtime, now.mtime_nsec) != (self.mtime, self.mtime_nsec) {
+            Err("was modified".into())
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// The validated table of contents of a checkpoint: its files and tensors, in load order (file
@@ -317,7 +370,9 @@ fn read_exact_vec(file: &File, offset: u64, len: u64, path: &Path) -> Result<Vec
 
 fn read_header(path: &Path) -> Result<ParsedFile> {
     let file = open_regular(path)?;
-    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let metadata = file.metadata().map_err(|e| Error::io(path, e))?;
+    let identity = FileIdentity::of(&metadata);
+    let size = metadata.len();
     if size < 8 {
         return Err(Error::header(
             path,
@@ -390,6 +445,7 @@ fn read_header(path: &Path) -> Result<ParsedFile> {
             size,
             data_start,
             tensors: tensors.len(),
+            identity,
         },
         tensors,
     })

@@ -100,6 +100,15 @@ pub enum Error {
         /// Bytes of the tensor not read.
         missing: u64,
     },
+    /// A file changed after its header was read (replaced, resized or written), so its bytes can
+    /// no longer be trusted to match the header.
+    #[error("{}: changed during the load: it {detail}", file.display())]
+    FileChanged {
+        /// The file.
+        file: PathBuf,
+        /// What changed.
+        detail: String,
+    },
     /// A device allocation failed with something other than out-of-memory.
     #[error("{}: tensor {tensor:?} at offset {offset}: {source}", file.display())]
     Allocation {

@@ -49,7 +49,7 @@ pub mod suballoc;
 pub mod traits;
 pub mod write_loop;
 
-pub use checkpoint::{Checkpoint, Dtype, ShardFile, TensorMeta};
+pub use checkpoint::{Checkpoint, Dtype, FileIdentity, ShardFile, TensorMeta};
 pub use error::{Error, Result};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace};
 pub use policy::{FallbackCause, StagingPath, StagingPolicy};

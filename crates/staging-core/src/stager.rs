@@ -328,7 +328,22 @@ where
             })?;
             self.open = Some((meta.file_index, file));
         }
-        Ok(())
+        self.verify_unchanged(meta)
+    }
+
+    /// Checks that the tensor's file is still the one whose header was read: called when the
+    /// file is opened and again after each tensor (or batch) is read, before it is handed out.
+    fn verify_unchanged(&self, meta: &TensorMeta) -> Result<()> {
+        let Some(shard) = self.checkpoint.files().get(meta.file_index) else {
+            return Err(Error::Policy("internal: tensor of an unknown file".into()));
+        };
+        shard
+            .identity
+            .check(&meta.file)
+            .map_err(|detail| Error::FileChanged {
+                file: meta.file.to_path_buf(),
+                detail,
+            })
     }
 
     /// Free device memory by the policy: the caller's budget less what the load holds, or the
@@ -389,6 +404,7 @@ where
         if let Some((region, capacity)) = ask_destination(&mut self.destination, &meta)? {
             let addr = region.addr();
             fill_region(&self.reader, file, &meta, region, chunk)?;
+            self.verify_unchanged(&meta)?;
             return Ok(StagedTensor {
                 meta,
                 data: TensorData::Destination { addr, capacity },
@@ -402,6 +418,7 @@ where
                     return Err(Error::Policy("internal: no open file".into()));
                 };
                 fill_region(&self.reader, file, &meta, tensor.buffer.region(), chunk)?;
+                self.verify_unchanged(&meta)?;
                 Ok(StagedTensor {
                     meta,
                     data: TensorData::Device(tensor),
@@ -457,14 +474,16 @@ where
                         chunk_size: self.policy.chunk_size,
                     };
                     let staged = batch.run(planned, Some((&meta, region)));
+                    let staged = self.verified(staged);
                     let destination_ok = staged.iter().all(Result::is_ok);
                     self.ready.extend(staged);
                     if destination_ok {
-                        self.ready.push_back(Ok(StagedTensor {
+                        let checked = self.verify_unchanged(&meta).map(|()| StagedTensor {
                             meta,
                             data: TensorData::Destination { addr, capacity },
                             fallback: None,
-                        }));
+                        });
+                        self.ready.push_back(checked);
                     }
                     return;
                 }
@@ -492,6 +511,7 @@ where
             chunk_size: self.policy.chunk_size,
         };
         let staged = batch.run(planned, None);
+        let staged = self.verified(staged);
         let all_ok = staged.iter().all(Result::is_ok);
         self.ready.extend(staged);
         if !all_ok {
@@ -546,6 +566,21 @@ where
         Ok(())
     }
 
+    /// A batch's tensors, or, when their file changed while they were read, only the error: the
+    /// bytes read can no longer be trusted.
+    fn verified(
+        &self,
+        staged: Vec<Result<StagedTensor<A::Buffer>>>,
+    ) -> Vec<Result<StagedTensor<A::Buffer>>> {
+        let first_ok = staged
+            .iter()
+            .find_map(|t| t.as_ref().ok().map(|t| t.meta.clone()));
+        match first_ok.map(|meta| self.verify_unchanged(&meta)) {
+            Some(Err(e)) => vec![Err(e)],
+            _ => staged,
+        }
+    }
+
     /// Step 3 of the policy: host assembly through the bounded staging buffer(s).
     fn stage_host(
         &mut self,
@@ -588,6 +623,7 @@ where
                 }
             }
         }
+        self.verify_unchanged(&meta)?;
         Ok(StagedTensor {
             meta,
             data: TensorData::Host(host),

@@ -80,7 +80,7 @@ enum stg_status
    */
   STG_NOT_A_CHECKPOINT = 202,
   /*
-   A read failed, or a file ended early.
+   A read failed, a file ended early, or a file changed during the load.
    */
   STG_READ = 300,
   /*

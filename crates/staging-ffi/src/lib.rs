@@ -48,7 +48,7 @@ pub enum stg_status {
     STG_INVALID_CHECKPOINT = 201,
     /// A path is not a regular file, or a directory holds no checkpoint.
     STG_NOT_A_CHECKPOINT = 202,
-    /// A read failed, or a file ended early.
+    /// A read failed, a file ended early, or a file changed during the load.
     STG_READ = 300,
     /// A device allocation failed with something other than out-of-memory, or no staging
     /// buffer could be allocated.
@@ -355,7 +355,10 @@ fn status_of(error: &Error) -> stg_status {
         | Error::DuplicateTensor { .. }
         | Error::DuplicateFile { .. } => stg_status::STG_INVALID_CHECKPOINT,
         Error::NotAFile { .. } | Error::NoCheckpoint { .. } => stg_status::STG_NOT_A_CHECKPOINT,
-        Error::Open { .. } | Error::Read { .. } | Error::Truncated { .. } => stg_status::STG_READ,
+        Error::Open { .. }
+        | Error::Read { .. }
+        | Error::Truncated { .. }
+        | Error::FileChanged { .. } => stg_status::STG_READ,
         Error::Allocation { .. } | Error::StagingBuffer { .. } => stg_status::STG_ALLOCATION,
         Error::HostAllocation { .. } => stg_status::STG_HOST_ALLOCATION,
         Error::Device { .. } => stg_status::STG_DEVICE,
