@@ -60,11 +60,6 @@ enum Kind<B> {
     Own(B),
 }
 
-// SAFETY: a carved buffer is an exclusive range of its block (never handed out twice); the block
-// itself is only freed when the last `Arc` drops. Sending it is like sending a `&mut [u8]` into
-// memory that outlives it.
-unsafe impl<B: Send + Sync> Send for SubBuffer<B> {}
-
 impl<A: DeviceAllocator> SubAllocator<A> {
     /// Serves requests smaller than `threshold` from blocks of `block_size` bytes of `inner`.
     pub fn new(inner: A, block_size: usize, threshold: usize) -> Self {
