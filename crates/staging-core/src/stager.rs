@@ -18,7 +18,7 @@ use crate::report::{Accounting, Fallbacks, LoadReport, MemoryKind, PathTotals};
 use crate::traits::{
     AllocError, Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader,
 };
-use crate::write_loop::{fill_region, fill_regions, plan_chunks, read_exact};
+use crate::write_loop::{error_offset, fill_region, fill_regions, plan_chunks, read_exact};
 
 /// The smallest staging buffer tried when memory is short: one 4 KiB page.
 pub const MIN_STAGING_SIZE: usize = 4096;
@@ -619,7 +619,7 @@ where
                     let Some(slot) = self.staging.first_mut() else {
                         return Err(Error::Policy("internal: no staging buffer".into()));
                     };
-                    assembly.run(slot, &mut host.bytes, 0, 1)?;
+                    assembly.run(slot, &mut host.bytes)?;
                 }
             }
         }
@@ -691,19 +691,12 @@ struct HostAssembly<'a, R: Reader, A: DeviceAllocator<Space = R::Space>> {
 }
 
 impl<R: Reader, A: DeviceAllocator<Space = R::Space>> HostAssembly<'_, R, A> {
-    /// Reads chunks `first, first + stride, ...` of the tensor through `slot` into `host`
-    /// (the whole tensor's bytes), in order, stopping at the first failure.
-    fn run(
-        &self,
-        slot: &mut DeviceTensor<A::Buffer>,
-        host: &mut [u8],
-        first: usize,
-        stride: usize,
-    ) -> Result<()> {
+    /// Reads every chunk of the tensor through `slot` into `host` (the whole tensor's bytes), in
+    /// order, stopping at the first failure.
+    fn run(&self, slot: &mut DeviceTensor<A::Buffer>, host: &mut [u8]) -> Result<()> {
         let meta = self.meta;
         let chunk = self.chunk_size.min(slot.buffer.len());
-        let plan = plan_chunks(meta.offset, meta.len, chunk);
-        for (rel, n) in plan.skip(first).step_by(stride.max(1)) {
+        for (rel, n) in plan_chunks(meta.offset, meta.len, chunk) {
             let Some(dst) = host.get_mut(rel..rel + n) else {
                 return Err(Error::Policy("internal: chunk outside tensor".into()));
             };
@@ -790,16 +783,6 @@ impl<R: Reader, A: DeviceAllocator<Space = R::Space>> HostAssembly<'_, R, A> {
                 offset: at,
                 source,
             })
-    }
-}
-
-/// The file offset an error names, for picking the first of several.
-fn error_offset(error: &Error) -> u64 {
-    match error {
-        Error::Read { offset, .. }
-        | Error::Truncated { offset, .. }
-        | Error::Device { offset, .. } => *offset,
-        _ => u64::MAX,
     }
 }
 

@@ -186,9 +186,12 @@ fn split_error(tensor: &TensorMeta, offset: usize) -> Error {
     }
 }
 
-fn error_offset(error: &Error) -> u64 {
+/// The file offset an error names, for picking the first of several failures.
+pub(crate) fn error_offset(error: &Error) -> u64 {
     match error {
-        Error::Read { offset, .. } | Error::Truncated { offset, .. } => *offset,
+        Error::Read { offset, .. }
+        | Error::Truncated { offset, .. }
+        | Error::Device { offset, .. } => *offset,
         _ => u64::MAX,
     }
 }
