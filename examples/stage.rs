@@ -231,8 +231,15 @@ fn open_checkpoint(args: &Args) -> Result<(Checkpoint, Option<tempfile::TempDir>
                     dir.display()
                 );
             }
-            write_synthetic(&dir, args.synthetic_size, 0x5eed)
+            let written = write_synthetic(&dir, args.synthetic_size, 0x5eed)
                 .map_err(|e| format!("{}: writing the synthetic checkpoint: {e}", dir.display()))?;
+            // Flush it first: a load racing the write-back of just-written pages measured 0.7 GB/s
+            // here against 5 GB/s once they were on disk; the load should be timed alone.
+            for file in written.files.iter().chain([&written.index]) {
+                std::fs::File::open(file)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| format!("{}: flushing: {e}", file.display()))?;
+            }
             Ok((Checkpoint::open(&dir)?, temporary))
         }
         [one] => Ok((Checkpoint::open(one)?, None)),
