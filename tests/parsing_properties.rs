@@ -91,14 +91,17 @@ fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
     let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     match *m {
         Mutation::FlipBit(i) => {
-            let i = i % (bytes.len() * 8);
-            bytes[i / 8] ^= 1 << (i % 8);
+            if !bytes.is_empty() {
+                let i = i % (bytes.len() * 8);
+                bytes[i / 8] ^= 1 << (i % 8);
+            }
         }
         Mutation::Truncate(n) => bytes.truncate(n % (bytes.len() + 1)),
         Mutation::HeaderLength(n) => bytes[..8].copy_from_slice(&n.to_le_bytes()),
         Mutation::OddUtf8(i, b) => {
-            let i = 8 + i % (header_end - 8);
-            bytes[i] = b;
+            if header_end > 8 {
+                bytes[8 + i % (header_end - 8)] = b;
+            }
         }
         Mutation::HugeNumber(i) => {
             // Replace the i-th number in the header with a huge one (same or longer length).
@@ -152,7 +155,7 @@ fn open_checked(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_headers_give_an_error_or_a_valid_checkpoint(mutations in proptest::collection::vec(mutation(), 1..4)) {
@@ -194,6 +197,7 @@ proptest! {
             let i = at % index.len();
             index[i] = byte;
         }
+        // (the index is never empty before the cut: write_index wrote JSON)
         if let Some(n) = cut {
             index.truncate(n % (index.len() + 1));
         }
