@@ -59,7 +59,7 @@ impl From<CufileMode> for RequestedMode {
     fn from(mode: CufileMode) -> Self {
         match mode {
             CufileMode::Auto => RequestedMode::Auto,
-            CufileMode::Gds => RequestedMode::Gds,
+            CufileMode::Gds => RequestedMode::Fast,
             CufileMode::Compat => RequestedMode::Compat,
             CufileMode::Posix => RequestedMode::Posix,
         }

@@ -312,3 +312,30 @@ impl Drop for PinnedBuffer {
         let _ = unsafe { result::free_host(self.ptr) };
     }
 }
+
+impl backend_gds::Pinned for PinnedBuffer {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        PinnedBuffer::as_mut_slice(self)
+    }
+}
+
+impl backend_gds::Gpu for CudaDevice {
+    type Space = CudaMemory;
+    type Pinned = PinnedBuffer;
+
+    fn bind(&self) -> Result<(), DeviceError> {
+        CudaDevice::bind(self).map_err(|e| device_error("cuCtxSetCurrent", e))
+    }
+
+    fn pinned(gpu: &Arc<Self>, len: usize) -> Result<PinnedBuffer, DeviceError> {
+        PinnedBuffer::new(gpu, len)
+    }
+
+    fn copy_to_device(
+        &self,
+        src: &mut PinnedBuffer,
+        dst: DeviceRegion<'_, CudaMemory>,
+    ) -> Result<(), DeviceError> {
+        src.copy_to_device(dst)
+    }
+}

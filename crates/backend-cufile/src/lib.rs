@@ -23,9 +23,10 @@ pub mod sys;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use backend_gds::{ActiveMode, RequestedMode};
 pub use cuda::{CudaAllocator, CudaBuffer, CudaDevice, CudaMemory, PinnedBuffer};
 pub use errors::Error;
-pub use reader::{ActiveMode, CuFile, CuFileReader, Driver, RequestedMode};
+pub use reader::{CuFile, CuFileReader, Driver};
 use sys::CuFileApi;
 
 /// How to open the backend.
@@ -89,20 +90,21 @@ pub fn open(options: &Options) -> Result<Backend, Error> {
         Err(reason) => (None, ActiveMode::Posix, Some(reason)),
         Ok(driver) => {
             let mode = match options.mode {
-                RequestedMode::Gds if !driver.has_nvfs() => {
+                RequestedMode::Fast if !driver.has_nvfs() => {
                     return Err(Error::ModeUnavailable {
                         mode: "gds",
                         why: "nvidia-fs is not loaded (cuFileDriverGetProperties reports version 0.0); try --cufile-mode compat".into(),
                     });
                 }
                 RequestedMode::Compat => ActiveMode::Compat,
-                _ if driver.has_nvfs() => ActiveMode::Gds,
+                _ if driver.has_nvfs() => ActiveMode::Fast,
                 _ => ActiveMode::Compat,
             };
             (Some(Arc::new(driver)), mode, None)
         }
     };
     let reader = CuFileReader::new(device, driver, options.mode, mode, options.bounce_size);
+    // The reader and the allocator share the device and its retained context.
     Ok(Backend {
         reader,
         allocator,

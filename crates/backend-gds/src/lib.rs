@@ -1,0 +1,380 @@
+//! # backend-gds
+//!
+//! What the cuFile and hipFile backends share, written once. Their C APIs mirror each other
+//! (`cuFileRead`/`hipFileRead`, the same descriptor layout, the same operation codes up to 5038),
+//! so the reader is generic over:
+//!
+//! - [`FileApi`]: an opened driver's handle registration and read call, and its names;
+//! - [`Gpu`]: binding the device to the calling thread, pinned host buffers, host-to-device
+//!   copies.
+//!
+//! [`GdsReader`] decides the mode per process and per file like KvikIO's `AUTO`: a file that
+//! cannot be opened `O_DIRECT` or registered falls back to the POSIX path (a `pread` into a
+//! pooled pinned buffer, then a copy to the device) in `auto`, and is an error when a mode was
+//! forced. Reads are cut to the API's per-call maximum; the write loop continues after them.
+
+use std::ffi::c_void;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use staging_core::host::open_regular_file;
+use staging_core::{DeviceError, DeviceRegion, MemorySpace, ReadError, Reader};
+
+pub mod codes;
+
+/// The mode asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RequestedMode {
+    /// The library's fast path when available, else its own fallback, else POSIX; per file,
+    /// POSIX when `O_DIRECT` or registration fails.
+    #[default]
+    Auto,
+    /// The fast path only (GDS for cuFile).
+    Fast,
+    /// The library's own compatibility/fallback mode, forced.
+    Compat,
+    /// No library: `pread` into pinned buffers, then host-to-device copies.
+    Posix,
+}
+
+/// The mode a process runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActiveMode {
+    /// The library's fast path (GDS, hipFile's fastpath).
+    Fast,
+    /// The library's own compatibility/fallback I/O.
+    Compat,
+    /// This crate's POSIX path.
+    Posix,
+}
+
+/// An opened GDS-style driver: handle registration and reads.
+pub trait FileApi: Send + Sync + 'static {
+    /// The backend's name in reports ("cufile", "hipfile").
+    const BACKEND: &'static str;
+    /// Report names of the modes: fast, compat, posix, fast+posix, compat+posix.
+    const MODE_NAMES: [&'static str; 5];
+    /// The read call's name, for errors.
+    const READ_CALL: &'static str;
+    /// The registration call's name, for errors.
+    const REGISTER_CALL: &'static str;
+
+    /// The most bytes one read call may move.
+    fn max_read(&self) -> usize;
+
+    /// Registers an open descriptor; `Err` carries the library's operation code.
+    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64>;
+
+    /// Deregisters a handle from [`register`](Self::register).
+    ///
+    /// # Safety
+    /// `handle` came from `register` and is deregistered once.
+    unsafe fn deregister(&self, handle: *mut c_void);
+
+    /// Reads `size` bytes at `file_offset` into device memory at `base + buf_offset`:
+    /// `>= 0` bytes, `-1` with `errno`, or `-code`.
+    ///
+    /// # Safety
+    /// `handle` is registered; `[base + buf_offset, + size)` is device memory the caller may write.
+    unsafe fn read(
+        &self,
+        handle: *mut c_void,
+        base: *mut c_void,
+        size: usize,
+        file_offset: i64,
+        buf_offset: i64,
+    ) -> isize;
+
+    /// `"NAME (code)"` for an operation code.
+    fn describe(code: i64) -> String;
+}
+
+/// A pinned host buffer of a [`Gpu`].
+pub trait Pinned: Send {
+    /// Its bytes, for `pread` to fill.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+}
+
+/// A GPU as the reader needs it.
+pub trait Gpu: Send + Sync + 'static {
+    /// Its memory space.
+    type Space: MemorySpace;
+    /// Its pinned host buffers.
+    type Pinned: Pinned;
+
+    /// Makes the device current on this thread.
+    fn bind(&self) -> Result<(), DeviceError>;
+
+    /// Allocates a pinned host buffer of `len` bytes on `gpu` (which the buffer may keep).
+    fn pinned(gpu: &Arc<Self>, len: usize) -> Result<Self::Pinned, DeviceError>
+    where
+        Self: Sized;
+
+    /// Copies the first `dst.len()` bytes of `src` to `dst`, synchronously.
+    fn copy_to_device(
+        &self,
+        src: &mut Self::Pinned,
+        dst: DeviceRegion<'_, Self::Space>,
+    ) -> Result<(), DeviceError>;
+}
+
+/// A registered handle; deregistered on drop, before the descriptors it uses are closed.
+struct Handle<F: FileApi> {
+    raw: *mut c_void,
+    api: Arc<F>,
+}
+
+// SAFETY: GDS-style handles may be used for reads from several threads at once (KvikIO does so
+// from its thread pool); deregistration happens once, on drop.
+unsafe impl<F: FileApi> Send for Handle<F> {}
+// SAFETY: as above.
+unsafe impl<F: FileApi> Sync for Handle<F> {}
+
+impl<F: FileApi> Drop for Handle<F> {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `register` and is deregistered once, here.
+        unsafe { self.api.deregister(self.raw) }
+    }
+}
+
+/// A file opened by [`GdsReader`].
+pub struct GdsFile<F: FileApi> {
+    handle: Option<Handle<F>>,
+    _direct: Option<File>,
+    buffered: File,
+}
+
+impl<F: FileApi> std::fmt::Debug for GdsFile<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GdsFile")
+            .field("registered", &self.handle.is_some())
+            .finish()
+    }
+}
+
+/// Reads checkpoint files into a GPU's memory through a GDS-style API or the POSIX path.
+pub struct GdsReader<F: FileApi, G: Gpu> {
+    gpu: Arc<G>,
+    api: Option<Arc<F>>,
+    requested: RequestedMode,
+    mode: ActiveMode,
+    bounce_size: usize,
+    bounce_pool: Mutex<Vec<G::Pinned>>,
+    file_fell_back: AtomicBool,
+}
+
+impl<F: FileApi, G: Gpu> std::fmt::Debug for GdsReader<F, G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GdsReader")
+            .field("backend", &F::BACKEND)
+            .field("requested", &self.requested)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl<F: FileApi, G: Gpu> GdsReader<F, G> {
+    /// A reader on `gpu`, reading through `api` (None: the POSIX path), in `mode`.
+    pub fn new(
+        gpu: Arc<G>,
+        api: Option<Arc<F>>,
+        requested: RequestedMode,
+        mode: ActiveMode,
+        bounce_size: usize,
+    ) -> Self {
+        Self {
+            gpu,
+            api,
+            requested,
+            mode,
+            bounce_size: bounce_size.max(4096),
+            bounce_pool: Mutex::new(Vec::new()),
+            file_fell_back: AtomicBool::new(false),
+        }
+    }
+
+    /// The process-wide mode.
+    pub fn active_mode(&self) -> ActiveMode {
+        self.mode
+    }
+
+    /// The driver in use, if any.
+    pub fn api(&self) -> Option<&Arc<F>> {
+        self.api.as_ref()
+    }
+
+    fn fall_back_or(&self, call: &'static str, error: ReadError) -> Result<(), ReadError> {
+        if self.requested == RequestedMode::Auto {
+            self.file_fell_back.store(true, Ordering::Release);
+            Ok(())
+        } else {
+            Err(match error {
+                ReadError::Io(e) => ReadError::Io(io::Error::new(e.kind(), format!("{call}: {e}"))),
+                other => other,
+            })
+        }
+    }
+
+    fn posix_read(
+        &self,
+        file: &GdsFile<F>,
+        offset: u64,
+        mut dst: DeviceRegion<'_, G::Space>,
+    ) -> Result<usize, ReadError> {
+        let pooled = self
+            .bounce_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let mut bounce = match pooled {
+            Some(b) => b,
+            None => G::pinned(&self.gpu, self.bounce_size).map_err(device_read_error)?,
+        };
+        let n = dst.len().min(bounce.as_mut_slice().len());
+        let got = file
+            .buffered
+            .read_at(&mut bounce.as_mut_slice()[..n], offset)?;
+        if got > 0 {
+            let Some(target) = dst.slice(0, got) else {
+                return Err(ReadError::Overrun {
+                    requested: n,
+                    returned: got,
+                });
+            };
+            self.gpu
+                .copy_to_device(&mut bounce, target)
+                .map_err(device_read_error)?;
+        }
+        self.bounce_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(bounce);
+        Ok(got)
+    }
+}
+
+fn device_read_error(e: DeviceError) -> ReadError {
+    ReadError::Native {
+        call: "device",
+        code: -1,
+        message: e.to_string(),
+    }
+}
+
+fn invalid(message: &str) -> ReadError {
+    ReadError::Io(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        message.to_owned(),
+    ))
+}
+
+impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
+    type Space = G::Space;
+    type File = GdsFile<F>;
+
+    fn name(&self) -> &str {
+        F::BACKEND
+    }
+
+    fn mode(&self) -> &str {
+        let fell_back = self.file_fell_back.load(Ordering::Acquire);
+        let [fast, compat, posix, fast_posix, compat_posix] = F::MODE_NAMES;
+        match (self.mode, fell_back) {
+            (ActiveMode::Fast, false) => fast,
+            (ActiveMode::Fast, true) => fast_posix,
+            (ActiveMode::Compat, false) => compat,
+            (ActiveMode::Compat, true) => compat_posix,
+            (ActiveMode::Posix, _) => posix,
+        }
+    }
+
+    fn open(&self, path: &Path) -> Result<GdsFile<F>, ReadError> {
+        let buffered = open_regular_file(path)?;
+        let posix = GdsFile {
+            handle: None,
+            _direct: None,
+            buffered,
+        };
+        let Some(api) = &self.api else {
+            return Ok(posix);
+        };
+        let direct = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(direct) => direct,
+            Err(e) => {
+                self.fall_back_or("open with O_DIRECT", ReadError::Io(e))?;
+                return Ok(posix);
+            }
+        };
+        match api.register(direct.as_raw_fd()) {
+            Ok(raw) if !raw.is_null() => Ok(GdsFile {
+                handle: Some(Handle {
+                    raw,
+                    api: Arc::clone(api),
+                }),
+                _direct: Some(direct),
+                buffered: posix.buffered,
+            }),
+            result => {
+                let code = result.err().unwrap_or(0);
+                self.fall_back_or(
+                    F::REGISTER_CALL,
+                    ReadError::Native {
+                        call: F::REGISTER_CALL,
+                        code,
+                        message: F::describe(code),
+                    },
+                )?;
+                Ok(posix)
+            }
+        }
+    }
+
+    fn read_at(
+        &self,
+        file: &GdsFile<F>,
+        offset: u64,
+        dst: DeviceRegion<'_, G::Space>,
+    ) -> Result<usize, ReadError> {
+        let Some(handle) = &file.handle else {
+            return self.posix_read(file, offset, dst);
+        };
+        let file_offset = i64::try_from(offset).map_err(|_| invalid("offset too large"))?;
+        let buf_offset =
+            i64::try_from(dst.offset_in_base()).map_err(|_| invalid("buffer offset too large"))?;
+        self.gpu.bind().map_err(device_read_error)?;
+        let size = dst.len().min(handle.api.max_read());
+        // SAFETY: `dst` is a live, exclusively borrowed device region of at least `size` bytes in
+        // the bound context, `buf_offset` bytes from its allocation's base; the call writes at
+        // most `size` bytes at `base + buf_offset`.
+        let ret = unsafe {
+            handle.api.read(
+                handle.raw,
+                dst.base() as *mut c_void,
+                size,
+                file_offset,
+                buf_offset,
+            )
+        };
+        match ret {
+            n if n >= 0 => Ok(n as usize),
+            -1 => Err(ReadError::Io(io::Error::last_os_error())),
+            negative => {
+                let code = -(negative as i64);
+                Err(ReadError::Native {
+                    call: F::READ_CALL,
+                    code,
+                    message: F::describe(code),
+                })
+            }
+        }
+    }
+}
