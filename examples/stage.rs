@@ -5,6 +5,7 @@
 //! stage [PATH ...] [--backend auto|host|mock|cufile] [--device-memory SIZE] [--synthetic-size SIZE]
 //!       [--chunk-size SIZE] [--threads N] [--json] [--checksums]
 //!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH] [--direct-io]
+//!       [--hipfile-mode auto|hipfile|posix] [--hipfile-lib PATH] [--hip-lib PATH]
 //! ```
 //!
 //! With no PATH it writes a synthetic sharded checkpoint to a temporary directory, loads it and
@@ -41,6 +42,18 @@ enum Backend {
     Mock,
     /// NVIDIA GPUs through cuFile (GDS or compatibility mode) or its POSIX path.
     Cufile,
+    /// AMD GPUs through hipFile or its POSIX path (run against stubs only so far).
+    Hipfile,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HipfileMode {
+    /// hipFile (its fastpath or its own fallback); per file POSIX when a file cannot be registered.
+    Auto,
+    /// hipFile only.
+    Hipfile,
+    /// No libhipfile: pread into pinned buffers, then host-to-device copies.
+    Posix,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -89,6 +102,15 @@ struct Args {
     /// An explicit libcufile path (else $STAGING_CUFILE_LIB, libcufile.so.0, libcufile.so).
     #[arg(long)]
     cufile_lib: Option<PathBuf>,
+    /// How the hipFile backend reads.
+    #[arg(long, value_enum, default_value_t = HipfileMode::Auto)]
+    hipfile_mode: HipfileMode,
+    /// An explicit libhipfile path (else $STAGING_HIPFILE_LIB, libhipfile.so.0, libhipfile.so).
+    #[arg(long)]
+    hipfile_lib: Option<PathBuf>,
+    /// An explicit HIP runtime path (else $STAGING_HIP_LIB, libamdhip64.so, .so.7, .so.6).
+    #[arg(long)]
+    hip_lib: Option<PathBuf>,
     /// Size of the synthetic checkpoint written when no PATH is given.
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     synthetic_size: u64,
@@ -178,12 +200,46 @@ enum Chosen {
     Host,
     Mock,
     Cufile(Box<backend_cufile::Backend>),
+    Hipfile(Box<backend_hipfile::Backend>),
+}
+
+fn open_hipfile(args: &Args) -> Result<backend_hipfile::Backend, backend_hipfile::Error> {
+    let options = backend_hipfile::Options {
+        device: args.device,
+        mode: match args.hipfile_mode {
+            HipfileMode::Auto => backend_hipfile::RequestedMode::Auto,
+            HipfileMode::Hipfile => backend_hipfile::RequestedMode::Fast,
+            HipfileMode::Posix => backend_hipfile::RequestedMode::Posix,
+        },
+        library: args.hipfile_lib.clone(),
+        hip_library: args.hip_lib.clone(),
+        ..backend_hipfile::Options::default()
+    };
+    let backend = backend_hipfile::open(&options)?;
+    if let (Some(reason), false) = (&backend.fallback_reason, args.json) {
+        eprintln!("hipfile: using the POSIX path: {reason}");
+    }
+    Ok(backend)
+}
+
+/// `auto` after cuFile found no CUDA driver or device: hipFile, else the host backend.
+fn auto_after_cufile(args: &Args) -> Result<Chosen, BoxError> {
+    match open_hipfile(args) {
+        Ok(backend) => Ok(Chosen::Hipfile(Box::new(backend))),
+        Err(backend_hipfile::Error::NoHipRuntime { .. } | backend_hipfile::Error::NoDevice) => {
+            Ok(Chosen::Host)
+        }
+        Err(e) => Err(format!("hipfile backend: {e}").into()),
+    }
 }
 
 fn choose_backend(args: &Args) -> Result<Chosen, BoxError> {
     match args.backend {
         Backend::Host => Ok(Chosen::Host),
         Backend::Mock => Ok(Chosen::Mock),
+        Backend::Hipfile => open_hipfile(args)
+            .map(|b| Chosen::Hipfile(Box::new(b)))
+            .map_err(|e| format!("hipfile backend: {e}").into()),
         Backend::Auto | Backend::Cufile => {
             let options = CufileOptions {
                 device: args.device,
@@ -201,7 +257,7 @@ fn choose_backend(args: &Args) -> Result<Chosen, BoxError> {
                 Err(backend_cufile::Error::NoCudaDriver | backend_cufile::Error::NoDevice)
                     if args.backend == Backend::Auto =>
                 {
-                    Ok(Chosen::Host)
+                    auto_after_cufile(args)
                 }
                 Err(e) => Err(format!("cufile backend: {e}").into()),
             }
@@ -283,6 +339,12 @@ fn run(args: &Args) -> Result<(), BoxError> {
         }
         Chosen::Cufile(backend) => {
             // On a GPU the cap is a budget that replaces the device's free-memory figure.
+            policy.memory_budget = args.device_memory;
+            let backend = *backend;
+            let allocator = SubAllocator::with_defaults(backend.allocator);
+            load(args, checkpoint, backend.reader, allocator, policy)
+        }
+        Chosen::Hipfile(backend) => {
             policy.memory_budget = args.device_memory;
             let backend = *backend;
             let allocator = SubAllocator::with_defaults(backend.allocator);

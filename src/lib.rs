@@ -18,3 +18,7 @@ pub use backend_mock as mock;
 /// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices.
 #[cfg(feature = "cufile")]
 pub use backend_cufile as cufile;
+
+/// AMD hipFile backend for HIP devices (run against stubs only so far).
+#[cfg(feature = "hipfile")]
+pub use backend_hipfile as hipfile;

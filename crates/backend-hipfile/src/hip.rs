@@ -1,0 +1,403 @@
+//! The HIP runtime, declared here and loaded at run time from `libamdhip64`: the dozen calls the
+//! backend makes, one table loaded once. hipError_t 0 is success, 2 out-of-memory, 100 no device.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use libloading::Library;
+use staging_core::{
+    AllocError, DeviceAllocator, DeviceBuffer, DeviceError, DeviceRegion, MemoryInfo, MemorySpace,
+};
+
+use crate::errors::{Error, loader_message};
+
+/// HIP device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HipMemory;
+
+impl MemorySpace for HipMemory {
+    const NAME: &'static str = "hip";
+}
+
+type HipError = c_int;
+const HIP_SUCCESS: HipError = 0;
+const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
+const HIP_ERROR_NO_DEVICE: HipError = 100;
+const MEMCPY_HOST_TO_DEVICE: c_int = 1;
+const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+
+/// The names tried, in order, when no explicit path is given.
+pub(crate) const DEFAULT_NAMES: [&str; 3] =
+    ["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"];
+/// The environment variable naming an explicit runtime path.
+pub(crate) const LIBRARY_ENV: &str = "STAGING_HIP_LIB";
+
+/// The HIP runtime calls this backend makes.
+pub struct HipRuntime {
+    path: PathBuf,
+    init: unsafe extern "C" fn(c_uint) -> HipError,
+    get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
+    set_device: unsafe extern "C" fn(c_int) -> HipError,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
+    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
+    free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> HipError,
+    host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipError,
+    host_free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    get_error_string: unsafe extern "C" fn(HipError) -> *const c_char,
+    _library: Library,
+}
+
+impl std::fmt::Debug for HipRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipRuntime")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl HipRuntime {
+    /// Loads the runtime: `explicit`, else `$STAGING_HIP_LIB`, else the default names. Loading
+    /// runs no HIP function.
+    pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
+        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
+        let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
+            Some(path) => vec![path],
+            None => DEFAULT_NAMES.iter().map(PathBuf::from).collect(),
+        };
+        let mut tried = Vec::new();
+        for candidate in candidates {
+            // SAFETY: loading the HIP runtime (or a test stub) runs its initializers, which is
+            // what using HIP means.
+            match unsafe { Library::new(&candidate) } {
+                Ok(library) => return Self::from_library(library, candidate),
+                Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+            }
+        }
+        Err(Error::NoHipRuntime {
+            tried: tried.join("; "),
+        })
+    }
+
+    fn from_library(library: Library, path: PathBuf) -> Result<Self, Error> {
+        fn get<T: Copy>(library: &Library, path: &Path, symbol: &'static str) -> Result<T, Error> {
+            // SAFETY: `T` is the C signature of `symbol` in hip_runtime_api.h.
+            unsafe { library.get::<T>(symbol.as_bytes()) }
+                .map(|s| *s)
+                .map_err(|e| Error::MissingSymbol {
+                    library: path.to_path_buf(),
+                    symbol,
+                    detail: loader_message(&e),
+                })
+        }
+        Ok(Self {
+            init: get(&library, &path, "hipInit")?,
+            get_device_count: get(&library, &path, "hipGetDeviceCount")?,
+            set_device: get(&library, &path, "hipSetDevice")?,
+            mem_get_info: get(&library, &path, "hipMemGetInfo")?,
+            malloc: get(&library, &path, "hipMalloc")?,
+            free: get(&library, &path, "hipFree")?,
+            memcpy: get(&library, &path, "hipMemcpy")?,
+            host_malloc: get(&library, &path, "hipHostMalloc")?,
+            host_free: get(&library, &path, "hipHostFree")?,
+            get_error_string: get(&library, &path, "hipGetErrorString")?,
+            path,
+            _library: library,
+        })
+    }
+
+    fn message(&self, code: HipError) -> String {
+        // SAFETY: hipGetErrorString returns a static NUL-terminated string (or NULL).
+        let text = unsafe { (self.get_error_string)(code) };
+        if text.is_null() {
+            return format!("hipError {code}");
+        }
+        // SAFETY: non-null, static, NUL-terminated per the HIP API.
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn check(&self, call: &'static str, code: HipError) -> Result<(), Error> {
+        if code == HIP_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::Hip {
+                call,
+                code,
+                message: self.message(code),
+            })
+        }
+    }
+
+    fn device_error(&self, call: &str, code: HipError) -> DeviceError {
+        DeviceError::new(call, format!("{} ({code})", self.message(code)))
+    }
+}
+
+/// One HIP device of a loaded runtime.
+#[derive(Debug)]
+pub struct HipDevice {
+    runtime: Arc<HipRuntime>,
+    ordinal: c_int,
+}
+
+impl HipDevice {
+    /// Initializes HIP and confirms device `ordinal` exists.
+    pub fn open(runtime: Arc<HipRuntime>, ordinal: usize) -> Result<Arc<Self>, Error> {
+        // SAFETY: hipInit takes flags 0.
+        runtime.check("hipInit", unsafe { (runtime.init)(0) })?;
+        let mut count: c_int = 0;
+        // SAFETY: writes one int.
+        let status = unsafe { (runtime.get_device_count)(&mut count) };
+        if status == HIP_ERROR_NO_DEVICE || (status == HIP_SUCCESS && count <= 0) {
+            return Err(Error::NoDevice);
+        }
+        runtime.check("hipGetDeviceCount", status)?;
+        let count = usize::try_from(count).unwrap_or(0);
+        let index = c_int::try_from(ordinal)
+            .ok()
+            .filter(|_| ordinal < count)
+            .ok_or(Error::DeviceOutOfRange {
+                requested: ordinal,
+                count,
+            })?;
+        let device = Self {
+            runtime,
+            ordinal: index,
+        };
+        device.runtime.check("hipSetDevice", device.set())?;
+        Ok(Arc::new(device))
+    }
+
+    fn set(&self) -> HipError {
+        // SAFETY: the ordinal was checked against the device count.
+        unsafe { (self.runtime.set_device)(self.ordinal) }
+    }
+}
+
+/// A device allocation (`hipMalloc`); freed on drop.
+#[derive(Debug)]
+pub struct HipBuffer {
+    ptr: *mut c_void,
+    len: usize,
+    device: Arc<HipDevice>,
+}
+
+// SAFETY: the buffer exclusively owns its allocation; device pointers are valid on any thread.
+unsafe impl Send for HipBuffer {}
+// SAFETY: shared access only reads the pointer value.
+unsafe impl Sync for HipBuffer {}
+
+impl DeviceBuffer for HipBuffer {
+    type Space = HipMemory;
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+    fn region(&mut self) -> DeviceRegion<'_, HipMemory> {
+        // SAFETY: `len` bytes of device memory owned by this buffer, borrowed mutably.
+        unsafe { DeviceRegion::from_raw_parts(self.ptr as usize, self.len) }
+    }
+}
+
+impl Drop for HipBuffer {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        let _ = self.device.set();
+        // SAFETY: `ptr` came from hipMalloc and is freed once, here.
+        let _ = unsafe { (self.device.runtime.free)(self.ptr) };
+    }
+}
+
+/// Device memory of one HIP device.
+#[derive(Debug, Clone)]
+pub struct HipAllocator {
+    device: Arc<HipDevice>,
+}
+
+impl HipAllocator {
+    /// An allocator on `device`.
+    pub fn new(device: Arc<HipDevice>) -> Self {
+        Self { device }
+    }
+}
+
+impl DeviceAllocator for HipAllocator {
+    type Space = HipMemory;
+    type Buffer = HipBuffer;
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        let rt = &self.device.runtime;
+        let status = self.device.set();
+        if status != HIP_SUCCESS {
+            return Err(rt.device_error("hipSetDevice", status));
+        }
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t values.
+        let status = unsafe { (rt.mem_get_info)(&mut free, &mut total) };
+        if status != HIP_SUCCESS {
+            return Err(rt.device_error("hipMemGetInfo", status));
+        }
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn allocate(&self, len: usize) -> Result<HipBuffer, AllocError> {
+        let device = Arc::clone(&self.device);
+        if len == 0 {
+            return Ok(HipBuffer {
+                ptr: std::ptr::null_mut(),
+                len,
+                device,
+            });
+        }
+        let rt = &self.device.runtime;
+        let failed = |code: HipError| {
+            let detail = format!("hipMalloc: {} ({code})", rt.message(code));
+            if code == HIP_ERROR_OUT_OF_MEMORY {
+                AllocError::OutOfMemory {
+                    requested: len,
+                    detail,
+                }
+            } else {
+                AllocError::Failed {
+                    requested: len,
+                    detail,
+                }
+            }
+        };
+        let status = self.device.set();
+        if status != HIP_SUCCESS {
+            return Err(failed(status));
+        }
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a plain allocation of `len` bytes on the current device.
+        let status = unsafe { (rt.malloc)(&mut ptr, len) };
+        if status != HIP_SUCCESS || ptr.is_null() {
+            return Err(failed(if status == HIP_SUCCESS {
+                HIP_ERROR_OUT_OF_MEMORY
+            } else {
+                status
+            }));
+        }
+        Ok(HipBuffer { ptr, len, device })
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &HipBuffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        DeviceError::check_bounds("hipMemcpy", src.len, offset, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let rt = &self.device.runtime;
+        let status = self.device.set();
+        if status != HIP_SUCCESS {
+            return Err(rt.device_error("hipSetDevice", status));
+        }
+        // SAFETY: the source range lies inside `src` (checked above), `dst` is valid for its
+        // length, and hipMemcpy is synchronous.
+        let status = unsafe {
+            (rt.memcpy)(
+                dst.as_mut_ptr().cast(),
+                src.ptr.cast::<u8>().add(offset).cast(),
+                dst.len(),
+                MEMCPY_DEVICE_TO_HOST,
+            )
+        };
+        if status != HIP_SUCCESS {
+            return Err(rt.device_error("hipMemcpy", status));
+        }
+        Ok(())
+    }
+}
+
+/// Page-locked host memory for bounce buffers (`hipHostMalloc`).
+#[derive(Debug)]
+pub struct HipPinned {
+    ptr: *mut c_void,
+    len: usize,
+    device: Arc<HipDevice>,
+}
+
+// SAFETY: the buffer exclusively owns its pinned allocation.
+unsafe impl Send for HipPinned {}
+
+impl backend_gds::Pinned for HipPinned {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for HipPinned {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from hipHostMalloc and is freed once, here.
+        let _ = unsafe { (self.device.runtime.host_free)(self.ptr) };
+    }
+}
+
+impl backend_gds::Gpu for HipDevice {
+    type Space = HipMemory;
+    type Pinned = HipPinned;
+
+    fn bind(&self) -> Result<(), DeviceError> {
+        match self.set() {
+            HIP_SUCCESS => Ok(()),
+            code => Err(self.runtime.device_error("hipSetDevice", code)),
+        }
+    }
+
+    fn pinned(gpu: &Arc<Self>, len: usize) -> Result<HipPinned, DeviceError> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a plain pinned allocation (flags 0: hipHostMallocDefault).
+        let status = unsafe { (gpu.runtime.host_malloc)(&mut ptr, len.max(1), 0) };
+        if status != HIP_SUCCESS || ptr.is_null() {
+            return Err(gpu.runtime.device_error("hipHostMalloc", status));
+        }
+        Ok(HipPinned {
+            ptr,
+            len,
+            device: Arc::clone(gpu),
+        })
+    }
+
+    fn copy_to_device(
+        &self,
+        src: &mut HipPinned,
+        dst: DeviceRegion<'_, HipMemory>,
+    ) -> Result<(), DeviceError> {
+        if dst.len() > src.len {
+            return Err(DeviceError::new(
+                "hipMemcpy",
+                "copy larger than the bounce buffer",
+            ));
+        }
+        backend_gds::Gpu::bind(self)?;
+        // SAFETY: `dst` is a live, exclusively borrowed device region and `src` holds at least
+        // `dst.len()` bytes; hipMemcpy is synchronous.
+        let status = unsafe {
+            (self.runtime.memcpy)(
+                dst.addr() as *mut c_void,
+                src.ptr,
+                dst.len(),
+                MEMCPY_HOST_TO_DEVICE,
+            )
+        };
+        match status {
+            HIP_SUCCESS => Ok(()),
+            code => Err(self.runtime.device_error("hipMemcpy", code)),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! `libhipfile` loaded at run time: the C types (laid out as cuFile's), one table of function
+//! pointers, and the opened driver as a [`FileApi`].
+//!
+//! Search order: an explicit path (option, or `STAGING_HIPFILE_LIB`), then `libhipfile.so.0`,
+//! then `libhipfile.so`. One `hipFileRead` moves at most [`MAX_READ`] bytes; the reader cuts its
+//! requests there and the write loop continues.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+use backend_gds::FileApi;
+use backend_gds::codes::describe_hipfile_code;
+use libloading::Library;
+
+use crate::errors::{Error, loader_message};
+
+/// The most bytes one `hipFileRead` call moves.
+pub const MAX_READ: usize = 0x7fff_f000;
+
+/// `hipFileError_t`: an operation code and a HIP result, returned by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HipFileError {
+    /// 0 on success, 5001 and up otherwise.
+    pub err: c_int,
+    /// The hipError_t when `err` is a HIP error.
+    pub hip_drv_err: c_int,
+}
+
+/// `hipFileDescr_t`, laid out as `CUfileDescr_t` (type 1 = file descriptor).
+#[allow(missing_debug_implementations)] // a C layout with a union
+#[repr(C)]
+pub struct HipFileDescr {
+    kind: u32,
+    handle: DescrHandle,
+    fs_ops: *const c_void,
+}
+
+#[allow(missing_debug_implementations)] // a C union
+#[repr(C)]
+union DescrHandle {
+    fd: c_int,
+    handle: *mut c_void,
+}
+
+type DriverOpenFn = unsafe extern "C" fn() -> HipFileError;
+type HandleRegisterFn = unsafe extern "C" fn(*mut *mut c_void, *mut HipFileDescr) -> HipFileError;
+type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
+type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
+type GetVersionFn = unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint) -> HipFileError;
+
+/// The names tried, in order, when no explicit path is given.
+pub const DEFAULT_NAMES: [&str; 2] = ["libhipfile.so.0", "libhipfile.so"];
+/// The environment variable naming an explicit library path.
+pub const LIBRARY_ENV: &str = "STAGING_HIPFILE_LIB";
+
+/// The hipFile functions this backend calls, loaded once.
+pub struct HipFileApi {
+    path: PathBuf,
+    driver_open: DriverOpenFn,
+    driver_close: DriverOpenFn,
+    handle_register: HandleRegisterFn,
+    handle_deregister: HandleDeregisterFn,
+    read: ReadFn,
+    get_version: Option<GetVersionFn>,
+    _library: Library,
+}
+
+impl std::fmt::Debug for HipFileApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipFileApi")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl HipFileApi {
+    /// Loads the library: `explicit`, else `$STAGING_HIPFILE_LIB`, else the default names.
+    pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
+        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
+        let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
+            Some(path) => vec![path],
+            None => DEFAULT_NAMES.iter().map(PathBuf::from).collect(),
+        };
+        let mut tried = Vec::new();
+        for candidate in candidates {
+            // SAFETY: loading libhipfile (or a test stub) runs its initializers.
+            match unsafe { Library::new(&candidate) } {
+                Ok(library) => return Self::from_library(library, candidate),
+                Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+            }
+        }
+        Err(Error::LibraryMissing {
+            tried: tried.join("; "),
+        })
+    }
+
+    fn from_library(library: Library, path: PathBuf) -> Result<Self, Error> {
+        fn get<T: Copy>(library: &Library, path: &Path, symbol: &'static str) -> Result<T, Error> {
+            // SAFETY: `T` is the C signature of `symbol` in hipfile.h.
+            unsafe { library.get::<T>(symbol.as_bytes()) }
+                .map(|s| *s)
+                .map_err(|e| Error::MissingSymbol {
+                    library: path.to_path_buf(),
+                    symbol,
+                    detail: loader_message(&e),
+                })
+        }
+        Ok(Self {
+            driver_open: get(&library, &path, "hipFileDriverOpen")?,
+            driver_close: get(&library, &path, "hipFileDriverClose")?,
+            handle_register: get(&library, &path, "hipFileHandleRegister")?,
+            handle_deregister: get(&library, &path, "hipFileHandleDeregister")?,
+            read: get(&library, &path, "hipFileRead")?,
+            // SAFETY: as above; absence is allowed.
+            get_version: unsafe { library.get::<GetVersionFn>(b"hipFileGetVersion") }
+                .ok()
+                .map(|s| *s),
+            path,
+            _library: library,
+        })
+    }
+
+    /// `hipFileGetVersion` as (major, minor, patch), when the library has it.
+    pub fn version(&self) -> Option<(u32, u32, u32)> {
+        let get = self.get_version?;
+        let (mut a, mut b, mut c) = (0, 0, 0);
+        // SAFETY: writes three unsigned ints.
+        let status = unsafe { get(&mut a, &mut b, &mut c) };
+        (status.err == 0).then_some((a, b, c))
+    }
+}
+
+/// An open hipFile driver (`hipFileDriverOpen`); closed on drop.
+#[derive(Debug)]
+pub struct Driver {
+    api: HipFileApi,
+    max_read: usize,
+}
+
+impl Driver {
+    /// Opens the driver. Call only after the HIP runtime and a device were confirmed.
+    pub(crate) fn open(api: HipFileApi, max_read: usize) -> Result<Self, Error> {
+        // SAFETY: HIP and a device were confirmed by the caller.
+        let status = unsafe { (api.driver_open)() };
+        if status.err != 0 {
+            return Err(Error::HipFile {
+                call: "hipFileDriverOpen",
+                code: describe_hipfile_code(i64::from(status.err)),
+            });
+        }
+        Ok(Self {
+            api,
+            max_read: max_read.clamp(1, MAX_READ),
+        })
+    }
+
+    /// The library's path.
+    pub fn library(&self) -> &Path {
+        &self.api.path
+    }
+
+    /// The library's version.
+    pub fn version(&self) -> Option<(u32, u32, u32)> {
+        self.api.version()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // SAFETY: the matching close of the open in `Driver::open`.
+        let _ = unsafe { (self.api.driver_close)() };
+    }
+}
+
+impl FileApi for Driver {
+    const BACKEND: &'static str = "hipfile";
+    // hipFile chooses between its fastpath and its own fallback inside; from here both are
+    // "hipfile".
+    const MODE_NAMES: [&'static str; 5] = [
+        "hipfile",
+        "hipfile",
+        "posix",
+        "hipfile+posix",
+        "hipfile+posix",
+    ];
+    const READ_CALL: &'static str = "hipFileRead";
+    const REGISTER_CALL: &'static str = "hipFileHandleRegister";
+
+    fn max_read(&self) -> usize {
+        self.max_read
+    }
+
+    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
+        let mut descr = HipFileDescr {
+            kind: 1,
+            handle: DescrHandle { fd },
+            fs_ops: std::ptr::null(),
+        };
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a file-descriptor descriptor of an open file with null fs_ops.
+        let status = unsafe { (self.api.handle_register)(&mut raw, &mut descr) };
+        if status.err != 0 {
+            Err(i64::from(status.err))
+        } else {
+            Ok(raw)
+        }
+    }
+
+    unsafe fn deregister(&self, handle: *mut c_void) {
+        // SAFETY: forwarded caller contract.
+        unsafe { (self.api.handle_deregister)(handle) }
+    }
+
+    unsafe fn read(
+        &self,
+        handle: *mut c_void,
+        base: *mut c_void,
+        size: usize,
+        file_offset: i64,
+        buf_offset: i64,
+    ) -> isize {
+        // SAFETY: forwarded caller contract; `size` was cut to `max_read`.
+        unsafe { (self.api.read)(handle, base, size, file_offset, buf_offset) }
+    }
+
+    fn describe(code: i64) -> String {
+        describe_hipfile_code(code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_hipfile_h() {
+        assert_eq!(std::mem::size_of::<HipFileError>(), 8);
+        assert_eq!(std::mem::size_of::<HipFileDescr>(), 24);
+    }
+
+    #[test]
+    fn a_missing_library_names_what_was_tried() {
+        let err = HipFileApi::load(Some(Path::new("/nonexistent/libhipfile.so.0"))).unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/libhipfile.so.0: "),
+            "{err}"
+        );
+    }
+}
