@@ -72,20 +72,13 @@ pub struct Backend {
 pub fn open(options: &Options) -> Result<Backend, Error> {
     let device = CudaDevice::open(options.device)?;
     let allocator = CudaAllocator::new(Arc::clone(&device));
-    let auto = options.mode == RequestedMode::Auto;
-    let driver = if options.mode == RequestedMode::Posix {
-        Err("posix mode was asked for".to_owned())
-    } else {
-        match CuFileApi::load(options.library.as_deref()) {
-            Ok(api) => match Driver::open(api, options.mode, &device) {
-                Ok(driver) => Ok(driver),
-                Err(e) if auto => Err(e.to_string()),
-                Err(e) => return Err(e),
-            },
-            Err(e) if auto => Err(e.to_string()),
-            Err(e) => return Err(e),
-        }
-    };
+    let driver = backend_gds::driver_or_posix(options.mode, || {
+        Driver::open(
+            CuFileApi::load(options.library.as_deref())?,
+            options.mode,
+            &device,
+        )
+    })?;
     let (driver, mode, fallback_reason) = match driver {
         Err(reason) => (None, ActiveMode::Posix, Some(reason)),
         Ok(driver) => {

@@ -7,6 +7,7 @@
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 
+use backend_gds::dl;
 use libloading::Library;
 
 use crate::errors::Error;
@@ -102,60 +103,38 @@ impl CuFileApi {
     /// Loads the library: `explicit`, else `$STAGING_CUFILE_LIB`, else the default names.
     /// Loading runs no cuFile function.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
-        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
-        let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
-            Some(path) => vec![path],
-            None => DEFAULT_NAMES.iter().map(PathBuf::from).collect(),
-        };
-        let mut tried = Vec::new();
-        for candidate in candidates {
-            // SAFETY: loading a shared library runs its initializers; libcufile's are those of
-            // NVIDIA's library (or a test stub), which is the point of this backend.
-            match unsafe { Library::new(&candidate) } {
-                Ok(library) => return Self::from_library(library, candidate),
-                Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+        // SAFETY: the candidates are libcufile (NVIDIA's or a test stub), which this backend uses.
+        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+            .map_err(|tried| Error::LibraryMissing { tried })?;
+        let missing = |symbol: &'static str| {
+            let library = path.clone();
+            move |detail| Error::MissingSymbol {
+                library,
+                symbol,
+                detail,
             }
+        };
+        // SAFETY: every type below is the C signature of its symbol in cufile.h, and the
+        // pointers live as long as `_library`, which the struct owns.
+        unsafe {
+            Ok(Self {
+                driver_open: dl::symbol(&library, "cuFileDriverOpen")
+                    .map_err(missing("cuFileDriverOpen"))?,
+                driver_close: dl::symbol(&library, "cuFileDriverClose_v2")
+                    .or_else(|_| dl::symbol(&library, "cuFileDriverClose"))
+                    .map_err(missing("cuFileDriverClose_v2"))?,
+                handle_register: dl::symbol(&library, "cuFileHandleRegister")
+                    .map_err(missing("cuFileHandleRegister"))?,
+                handle_deregister: dl::symbol(&library, "cuFileHandleDeregister")
+                    .map_err(missing("cuFileHandleDeregister"))?,
+                read: dl::symbol(&library, "cuFileRead").map_err(missing("cuFileRead"))?,
+                get_version: dl::symbol(&library, "cuFileGetVersion").ok(),
+                get_properties: dl::symbol(&library, "cuFileDriverGetProperties").ok(),
+                set_parameter_bool: dl::symbol(&library, "cuFileSetParameterBool").ok(),
+                path,
+                _library: library,
+            })
         }
-        Err(Error::LibraryMissing {
-            tried: tried.join("; "),
-        })
-    }
-
-    fn from_library(library: Library, path: PathBuf) -> Result<Self, Error> {
-        fn required<T: Copy>(
-            library: &Library,
-            path: &Path,
-            symbol: &'static str,
-        ) -> Result<T, Error> {
-            // SAFETY: `T` is the C signature of `symbol` as declared in cufile.h.
-            unsafe { library.get::<T>(symbol.as_bytes()) }
-                .map(|s| *s)
-                .map_err(|e| Error::MissingSymbol {
-                    library: path.to_path_buf(),
-                    symbol,
-                    detail: loader_message(&e),
-                })
-        }
-        fn optional<T: Copy>(library: &Library, symbol: &str) -> Option<T> {
-            // SAFETY: as above; absence is allowed.
-            unsafe { library.get::<T>(symbol.as_bytes()) }
-                .ok()
-                .map(|s| *s)
-        }
-        let driver_close = required::<DriverCloseFn>(&library, &path, "cuFileDriverClose_v2")
-            .or_else(|_| required::<DriverCloseFn>(&library, &path, "cuFileDriverClose"))?;
-        Ok(Self {
-            driver_open: required(&library, &path, "cuFileDriverOpen")?,
-            driver_close,
-            handle_register: required(&library, &path, "cuFileHandleRegister")?,
-            handle_deregister: required(&library, &path, "cuFileHandleDeregister")?,
-            read: required(&library, &path, "cuFileRead")?,
-            get_version: optional(&library, "cuFileGetVersion"),
-            get_properties: optional(&library, "cuFileDriverGetProperties"),
-            set_parameter_bool: optional(&library, "cuFileSetParameterBool"),
-            path,
-            _library: library,
-        })
     }
 
     /// The library's path as loaded.
@@ -171,14 +150,6 @@ impl CuFileApi {
         // SAFETY: `get` is cuFileGetVersion, writing one int to a valid pointer.
         let status = unsafe { get(&mut version) };
         (status.err == 0).then_some(version)
-    }
-}
-
-/// libloading's `Display` is only "dlopen failed"; its source has the loader's message.
-pub(crate) fn loader_message(e: &libloading::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(source) => source.to_string(),
-        None => e.to_string(),
     }
 }
 

@@ -26,6 +26,7 @@ use staging_core::host::open_regular_file;
 use staging_core::{DeviceError, DeviceRegion, MemorySpace, ReadError, Reader};
 
 pub mod codes;
+pub mod dl;
 
 /// The mode asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,6 +93,20 @@ pub trait FileApi: Send + Sync + 'static {
 
     /// `"NAME (code)"` for an operation code.
     fn describe(code: i64) -> String;
+}
+
+/// Opens a backend's driver by the requested mode: `Posix` skips it; otherwise `open` loads the
+/// library and opens the driver, and in `Auto` a failure becomes the POSIX path with its reason
+/// (`Err(reason)` in the result) while a forced mode returns the error.
+pub fn driver_or_posix<D, E: std::fmt::Display>(
+    requested: RequestedMode,
+    open: impl FnOnce() -> Result<D, E>,
+) -> Result<Result<D, String>, E> {
+    match requested {
+        RequestedMode::Posix => Ok(Err("posix mode was asked for".to_owned())),
+        RequestedMode::Auto => Ok(open().map_err(|e| e.to_string())),
+        RequestedMode::Fast | RequestedMode::Compat => open().map(Ok),
+    }
 }
 
 /// A pinned host buffer of a [`Gpu`].

@@ -58,11 +58,3 @@ pub enum Error {
         code: String,
     },
 }
-
-/// libloading's `Display` is only "dlopen failed"; its source has the loader's message.
-pub(crate) fn loader_message(e: &libloading::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(source) => source.to_string(),
-        None => e.to_string(),
-    }
-}

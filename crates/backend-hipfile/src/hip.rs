@@ -5,12 +5,13 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use backend_gds::dl;
 use libloading::Library;
 use staging_core::{
     AllocError, DeviceAllocator, DeviceBuffer, DeviceError, DeviceRegion, MemoryInfo, MemorySpace,
 };
 
-use crate::errors::{Error, loader_message};
+use crate::errors::Error;
 
 /// HIP device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,50 +62,40 @@ impl HipRuntime {
     /// Loads the runtime: `explicit`, else `$STAGING_HIP_LIB`, else the default names. Loading
     /// runs no HIP function.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
-        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
-        let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
-            Some(path) => vec![path],
-            None => DEFAULT_NAMES.iter().map(PathBuf::from).collect(),
-        };
-        let mut tried = Vec::new();
-        for candidate in candidates {
-            // SAFETY: loading the HIP runtime (or a test stub) runs its initializers, which is
-            // what using HIP means.
-            match unsafe { Library::new(&candidate) } {
-                Ok(library) => return Self::from_library(library, candidate),
-                Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+        // SAFETY: the candidates are the HIP runtime (AMD's or a test stub), which this backend uses.
+        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+            .map_err(|tried| Error::NoHipRuntime { tried })?;
+        let missing = |symbol: &'static str| {
+            let library = path.clone();
+            move |detail| Error::MissingSymbol {
+                library,
+                symbol,
+                detail,
             }
+        };
+        // SAFETY: every type below is the C signature of its symbol in hip_runtime_api.h, and the
+        // pointers live as long as `_library`, which the struct owns.
+        unsafe {
+            Ok(Self {
+                init: dl::symbol(&library, "hipInit").map_err(missing("hipInit"))?,
+                get_device_count: dl::symbol(&library, "hipGetDeviceCount")
+                    .map_err(missing("hipGetDeviceCount"))?,
+                set_device: dl::symbol(&library, "hipSetDevice")
+                    .map_err(missing("hipSetDevice"))?,
+                mem_get_info: dl::symbol(&library, "hipMemGetInfo")
+                    .map_err(missing("hipMemGetInfo"))?,
+                malloc: dl::symbol(&library, "hipMalloc").map_err(missing("hipMalloc"))?,
+                free: dl::symbol(&library, "hipFree").map_err(missing("hipFree"))?,
+                memcpy: dl::symbol(&library, "hipMemcpy").map_err(missing("hipMemcpy"))?,
+                host_malloc: dl::symbol(&library, "hipHostMalloc")
+                    .map_err(missing("hipHostMalloc"))?,
+                host_free: dl::symbol(&library, "hipHostFree").map_err(missing("hipHostFree"))?,
+                get_error_string: dl::symbol(&library, "hipGetErrorString")
+                    .map_err(missing("hipGetErrorString"))?,
+                path,
+                _library: library,
+            })
         }
-        Err(Error::NoHipRuntime {
-            tried: tried.join("; "),
-        })
-    }
-
-    fn from_library(library: Library, path: PathBuf) -> Result<Self, Error> {
-        fn get<T: Copy>(library: &Library, path: &Path, symbol: &'static str) -> Result<T, Error> {
-            // SAFETY: `T` is the C signature of `symbol` in hip_runtime_api.h.
-            unsafe { library.get::<T>(symbol.as_bytes()) }
-                .map(|s| *s)
-                .map_err(|e| Error::MissingSymbol {
-                    library: path.to_path_buf(),
-                    symbol,
-                    detail: loader_message(&e),
-                })
-        }
-        Ok(Self {
-            init: get(&library, &path, "hipInit")?,
-            get_device_count: get(&library, &path, "hipGetDeviceCount")?,
-            set_device: get(&library, &path, "hipSetDevice")?,
-            mem_get_info: get(&library, &path, "hipMemGetInfo")?,
-            malloc: get(&library, &path, "hipMalloc")?,
-            free: get(&library, &path, "hipFree")?,
-            memcpy: get(&library, &path, "hipMemcpy")?,
-            host_malloc: get(&library, &path, "hipHostMalloc")?,
-            host_free: get(&library, &path, "hipHostFree")?,
-            get_error_string: get(&library, &path, "hipGetErrorString")?,
-            path,
-            _library: library,
-        })
     }
 
     fn message(&self, code: HipError) -> String {

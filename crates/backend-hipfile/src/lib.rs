@@ -76,20 +76,12 @@ pub fn open(options: &Options) -> Result<Backend, Error> {
     let runtime = Arc::new(HipRuntime::load(options.hip_library.as_deref())?);
     let device = HipDevice::open(runtime, options.device)?;
     let allocator = HipAllocator::new(Arc::clone(&device));
-    let auto = options.mode == RequestedMode::Auto;
-    let driver = if options.mode == RequestedMode::Posix {
-        Err("posix mode was asked for".to_owned())
-    } else {
-        match HipFileApi::load(options.library.as_deref()) {
-            Ok(api) => match Driver::open(api, options.max_read) {
-                Ok(driver) => Ok(driver),
-                Err(e) if auto => Err(e.to_string()),
-                Err(e) => return Err(e),
-            },
-            Err(e) if auto => Err(e.to_string()),
-            Err(e) => return Err(e),
-        }
-    };
+    let driver = backend_gds::driver_or_posix(options.mode, || {
+        Driver::open(
+            HipFileApi::load(options.library.as_deref())?,
+            options.max_read,
+        )
+    })?;
     let (driver, mode, fallback_reason) = match driver {
         Err(reason) => (None, ActiveMode::Posix, Some(reason)),
         Ok(driver) => (Some(Arc::new(driver)), ActiveMode::Fast, None),

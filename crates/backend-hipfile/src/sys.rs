@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 
 use backend_gds::FileApi;
 use backend_gds::codes::describe_hipfile_code;
+use backend_gds::dl;
 use libloading::Library;
 
-use crate::errors::{Error, loader_message};
+use crate::errors::Error;
 
 /// The most bytes one `hipFileRead` call moves.
 pub const MAX_READ: usize = 0x7fff_f000;
@@ -78,48 +79,35 @@ impl std::fmt::Debug for HipFileApi {
 impl HipFileApi {
     /// Loads the library: `explicit`, else `$STAGING_HIPFILE_LIB`, else the default names.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
-        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
-        let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
-            Some(path) => vec![path],
-            None => DEFAULT_NAMES.iter().map(PathBuf::from).collect(),
-        };
-        let mut tried = Vec::new();
-        for candidate in candidates {
-            // SAFETY: loading libhipfile (or a test stub) runs its initializers.
-            match unsafe { Library::new(&candidate) } {
-                Ok(library) => return Self::from_library(library, candidate),
-                Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+        // SAFETY: the candidates are libhipfile (AMD's or a test stub), which this backend uses.
+        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+            .map_err(|tried| Error::LibraryMissing { tried })?;
+        let missing = |symbol: &'static str| {
+            let library = path.clone();
+            move |detail| Error::MissingSymbol {
+                library,
+                symbol,
+                detail,
             }
+        };
+        // SAFETY: every type below is the C signature of its symbol in hipfile.h, and the
+        // pointers live as long as `_library`, which the struct owns.
+        unsafe {
+            Ok(Self {
+                driver_open: dl::symbol(&library, "hipFileDriverOpen")
+                    .map_err(missing("hipFileDriverOpen"))?,
+                driver_close: dl::symbol(&library, "hipFileDriverClose")
+                    .map_err(missing("hipFileDriverClose"))?,
+                handle_register: dl::symbol(&library, "hipFileHandleRegister")
+                    .map_err(missing("hipFileHandleRegister"))?,
+                handle_deregister: dl::symbol(&library, "hipFileHandleDeregister")
+                    .map_err(missing("hipFileHandleDeregister"))?,
+                read: dl::symbol(&library, "hipFileRead").map_err(missing("hipFileRead"))?,
+                get_version: dl::symbol(&library, "hipFileGetVersion").ok(),
+                path,
+                _library: library,
+            })
         }
-        Err(Error::LibraryMissing {
-            tried: tried.join("; "),
-        })
-    }
-
-    fn from_library(library: Library, path: PathBuf) -> Result<Self, Error> {
-        fn get<T: Copy>(library: &Library, path: &Path, symbol: &'static str) -> Result<T, Error> {
-            // SAFETY: `T` is the C signature of `symbol` in hipfile.h.
-            unsafe { library.get::<T>(symbol.as_bytes()) }
-                .map(|s| *s)
-                .map_err(|e| Error::MissingSymbol {
-                    library: path.to_path_buf(),
-                    symbol,
-                    detail: loader_message(&e),
-                })
-        }
-        Ok(Self {
-            driver_open: get(&library, &path, "hipFileDriverOpen")?,
-            driver_close: get(&library, &path, "hipFileDriverClose")?,
-            handle_register: get(&library, &path, "hipFileHandleRegister")?,
-            handle_deregister: get(&library, &path, "hipFileHandleDeregister")?,
-            read: get(&library, &path, "hipFileRead")?,
-            // SAFETY: as above; absence is allowed.
-            get_version: unsafe { library.get::<GetVersionFn>(b"hipFileGetVersion") }
-                .ok()
-                .map(|s| *s),
-            path,
-            _library: library,
-        })
     }
 
     /// `hipFileGetVersion` as (major, minor, patch), when the library has it.

@@ -1,0 +1,53 @@
+//! Loading native libraries at run time, the same way for every backend: an explicit path, else
+//! an environment variable, else the usual names in order; every failure is reported with the
+//! loader's own message (libloading's `Display` is only "dlopen failed").
+
+use std::path::{Path, PathBuf};
+
+use libloading::Library;
+
+/// The loader's message for a libloading error.
+pub fn loader_message(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => source.to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// Loads the first library that opens among: `explicit`, else `$env`, else `defaults`. On
+/// failure, returns every name tried with its loader message, joined by "; ".
+///
+/// # Safety
+/// Loading a library runs its initializers: the candidates must be the libraries the caller
+/// means to use (the vendor's, or a test stub).
+pub unsafe fn load(
+    explicit: Option<&Path>,
+    env: &str,
+    defaults: &[&str],
+) -> Result<(Library, PathBuf), String> {
+    let from_env = std::env::var_os(env).map(PathBuf::from);
+    let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(from_env) {
+        Some(path) => vec![path],
+        None => defaults.iter().map(PathBuf::from).collect(),
+    };
+    let mut tried = Vec::new();
+    for candidate in candidates {
+        // SAFETY: the caller's contract.
+        match unsafe { Library::new(&candidate) } {
+            Ok(library) => return Ok((library, candidate)),
+            Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+        }
+    }
+    Err(tried.join("; "))
+}
+
+/// A required symbol, copied out of `library`; `Err` carries the loader's message.
+///
+/// # Safety
+/// `T` must be the C signature of `symbol`, and the value must not outlive `library`.
+pub unsafe fn symbol<T: Copy>(library: &Library, symbol: &str) -> Result<T, String> {
+    // SAFETY: the caller's contract.
+    unsafe { library.get::<T>(symbol.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| loader_message(&e))
+}
