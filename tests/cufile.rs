@@ -98,8 +98,7 @@ mod posix {
 use std::path::Path;
 
 use backend_mock::fixtures::{TensorSpec, write_file};
-use common::{Output, assert_checksums, run_stage};
-use serde_json::Value;
+use common::{assert_checksums, fails_with, report, run_stage};
 use staging_core::Dtype;
 
 /// A small checkpoint file named `name` (fault markers in the name steer the cuFile stub).
@@ -128,26 +127,6 @@ fn with_cuda<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
 
 fn cufile_lib() -> &'static str {
     stubs().cufile.to_str().unwrap()
-}
-
-fn report(out: &Output) -> Value {
-    assert_eq!(out.code, Some(0), "stage failed: {}", out.stderr);
-    serde_json::from_str(&out.stdout).unwrap()
-}
-
-fn fails_with(out: &Output, text: &str) {
-    assert_eq!(
-        out.code,
-        Some(1),
-        "expected failure, got {:?}: {}{}",
-        out.code,
-        out.stdout,
-        out.stderr
-    );
-    let lines: Vec<&str> = out.stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{}", out.stderr);
-    assert!(lines[0].contains(text), "{:?} lacks {text:?}", lines[0]);
-    assert!(!out.stderr.contains("panicked"));
 }
 
 #[test]

@@ -13,8 +13,7 @@ use backend_hipfile::stubs::{SMALL_MAX_READ, Stubs, build};
 use backend_hipfile::{HipAllocator, HipFileReader, Options, RequestedMode};
 use backend_mock::conformance::Harness;
 use backend_mock::fixtures::{TensorSpec, write_file};
-use common::{Output, assert_checksums, run_stage};
-use serde_json::Value;
+use common::{assert_checksums, fails_with, report, run_stage};
 use staging_core::Dtype;
 
 fn stubs() -> &'static Stubs {
@@ -144,17 +143,6 @@ fn with_hip<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     ];
     env.extend_from_slice(extra);
     env
-}
-
-fn report(out: &Output) -> Value {
-    assert_eq!(out.code, Some(0), "stage failed: {}", out.stderr);
-    serde_json::from_str(&out.stdout).unwrap()
-}
-
-fn fails_with(out: &Output, text: &str) {
-    assert_eq!(out.code, Some(1), "{}{}", out.stdout, out.stderr);
-    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
-    assert!(out.stderr.contains(text), "{:?} lacks {text:?}", out.stderr);
 }
 
 #[test]

@@ -340,3 +340,25 @@ pub(crate) fn assert_checksums(report: &serde_json::Value) -> usize {
     }
     list.len()
 }
+
+/// The JSON report of a `stage` run that must have succeeded.
+pub(crate) fn report(out: &Output) -> serde_json::Value {
+    assert_eq!(out.code, Some(0), "stage failed: {}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+/// Checks a `stage` run failed with exit 1 and one stderr line containing `text`, no panic.
+pub(crate) fn fails_with(out: &Output, text: &str) {
+    assert_eq!(
+        out.code,
+        Some(1),
+        "expected failure, got {:?}: {}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(lines[0].contains(text), "{:?} lacks {text:?}", lines[0]);
+    assert!(!out.stderr.contains("panicked"));
+}
