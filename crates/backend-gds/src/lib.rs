@@ -27,6 +27,8 @@ use staging_core::{DeviceError, DeviceRegion, MemorySpace, ReadError, Reader};
 
 pub mod codes;
 pub mod dl;
+#[cfg(feature = "test-stubs")]
+pub mod stubs;
 
 /// The mode asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,8 +1,8 @@
 //! Test support: compiles the stub `libamdhip64` and `libhipfile` in `stubs/` with the system C
 //! compiler. Enabled by the `test-stubs` feature; nothing in the library uses it.
 
+use backend_gds::stubs::compile_shared_library as compile;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Paths of the compiled stubs.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ pub fn build(out: &Path) -> Result<Stubs, String> {
         &stubs.hip,
         &["-lpthread".to_owned()],
     )?;
-    compile(&source.join("hipfile_stub.c"), &stubs.hipfile, &[])?;
+    compile::<&str>(&source.join("hipfile_stub.c"), &stubs.hipfile, &[])?;
     compile(
         &source.join("hipfile_stub.c"),
         &stubs.hipfile_small_reads,
@@ -47,19 +47,4 @@ pub fn build(out: &Path) -> Result<Stubs, String> {
         &["-DOMIT_READ".to_owned()],
     )?;
     Ok(stubs)
-}
-
-fn compile(source: &Path, output: &Path, extra: &[String]) -> Result<(), String> {
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
-        .arg(output)
-        .arg(source)
-        .args(extra)
-        .status()
-        .map_err(|e| format!("running cc: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("cc failed on {}", source.display()))
-    }
 }
