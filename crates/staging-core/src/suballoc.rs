@@ -152,6 +152,57 @@ where
             }
         }
     }
+
+    fn splits(&self) -> bool {
+        true
+    }
+
+    /// Pieces are carved buffers sharing the original allocation (a buffer of its own becomes
+    /// a block), which is freed when the last piece is dropped.
+    fn split(
+        &self,
+        buffer: SubBuffer<A::Buffer>,
+        pieces: &[(usize, usize)],
+    ) -> Result<Vec<SubBuffer<A::Buffer>>, SubBuffer<A::Buffer>> {
+        if !pieces_fit(pieces, buffer.len) {
+            return Err(buffer);
+        }
+        let (block, base) = match buffer.kind {
+            Kind::Carved { block, offset } => (block, offset),
+            Kind::Own(inner) => {
+                let addr = inner.addr();
+                (
+                    Arc::new(Block {
+                        buffer: inner,
+                        addr,
+                    }),
+                    0,
+                )
+            }
+        };
+        Ok(pieces
+            .iter()
+            .map(|&(offset, len)| SubBuffer {
+                kind: Kind::Carved {
+                    block: Arc::clone(&block),
+                    offset: base + offset,
+                },
+                len,
+            })
+            .collect())
+    }
+}
+
+/// Whether `pieces` are in increasing order, do not overlap, and lie inside `len` bytes.
+fn pieces_fit(pieces: &[(usize, usize)], len: usize) -> bool {
+    let mut end = 0usize;
+    for &(offset, piece_len) in pieces {
+        match offset.checked_add(piece_len) {
+            Some(piece_end) if offset >= end && piece_end <= len => end = piece_end,
+            _ => return false,
+        }
+    }
+    true
 }
 
 impl<B: DeviceBuffer + Sync> DeviceBuffer for SubBuffer<B> {
@@ -172,10 +223,11 @@ impl<B: DeviceBuffer + Sync> DeviceBuffer for SubBuffer<B> {
         match &mut self.kind {
             Kind::Own(buffer) => buffer.region(),
             Kind::Carved { block, offset } => {
-                // SAFETY: `[block.addr + offset, + len)` lies inside the block (the bump pointer
-                // checked it against the block's length), was handed to this buffer alone, and
-                // the block stays allocated while this buffer holds its `Arc`; the region
-                // borrows this buffer mutably.
+                // SAFETY: `[block.addr + offset, + len)` lies inside the block (the bump pointer,
+                // or `split` with `pieces_fit`, checked it against the block's length), was
+                // handed to this buffer alone (bump ranges and split pieces never overlap, and a
+                // split consumes the buffer it cuts), and the block stays allocated while this
+                // buffer holds its `Arc`; the region borrows this buffer mutably.
                 unsafe { DeviceRegion::from_raw_parts(block.addr + *offset, self.len) }
             }
         }
@@ -232,6 +284,63 @@ mod tests {
         );
         drop(sub);
         assert_eq!(host.used(), 0, "everything returned");
+    }
+
+    #[test]
+    fn split_pieces_free_their_memory_with_the_last_one() {
+        let host = HostAllocator::with_capacity(1 << 20);
+        let sub = SubAllocator::new(host.clone(), 4096, 1024);
+        assert!(sub.splits());
+        // A carved buffer: pieces share the block.
+        let run = sub.allocate(900).unwrap();
+        let base = run.addr();
+        let mut pieces = sub.split(run, &[(0, 100), (256, 300), (768, 132)]).unwrap();
+        assert_eq!(
+            pieces
+                .iter()
+                .map(|p| (p.addr() - base, p.len()))
+                .collect::<Vec<_>>(),
+            vec![(0, 100), (256, 300), (768, 132)]
+        );
+        for (i, piece) in pieces.iter_mut().enumerate() {
+            piece.region().as_mut_slice().fill(i as u8 + 1);
+        }
+        let mut out = vec![0u8; 300];
+        sub.copy_to_host(&pieces[1], 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 2));
+        assert!(
+            sub.copy_to_host(&pieces[2], 0, &mut out).is_err(),
+            "a piece's own bounds"
+        );
+        drop(sub);
+        assert_eq!(host.used(), 4096, "the pieces hold the block");
+        drop(pieces);
+        assert_eq!(host.used(), 0);
+
+        // A buffer of its own becomes a block shared by its pieces.
+        let sub = SubAllocator::new(host.clone(), 4096, 1024);
+        let own = sub.allocate(3000).unwrap();
+        let mut pieces = sub.split(own, &[(0, 1000), (1024, 1976)]).unwrap();
+        assert_eq!(host.used(), 3000);
+        let last = pieces.pop().unwrap();
+        drop(pieces);
+        assert_eq!(host.used(), 3000, "one piece still holds the allocation");
+        drop(last);
+        assert_eq!(host.used(), 0);
+    }
+
+    #[rstest::rstest]
+    #[case::past_the_end(&[(0, 100), (200, 101)])]
+    #[case::overlapping(&[(0, 100), (99, 10)])]
+    #[case::out_of_order(&[(200, 10), (0, 10)])]
+    #[case::overflowing(&[(usize::MAX, 2)])]
+    fn bad_pieces_give_the_buffer_back(#[case] pieces: &[(usize, usize)]) {
+        let host = HostAllocator::with_capacity(1 << 20);
+        let sub = SubAllocator::new(host.clone(), 4096, 1024);
+        let buffer = sub.allocate(300).unwrap();
+        let addr = buffer.addr();
+        let back = sub.split(buffer, pieces).unwrap_err();
+        assert_eq!((back.addr(), back.len()), (addr, 300));
     }
 
     #[test]

@@ -199,6 +199,27 @@ pub trait DeviceAllocator: Send + Sync {
         offset: usize,
         dst: &mut [u8],
     ) -> Result<(), DeviceError>;
+
+    /// Whether [`split`](Self::split) can cut buffers. When it can, the stager reads runs of
+    /// neighbouring small tensors into one buffer with one request and hands each tensor out as
+    /// a piece of it. The default is `false`.
+    fn splits(&self) -> bool {
+        false
+    }
+
+    /// Cuts `buffer` into buffers of its own, one per `(offset, len)` piece (in increasing
+    /// offset order, not overlapping, inside the buffer). Each piece frees independently; the
+    /// memory is returned when the last piece is dropped. Bytes outside every piece are
+    /// unreachable afterwards. An allocator that cannot split, or pieces that break these rules,
+    /// give the buffer back unchanged (the default always does).
+    fn split(
+        &self,
+        buffer: Self::Buffer,
+        pieces: &[(usize, usize)],
+    ) -> Result<Vec<Self::Buffer>, Self::Buffer> {
+        let _ = pieces;
+        Err(buffer)
+    }
 }
 
 /// A shared allocator allocates like the allocator it shares (so a caller can keep a handle for
@@ -222,6 +243,18 @@ impl<A: DeviceAllocator + ?Sized> DeviceAllocator for std::sync::Arc<A> {
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
         (**self).copy_to_host(src, offset, dst)
+    }
+
+    fn splits(&self) -> bool {
+        (**self).splits()
+    }
+
+    fn split(
+        &self,
+        buffer: Self::Buffer,
+        pieces: &[(usize, usize)],
+    ) -> Result<Vec<Self::Buffer>, Self::Buffer> {
+        (**self).split(buffer, pieces)
     }
 }
 
