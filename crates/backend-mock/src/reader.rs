@@ -49,6 +49,8 @@ pub struct FaultyFile<F> {
 ///
 /// - `fail_on_call(k)`: the `k`-th `read_at` call (from 0) fails with an I/O error;
 /// - `fail_at_offset(at)`: any read covering file offset `at` fails (order-independent);
+/// - `bad_byte_at(at)`: like a bad sector, a read covering `at` stops short before it and a read
+///   starting at `at` fails;
 /// - `eof_on_call(k)`: the `k`-th call returns 0 bytes, as a truncated file would;
 /// - `short_reads(pattern)`: call `i` reads at most `pattern[i % len]` bytes;
 /// - `fail_open()`: opening any file fails.
@@ -61,6 +63,7 @@ pub struct FaultyReader<R> {
     fail_on: BTreeSet<usize>,
     fail_at: BTreeSet<u64>,
     fail_at_in: Vec<(PathBuf, u64)>,
+    bad_bytes: BTreeSet<u64>,
     eof_on: BTreeSet<usize>,
     short_reads: Vec<usize>,
     fail_open: bool,
@@ -78,6 +81,7 @@ impl<R: Reader> FaultyReader<R> {
             fail_on: BTreeSet::new(),
             fail_at: BTreeSet::new(),
             fail_at_in: Vec::new(),
+            bad_bytes: BTreeSet::new(),
             eof_on: BTreeSet::new(),
             short_reads: Vec::new(),
             fail_open: false,
@@ -108,6 +112,14 @@ impl<R: Reader> FaultyReader<R> {
     /// Like [`fail_at_offset`](Self::fail_at_offset), for reads of the file at `path` only.
     pub fn fail_at_offset_in(mut self, path: impl Into<PathBuf>, at: u64) -> Self {
         self.fail_at_in.push((path.into(), at));
+        self
+    }
+
+    /// File offset `at` is unreadable, as a bad sector is: a read of a range containing it
+    /// returns the bytes before it (a short read), and a read starting at it fails. The error
+    /// therefore comes at exactly `at`, whatever the requests' sizes.
+    pub fn bad_byte_at(mut self, at: u64) -> Self {
+        self.bad_bytes.insert(at);
         self
     }
 
@@ -195,10 +207,19 @@ impl<R: Reader> Reader for FaultyReader<R> {
             record(Some(0));
             return Ok(0);
         }
+        let bad = self.bad_bytes.range(offset..end).next().copied();
+        if bad == Some(offset) {
+            record(None);
+            return Err(ReadError::Io(io::Error::other(format!(
+                "injected bad byte at offset {offset}"
+            ))));
+        }
+        let before_bad = bad.map_or(requested, |at| (at - offset) as usize);
         let limit = match self.short_reads.len() {
             0 => requested,
             n => self.short_reads[index % n].max(1).min(requested),
-        };
+        }
+        .min(before_bad);
         let mut dst = dst;
         let result = match dst.slice(0, limit) {
             Some(part) => self.inner.read_at(&file.inner, offset, part),

@@ -70,7 +70,20 @@ pub struct StagingPolicy {
     /// With several I/O threads: how many bytes of device-path tensors are read together before
     /// they are handed out (default 64 MiB; a larger tensor is read alone).
     pub batch_bytes: usize,
+    /// With several I/O threads and an allocator that [splits](crate::DeviceAllocator::splits):
+    /// device-path tensors smaller than this (default 1 MiB; 0 turns coalescing off) that lie
+    /// back to back in their file are allocated together and read with one request, then handed
+    /// out as pieces of that allocation. Each piece starts a multiple of
+    /// [`COALESCE_ALIGN`] bytes after the run's start, so tensors keep the alignment a device
+    /// allocation gives; a tensor that would not is read on its own.
+    pub coalesce_below: usize,
+    /// The longest run of coalesced tensors, in bytes (default 4 MiB; never more than
+    /// `chunk_size`).
+    pub coalesce_bytes: usize,
 }
+
+/// The alignment, relative to the start of a run, of every tensor read as part of the run.
+pub const COALESCE_ALIGN: u64 = 256;
 
 impl Default for StagingPolicy {
     fn default() -> Self {
@@ -83,6 +96,8 @@ impl Default for StagingPolicy {
             io_threads: default_io_threads(),
             staging_slots: 2,
             batch_bytes: 64 * MIB as usize,
+            coalesce_below: MIB as usize,
+            coalesce_bytes: 4 * MIB as usize,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::{Checkpoint, TensorMeta};
 use crate::error::{Error, Result};
 use crate::memory::{DeviceRegion, HostBytes, MemorySpace};
-use crate::policy::{FallbackCause, StagingPath, StagingPolicy};
+use crate::policy::{COALESCE_ALIGN, FallbackCause, StagingPath, StagingPolicy};
 use crate::report::{Accounting, Fallbacks, LoadReport, MemoryKind, PathTotals};
 use crate::traits::{
     AllocError, Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader,
@@ -346,50 +346,43 @@ where
             })
     }
 
-    /// Free device memory by the policy: the caller's budget less what the load holds, or the
-    /// device's own figure.
-    fn free_memory(&self, meta: &TensorMeta) -> Result<u64> {
-        match self.policy.memory_budget {
-            Some(budget) => Ok(budget.saturating_sub(self.accounting.device_now())),
-            None => Ok(self
-                .allocator
-                .memory_info()
-                .map_err(|source| Error::Device {
-                    tensor: meta.name.clone(),
-                    file: meta.file.to_path_buf(),
-                    offset: meta.offset,
-                    source,
-                })?
-                .free),
+    /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
+    fn try_device(&self, meta: &TensorMeta) -> Result<DevicePlan<A::Buffer>> {
+        self.devices().try_device(meta)
+    }
+
+    fn devices(&self) -> Devices<'_, A> {
+        Devices {
+            allocator: &self.allocator,
+            policy: &self.policy,
+            accounting: &self.accounting,
         }
     }
 
-    /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
-    fn try_device(&mut self, meta: &TensorMeta) -> Result<DevicePlan<A::Buffer>> {
-        if !self
-            .policy
-            .fits_on_device(meta.len as u64, self.free_memory(meta)?)
-        {
-            return Ok(DevicePlan::Fallback(FallbackCause::InsufficientMemory));
-        }
-        match self.allocator.allocate(meta.len) {
-            Ok(buffer) => {
-                let held = Held::new(&self.accounting, MemoryKind::Device, meta.len as u64);
-                Ok(DevicePlan::Allocated(DeviceTensor {
-                    buffer,
-                    _held: held,
-                }))
-            }
-            Err(AllocError::OutOfMemory { .. }) => {
-                Ok(DevicePlan::Fallback(FallbackCause::AllocationRace))
-            }
-            Err(source) => Err(Error::Allocation {
-                tensor: meta.name.clone(),
-                file: meta.file.to_path_buf(),
-                offset: meta.offset,
-                source,
-            }),
-        }
+    /// The longest run of coalesced tensors, in bytes.
+    fn coalesce_limit(&self) -> usize {
+        self.policy.coalesce_bytes.min(self.policy.chunk_size)
+    }
+
+    /// Whether `meta` may be read as part of a run of neighbours.
+    fn coalesces(&self, meta: &TensorMeta) -> bool {
+        meta.len > 0
+            && meta.len < self.policy.coalesce_below
+            && meta.len <= self.coalesce_limit()
+            && self.allocator.splits()
+    }
+
+    /// Whether `meta` extends `run`: a coalescing candidate of the same file that starts where
+    /// the run ends, at an aligned distance from its start, within the length limit.
+    fn joins_run(&self, run: &[TensorMeta], meta: &TensorMeta) -> bool {
+        let (Some(first), Some(last)) = (run.first(), run.last()) else {
+            return false;
+        };
+        self.coalesces(meta)
+            && meta.file_index == first.file_index
+            && meta.offset == last.offset + last.len as u64
+            && (meta.offset - first.offset).is_multiple_of(COALESCE_ALIGN)
+            && meta.offset + meta.len as u64 - first.offset <= self.coalesce_limit() as u64
     }
 
     /// One tensor, start to end, on the calling thread.
@@ -432,52 +425,73 @@ where
 
     /// Several tensors of one file at once on the I/O pool, queued in order on `self.ready`.
     ///
-    /// Destinations are asked and device buffers allocated one tensor at a time, in file order,
-    /// exactly as [`stage`](Self::stage) does; only the reads run together. A batch ends at a
-    /// file boundary, after `batch_bytes`, after a destination tensor, before a host-path tensor
-    /// (assembled after the batch's reads, so it sees their memory held), or at an error, which
-    /// is queued after the tensors before it.
+    /// Destinations are asked one tensor at a time, in file order, exactly as
+    /// [`stage`](Self::stage) does, and a tensor's memory is allocated only after its
+    /// destination declined it; only the reads run together. Declined small neighbours are
+    /// gathered into a run, allocated as one buffer and read with one request (see
+    /// [`StagingPolicy::coalesce_below`]). A batch ends at a file boundary, after
+    /// `batch_bytes`, after a destination tensor, at a host-path tensor (assembled after the
+    /// batch's reads), or at an error, which is queued after the tensors before it.
     fn stage_batch(&mut self) {
         let tensors_len = self.checkpoint.tensors().len();
-        let mut planned: Vec<(TensorMeta, DeviceTensor<A::Buffer>)> = Vec::new();
+        let mut planned: Vec<Planned<A::Buffer>> = Vec::new();
+        let mut run: Vec<TensorMeta> = Vec::new();
         let mut batch_bytes = 0usize;
-        let mut after: Option<Result<(TensorMeta, FallbackCause)>> = None;
+        let mut error: Option<Error> = None;
         let mut file_index = None;
         while self.next < tensors_len {
             let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() else {
                 break;
             };
             let crosses_file = file_index.is_some_and(|f| f != meta.file_index);
-            if !planned.is_empty()
+            if (!planned.is_empty() || !run.is_empty())
                 && (crosses_file || batch_bytes + meta.len > self.policy.batch_bytes)
             {
                 break;
             }
+            if !run.is_empty() && !self.joins_run(&run, &meta) {
+                let (items, failed) = self.devices().plan_run(std::mem::take(&mut run));
+                let host = items.iter().any(|p| matches!(p, Planned::Host(..)));
+                planned.extend(items);
+                if failed.is_some() || host {
+                    error = failed;
+                    break;
+                }
+            }
             self.next += 1;
             file_index = Some(meta.file_index);
             if let Err(e) = self.ensure_open(&meta) {
-                after = Some(Err(e));
+                error = Some(e);
                 break;
             }
             match ask_destination(&mut self.destination, &meta) {
                 Err(e) => {
-                    after = Some(Err(e));
+                    error = Some(e);
                     break;
                 }
                 Ok(Some((region, capacity))) => {
-                    // Read the batch and this destination together, then end the batch.
+                    // Read the batch (and the run before this tensor) with this destination,
+                    // then end the batch.
                     let addr = region.addr();
+                    let devices = Devices {
+                        allocator: &self.allocator,
+                        policy: &self.policy,
+                        accounting: &self.accounting,
+                    };
+                    let (items, failed) = devices.plan_run(std::mem::take(&mut run));
+                    planned.extend(items);
                     let batch = BatchRead {
                         pool: self.pool.as_ref(),
                         reader: &self.reader,
                         file: self.open.as_ref().map(|(_, f)| f),
                         chunk_size: self.policy.chunk_size,
                     };
-                    let staged = batch.run(planned, Some((&meta, region)));
-                    let staged = self.verified(staged);
-                    let destination_ok = staged.iter().all(Result::is_ok);
-                    self.ready.extend(staged);
-                    if destination_ok {
+                    let allocator = &self.allocator;
+                    let split = |buffer, pieces: &[(usize, usize)]| allocator.split(buffer, pieces);
+                    let destination = failed.is_none().then_some((&meta, region));
+                    let mut slots = batch.run(planned, destination, split);
+                    slots.extend(failed.map(|e| Slot::Ready(Err(e))));
+                    if self.finish_batch(slots) {
                         let checked = self.verify_unchanged(&meta).map(|()| StagedTensor {
                             meta,
                             data: TensorData::Destination { addr, capacity },
@@ -489,19 +503,32 @@ where
                 }
                 Ok(None) => {}
             }
+            if self.coalesces(&meta) {
+                batch_bytes += meta.len;
+                run.push(meta);
+                continue;
+            }
             match self.try_device(&meta) {
                 Ok(DevicePlan::Allocated(tensor)) => {
                     batch_bytes += meta.len;
-                    planned.push((meta, tensor));
+                    planned.push(Planned::One(meta, tensor));
                 }
                 Ok(DevicePlan::Fallback(cause)) => {
-                    after = Some(Ok((meta, cause)));
+                    planned.push(Planned::Host(meta, cause));
                     break;
                 }
                 Err(e) => {
-                    after = Some(Err(e));
+                    error = Some(e);
                     break;
                 }
+            }
+        }
+        if !run.is_empty() {
+            // The run comes before any error met after it, and replaces it if it fails itself.
+            let (items, failed) = self.devices().plan_run(std::mem::take(&mut run));
+            planned.extend(items);
+            if failed.is_some() {
+                error = failed;
             }
         }
         let batch = BatchRead {
@@ -510,21 +537,37 @@ where
             file: self.open.as_ref().map(|(_, f)| f),
             chunk_size: self.policy.chunk_size,
         };
-        let staged = batch.run(planned, None);
-        let staged = self.verified(staged);
-        let all_ok = staged.iter().all(Result::is_ok);
-        self.ready.extend(staged);
-        if !all_ok {
-            return;
+        let allocator = &self.allocator;
+        let split = |buffer, pieces: &[(usize, usize)]| allocator.split(buffer, pieces);
+        let mut slots = batch.run(planned, None, split);
+        slots.extend(error.map(|e| Slot::Ready(Err(e))));
+        self.finish_batch(slots);
+    }
+
+    /// Queues a batch's tensors in order, assembling its host-path tensors on the way; stops at
+    /// the first error. When the file changed while the batch was read, only that error is
+    /// queued: the bytes read can no longer be trusted. Returns whether everything succeeded.
+    fn finish_batch(&mut self, slots: Vec<Slot<A::Buffer>>) -> bool {
+        let first_read = slots.iter().find_map(|slot| match slot {
+            Slot::Ready(Ok(tensor)) => Some(tensor.meta.clone()),
+            _ => None,
+        });
+        if let Some(Err(e)) = first_read.map(|meta| self.verify_unchanged(&meta)) {
+            self.ready.push_back(Err(e));
+            return false;
         }
-        match after {
-            Some(Ok((meta, cause))) => {
-                let host = self.stage_host(meta, cause);
-                self.ready.push_back(host);
+        for slot in slots {
+            let staged = match slot {
+                Slot::Ready(staged) => staged,
+                Slot::Host(meta, cause) => self.stage_host(meta, cause),
+            };
+            let ok = staged.is_ok();
+            self.ready.push_back(staged);
+            if !ok {
+                return false;
             }
-            Some(Err(e)) => self.ready.push_back(Err(e)),
-            None => {}
         }
+        true
     }
 
     /// Allocates the staging slots once per load: the first (halved on out-of-memory, see
@@ -564,21 +607,6 @@ where
             }
         }
         Ok(())
-    }
-
-    /// A batch's tensors, or, when their file changed while they were read, only the error: the
-    /// bytes read can no longer be trusted.
-    fn verified(
-        &self,
-        staged: Vec<Result<StagedTensor<A::Buffer>>>,
-    ) -> Vec<Result<StagedTensor<A::Buffer>>> {
-        let first_ok = staged
-            .iter()
-            .find_map(|t| t.as_ref().ok().map(|t| t.meta.clone()));
-        match first_ok.map(|meta| self.verify_unchanged(&meta)) {
-            Some(Err(e)) => vec![Err(e)],
-            _ => staged,
-        }
     }
 
     /// Step 3 of the policy: host assembly through the bounded staging buffer(s).
@@ -641,43 +669,130 @@ struct BatchRead<'a, R: Reader> {
 }
 
 impl<R: Reader> BatchRead<'_, R> {
-    /// Reads the planned device tensors (and an optional destination region, last in order) on
-    /// the pool; returns them in order up to and including the first failure.
+    /// Reads the planned device tensors and runs (and an optional destination region, last in
+    /// order) on the pool; returns the planned items in order, runs cut into their tensors by
+    /// `split`, up to and including the first failure.
     fn run<B: DeviceBuffer<Space = R::Space>>(
         &self,
-        planned: Vec<(TensorMeta, DeviceTensor<B>)>,
+        planned: Vec<Planned<B>>,
         destination: Option<(&TensorMeta, DeviceRegion<'_, R::Space>)>,
-    ) -> Vec<Result<StagedTensor<B>>> {
-        if planned.is_empty() && destination.is_none() {
-            return Vec::new();
-        }
+        split: impl Fn(B, &[(usize, usize)]) -> std::result::Result<Vec<B>, B>,
+    ) -> Vec<Slot<B>> {
         let mut planned = planned;
         let failure = {
-            let (Some(pool), Some(file)) = (self.pool, self.file) else {
-                return vec![Err(Error::Policy("internal: no pool or open file".into()))];
-            };
-            let mut items: Vec<(&TensorMeta, DeviceRegion<'_, R::Space>)> = planned
-                .iter_mut()
-                .map(|(meta, tensor)| (&*meta, tensor.buffer.region()))
-                .collect();
-            items.extend(destination);
-            fill_regions(pool, self.reader, file, items, self.chunk_size)
-        };
-        let mut out = Vec::with_capacity(planned.len() + 1);
-        for (index, (meta, tensor)) in planned.into_iter().enumerate() {
-            if failure.as_ref().is_some_and(|(failed, _)| *failed == index) {
-                break;
+            let mut items: Vec<(&[TensorMeta], DeviceRegion<'_, R::Space>)> = Vec::new();
+            for item in planned.iter_mut() {
+                match item {
+                    Planned::One(meta, tensor) => {
+                        items.push((std::slice::from_ref(meta), tensor.buffer.region()));
+                    }
+                    Planned::Run {
+                        tensors, buffer, ..
+                    } => items.push((tensors.as_slice(), buffer.region())),
+                    Planned::Host(..) => {}
+                }
             }
-            out.push(Ok(StagedTensor {
-                meta,
-                data: TensorData::Device(tensor),
-                fallback: None,
-            }));
+            if let Some((meta, region)) = destination {
+                items.push((std::slice::from_ref(meta), region));
+            }
+            if items.is_empty() {
+                None
+            } else {
+                let (Some(pool), Some(file)) = (self.pool, self.file) else {
+                    return vec![Slot::Ready(Err(Error::Policy(
+                        "internal: no pool or open file".into(),
+                    )))];
+                };
+                fill_regions(pool, self.reader, file, items, self.chunk_size)
+            }
+        };
+        let failed_item = failure.as_ref().map(|(index, _)| *index);
+        let mut out = Vec::with_capacity(planned.len() + 1);
+        let mut item = 0usize;
+        for planned in planned {
+            match planned {
+                Planned::Host(meta, cause) => out.push(Slot::Host(meta, cause)),
+                Planned::One(meta, tensor) => {
+                    if failed_item == Some(item) {
+                        break;
+                    }
+                    out.push(Slot::Ready(Ok(StagedTensor {
+                        meta,
+                        data: TensorData::Device(tensor),
+                        fallback: None,
+                    })));
+                    item += 1;
+                }
+                Planned::Run {
+                    tensors,
+                    buffer,
+                    held,
+                } => {
+                    let failed = failed_item == Some(item);
+                    let complete = match &failure {
+                        Some((_, error)) if failed => self.complete_before(&tensors, error),
+                        _ => tensors.len(),
+                    };
+                    let Some(first) = tensors.first() else {
+                        break;
+                    };
+                    let pieces: Vec<(usize, usize)> = tensors
+                        .iter()
+                        .map(|t| ((t.offset - first.offset) as usize, t.len))
+                        .collect();
+                    match split(buffer, &pieces) {
+                        Ok(buffers) => {
+                            let parts = tensors.into_iter().zip(buffers).zip(held);
+                            for ((meta, buffer), held) in parts.take(complete) {
+                                out.push(Slot::Ready(Ok(StagedTensor {
+                                    meta,
+                                    data: TensorData::Device(DeviceTensor {
+                                        buffer,
+                                        _held: held,
+                                    }),
+                                    fallback: None,
+                                })));
+                            }
+                        }
+                        Err(_) => {
+                            out.push(Slot::Ready(Err(Error::Policy(
+                                "internal: the allocator would not split a run it allocated".into(),
+                            ))));
+                            return out;
+                        }
+                    }
+                    if failed {
+                        break;
+                    }
+                    item += 1;
+                }
+            }
         }
         if let Some((_, error)) = failure {
-            out.push(Err(error));
+            out.push(Slot::Ready(Err(error)));
         }
         out
+    }
+
+    /// How many of a failed run's tensors were read whole before `error`: those ending at or
+    /// before its offset, when the run was read as one request (otherwise none can be trusted,
+    /// since later chunks may have been read and earlier ones skipped).
+    fn complete_before(&self, tensors: &[TensorMeta], error: &Error) -> usize {
+        let (Some(first), Some(last)) = (tensors.first(), tensors.last()) else {
+            return 0;
+        };
+        let span = (last.offset - first.offset) as usize + last.len;
+        if plan_chunks(first.offset, span, self.chunk_size).count() != 1 {
+            return 0;
+        }
+        let failed_at = match error {
+            Error::Read { offset, .. } | Error::Truncated { offset, .. } => *offset,
+            _ => return 0,
+        };
+        tensors
+            .iter()
+            .take_while(|t| t.offset + t.len as u64 <= failed_at)
+            .count()
     }
 }
 
@@ -774,7 +889,13 @@ impl<R: Reader, A: DeviceAllocator<Space = R::Space>> HostAssembly<'_, R, A> {
                 "internal: chunk larger than staging buffer".into(),
             ));
         };
-        read_exact(self.reader, self.file, meta, at, region)?;
+        read_exact(
+            self.reader,
+            self.file,
+            std::slice::from_ref(meta),
+            at,
+            region,
+        )?;
         self.allocator
             .copy_to_host(&slot.buffer, 0, dst)
             .map_err(|source| Error::Device {
@@ -784,6 +905,135 @@ impl<R: Reader, A: DeviceAllocator<Space = R::Space>> HostAssembly<'_, R, A> {
                 source,
             })
     }
+}
+
+/// What step 2 of the policy needs, borrowed apart from the destination (so a run can be
+/// allocated while a destination region is held).
+struct Devices<'a, A: DeviceAllocator> {
+    allocator: &'a A,
+    policy: &'a StagingPolicy,
+    accounting: &'a Arc<Accounting>,
+}
+
+impl<A: DeviceAllocator> Devices<'_, A> {
+    /// Free device memory by the policy: the caller's budget less what the load holds, or the
+    /// device's own figure.
+    fn free_memory(&self, meta: &TensorMeta) -> Result<u64> {
+        match self.policy.memory_budget {
+            Some(budget) => Ok(budget.saturating_sub(self.accounting.device_now())),
+            None => Ok(self
+                .allocator
+                .memory_info()
+                .map_err(|source| Error::Device {
+                    tensor: meta.name.clone(),
+                    file: meta.file.to_path_buf(),
+                    offset: meta.offset,
+                    source,
+                })?
+                .free),
+        }
+    }
+
+    /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
+    fn try_device(&self, meta: &TensorMeta) -> Result<DevicePlan<A::Buffer>> {
+        if !self
+            .policy
+            .fits_on_device(meta.len as u64, self.free_memory(meta)?)
+        {
+            return Ok(DevicePlan::Fallback(FallbackCause::InsufficientMemory));
+        }
+        match self.allocator.allocate(meta.len) {
+            Ok(buffer) => {
+                let held = Held::new(self.accounting, MemoryKind::Device, meta.len as u64);
+                Ok(DevicePlan::Allocated(DeviceTensor {
+                    buffer,
+                    _held: held,
+                }))
+            }
+            Err(AllocError::OutOfMemory { .. }) => {
+                Ok(DevicePlan::Fallback(FallbackCause::AllocationRace))
+            }
+            Err(source) => Err(Error::Allocation {
+                tensor: meta.name.clone(),
+                file: meta.file.to_path_buf(),
+                offset: meta.offset,
+                source,
+            }),
+        }
+    }
+
+    /// Plans a run of back-to-back tensors (destinations declined): one allocation for all of
+    /// them when free memory leaves the headroom for the whole run, else (or when that
+    /// allocation is out of memory) each tensor by step 2 on its own, exactly as without
+    /// coalescing. Returns what was planned before any error.
+    fn plan_run(&self, run: Vec<TensorMeta>) -> (Vec<Planned<A::Buffer>>, Option<Error>) {
+        if let (true, Some(first), Some(last)) = (run.len() > 1, run.first(), run.last()) {
+            let span = (last.offset - first.offset) as usize + last.len;
+            let free = match self.free_memory(first) {
+                Ok(free) => free,
+                Err(e) => return (Vec::new(), Some(e)),
+            };
+            if self.policy.fits_on_device(span as u64, free) {
+                match self.allocator.allocate(span) {
+                    Ok(buffer) => {
+                        let held = run
+                            .iter()
+                            .map(|t| Held::new(self.accounting, MemoryKind::Device, t.len as u64))
+                            .collect();
+                        return (
+                            vec![Planned::Run {
+                                tensors: run,
+                                buffer,
+                                held,
+                            }],
+                            None,
+                        );
+                    }
+                    Err(AllocError::OutOfMemory { .. }) => {}
+                    Err(source) => {
+                        let error = Error::Allocation {
+                            tensor: first.name.clone(),
+                            file: first.file.to_path_buf(),
+                            offset: first.offset,
+                            source,
+                        };
+                        return (Vec::new(), Some(error));
+                    }
+                }
+            }
+        }
+        let mut items = Vec::with_capacity(run.len());
+        for meta in run {
+            match self.try_device(&meta) {
+                Ok(DevicePlan::Allocated(tensor)) => items.push(Planned::One(meta, tensor)),
+                Ok(DevicePlan::Fallback(cause)) => items.push(Planned::Host(meta, cause)),
+                Err(e) => return (items, Some(e)),
+            }
+        }
+        (items, None)
+    }
+}
+
+/// A batch item, planned in file order before the batch's reads.
+enum Planned<B> {
+    /// A tensor in a device buffer of its own.
+    One(TensorMeta, DeviceTensor<B>),
+    /// Back-to-back tensors in one buffer, read with one request and split afterwards.
+    Run {
+        tensors: Vec<TensorMeta>,
+        buffer: B,
+        held: Vec<Held>,
+    },
+    /// A tensor for host assembly, after the batch's reads.
+    Host(TensorMeta, FallbackCause),
+}
+
+/// A batch item after the batch's reads.
+enum Slot<B> {
+    /// Staged, or the failure that ends the load.
+    Ready(Result<StagedTensor<B>>),
+    /// Still to be assembled on the host.
+    Host(TensorMeta, FallbackCause),
 }
 
 /// What step 2 of the policy decided.

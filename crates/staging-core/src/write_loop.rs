@@ -59,11 +59,23 @@ impl Iterator for ChunkPlan {
     }
 }
 
+/// The tensor of `tensors` (neighbours in one file, in offset order) whose bytes hold
+/// `offset`: the one an error at that offset names.
+pub fn tensor_at(tensors: &[TensorMeta], offset: u64) -> Option<&TensorMeta> {
+    tensors
+        .iter()
+        .rev()
+        .find(|t| t.offset <= offset)
+        .or(tensors.first())
+}
+
 /// Reads exactly `dst.len()` bytes at `file_offset` into `dst`, continuing after short reads.
+/// `tensors` are the tensors (one, or a run of neighbours) the bytes belong to; an error names
+/// the one holding the failing offset.
 pub fn read_exact<R: Reader>(
     reader: &R,
     file: &R::File,
-    tensor: &TensorMeta,
+    tensors: &[TensorMeta],
     file_offset: u64,
     mut dst: DeviceRegion<'_, R::Space>,
 ) -> Result<()> {
@@ -72,6 +84,9 @@ pub fn read_exact<R: Reader>(
     while done < len {
         let at = file_offset + done as u64;
         let remaining = len - done;
+        let Some(tensor) = tensor_at(tensors, at) else {
+            return Err(Error::Policy("internal: a read for no tensor".into()));
+        };
         let read_error = |source| Error::Read {
             tensor: tensor.name.clone(),
             file: tensor.file.to_path_buf(),
@@ -120,45 +135,58 @@ pub fn fill_region<R: Reader>(
         let Some(piece) = dst.slice(offset, len) else {
             return Err(split_error(tensor, offset));
         };
-        read_exact(reader, file, tensor, tensor.offset + offset as u64, piece)?;
+        read_exact(
+            reader,
+            file,
+            std::slice::from_ref(tensor),
+            tensor.offset + offset as u64,
+            piece,
+        )?;
     }
     Ok(())
 }
 
-/// Reads several tensors of one file at once: every chunk of every `(tensor, region)` becomes a
-/// task on `pool`. Returns the failure of the lowest-numbered failing tensor (at its lowest
-/// failing offset), or `None` when every region is filled.
+/// Reads several items of one file at once: every chunk of every `(tensors, region)` item (one
+/// tensor, or a run of neighbouring tensors read as one range from the first one's offset)
+/// becomes a task on `pool`. Returns the failure of the lowest-numbered failing item (at its
+/// lowest failing offset), or `None` when every region is filled.
 ///
-/// Every tensor numbered below the returned one is complete: a task is skipped only when a
-/// tensor numbered *lower than its own* has already failed.
+/// Every item numbered below the returned one is complete: a task is skipped only when an item
+/// numbered *lower than its own* has already failed.
 pub fn fill_regions<R: Reader>(
     pool: &rayon::ThreadPool,
     reader: &R,
     file: &R::File,
-    items: Vec<(&TensorMeta, DeviceRegion<'_, R::Space>)>,
+    items: Vec<(&[TensorMeta], DeviceRegion<'_, R::Space>)>,
     chunk_size: usize,
 ) -> Option<(usize, Error)> {
     let mut jobs = Vec::new();
-    for (index, (tensor, region)) in items.into_iter().enumerate() {
+    for (index, (tensors, region)) in items.into_iter().enumerate() {
+        let Some(first) = tensors.first() else {
+            return Some((
+                index,
+                Error::Policy("internal: a read for no tensor".into()),
+            ));
+        };
         let mut rest = region;
-        for (offset, len) in plan_chunks(tensor.offset, rest.len(), chunk_size) {
+        for (offset, len) in plan_chunks(first.offset, rest.len(), chunk_size) {
             let Some((head, tail)) = rest.split_at(len) else {
-                return Some((index, split_error(tensor, offset)));
+                return Some((index, split_error(first, offset)));
             };
-            jobs.push((index, tensor, tensor.offset + offset as u64, head));
+            jobs.push((index, tensors, first.offset + offset as u64, head));
             rest = tail;
         }
     }
     let lowest_failed = AtomicUsize::new(usize::MAX);
     let errors = Mutex::new(Vec::new());
     pool.scope(|scope| {
-        for (index, tensor, at, piece) in jobs {
+        for (index, tensors, at, piece) in jobs {
             let (lowest_failed, errors) = (&lowest_failed, &errors);
             scope.spawn(move |_| {
                 if index >= lowest_failed.load(Ordering::Acquire) {
                     return;
                 }
-                if let Err(e) = read_exact(reader, file, tensor, at, piece) {
+                if let Err(e) = read_exact(reader, file, tensors, at, piece) {
                     lowest_failed.fetch_min(index, Ordering::AcqRel);
                     errors
                         .lock()
