@@ -1,7 +1,8 @@
 //! `bench`: the stager against the limits, side by side, in one run.
 //!
 //! ```text
-//! bench [--sizes 2GiB[,8GiB]] [--layouts large,small] [--dir DIR] [--repeat N] [--threads N] [--json]
+//! bench [--sizes 2GiB[,8GiB]] [--layouts large,small] [--dir DIR] [--repeat N] [--threads N]
+//!       [--variants a,b,...] [--json]
 //! ```
 //!
 //! For each size it writes (once, kept in `--dir`) two F16 checkpoints: `large` (Qwen-like: few
@@ -15,6 +16,7 @@
 //! - `python-numpy`: Python's `safetensors.numpy.load_file` (when importable);
 //! - `stager-1`: the stager, host backend, one I/O thread;
 //! - `stager`: the stager as configured (`--threads`, default: the stager's default);
+//! - `stager-uncoalesced`: the same with coalesced reads off (one request per tensor);
 //! - `stager-direct`: the same reading with `O_DIRECT`: past the page cache, from the disk.
 //!
 //! Every variant keeps what it loaded until it ends, as a loader would. The table gives GB/s (of
@@ -35,13 +37,14 @@ use staging_core::{Checkpoint, Dtype, HostBytes, LoadReport, Stager, StagingPoli
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
-const VARIANTS: [&str; 7] = [
+const VARIANTS: [&str; 8] = [
     "seq-reused",
     "fresh-memory",
     "safetensors-mmap",
     "python-numpy",
     "stager-1",
     "stager",
+    "stager-uncoalesced",
     "stager-direct",
 ];
 
@@ -175,12 +178,15 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
                 }
             }
         }
-        "stager-1" | "stager" | "stager-direct" => {
+        "stager-1" | "stager" | "stager-uncoalesced" | "stager-direct" => {
             let mut policy = StagingPolicy::default();
             if variant == "stager-1" {
                 policy.io_threads = 1;
             } else if let Some(t) = threads {
                 policy.io_threads = t;
+            }
+            if variant == "stager-uncoalesced" {
+                policy.coalesce_below = 0;
             }
             let checkpoint = Checkpoint::open(&dir)?;
             // As the `stage` command runs it: small tensors carved from shared blocks.
@@ -301,6 +307,7 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
     let repeat: usize = arg_value(args, "--repeat").map_or(Ok(3), |r| r.parse())?;
     let layouts = arg_value(args, "--layouts").unwrap_or_else(|| "large,small".into());
     let threads = arg_value(args, "--threads");
+    let only = arg_value(args, "--variants");
     let json = args.iter().any(|a| a == "--json");
     let exe = std::env::current_exe()?;
     let python_ok = Command::new("python3")
@@ -326,6 +333,12 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
             )?;
             let mut results: Vec<Measured> = Vec::new();
             for variant in VARIANTS {
+                if only
+                    .as_ref()
+                    .is_some_and(|o| !o.split(',').any(|v| v == variant))
+                {
+                    continue;
+                }
                 if variant == "python-numpy" && !python_ok {
                     eprintln!("python-numpy: skipped (safetensors.numpy not importable)");
                     continue;

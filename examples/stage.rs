@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! stage [PATH ...] [--backend auto|host|mock|cufile] [--device-memory SIZE] [--synthetic-size SIZE]
-//!       [--chunk-size SIZE] [--threads N] [--json] [--checksums]
+//!       [--chunk-size SIZE] [--threads N] [--coalesce-below SIZE] [--json] [--checksums]
 //!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH] [--direct-io]
 //!       [--hipfile-mode auto|hipfile|posix] [--hipfile-lib PATH] [--hip-lib PATH]
 //! ```
@@ -123,6 +123,10 @@ struct Args {
     /// I/O threads (default: the machine's cores, at most 8).
     #[arg(long)]
     threads: Option<usize>,
+    /// Back-to-back tensors smaller than this are read together, one request per run
+    /// (default 1MiB; 0 reads every tensor on its own; needs more than one I/O thread).
+    #[arg(long, value_parser = parse_size)]
+    coalesce_below: Option<u64>,
     /// Host backend: read with O_DIRECT, bypassing the page cache (for a cold first load).
     #[arg(long)]
     direct_io: bool,
@@ -312,6 +316,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     if let Some(threads) = args.threads {
         policy.io_threads = threads;
+    }
+    if let Some(below) = args.coalesce_below {
+        policy.coalesce_below =
+            usize::try_from(below).map_err(|_| "--coalesce-below is too large")?;
     }
     policy.validate()?;
 

@@ -105,6 +105,22 @@ fn checksums_match_the_safetensors_crate_on_every_path() {
         &["--backend", "host"][..],
         &[
             "--backend",
+            "host",
+            "--threads",
+            "2",
+            "--coalesce-below",
+            "0",
+        ],
+        &[
+            "--backend",
+            "host",
+            "--threads",
+            "2",
+            "--coalesce-below",
+            "1MiB",
+        ],
+        &[
+            "--backend",
             "mock",
             "--device-memory",
             "1MiB",
