@@ -67,6 +67,26 @@ impl Harness for CuFilePosix {
     }
 }
 
+/// The POSIX path with 8 KiB bounce buffers (two 4 KiB halves), so a tensor takes many
+/// `pread`s whose asynchronous copies overlap; the stub libcuda defers every asynchronous copy
+/// to the stream's synchronization, so a missing wait shows as wrong bytes.
+struct CuFilePosixSmallBounce;
+
+impl Harness for CuFilePosixSmallBounce {
+    type Reader = CuFileReader;
+    type Allocator = CudaAllocator;
+    fn backend(&self) -> (CuFileReader, CudaAllocator) {
+        let options = Options {
+            mode: RequestedMode::Posix,
+            library: Some(stubs().cufile.clone()),
+            bounce_size: 8192,
+            ..Options::default()
+        };
+        let backend = backend_cufile::open(&options).unwrap();
+        (backend.reader, backend.allocator)
+    }
+}
+
 /// Compat mode with small tensors carved from shared device blocks, as `stage` runs it.
 struct CuFileSuballocated;
 
@@ -90,6 +110,10 @@ mod compat_suballocated {
 
 mod posix {
     backend_mock::conformance_suite!(super::CuFilePosix);
+}
+
+mod posix_small_bounce {
+    backend_mock::conformance_suite!(super::CuFilePosixSmallBounce);
 }
 
 // ---- The `stage` command with the stubs, in child processes (so each run chooses whether a

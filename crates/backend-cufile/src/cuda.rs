@@ -233,15 +233,19 @@ impl DeviceAllocator for CudaAllocator {
 }
 
 /// Page-locked host memory for bounce buffers (`cuMemHostAlloc`, portable, not write-combined,
-/// since the CPU writes it with `pread` and the GPU reads it).
+/// since the CPU writes it with `pread` and the GPU reads it). Copies from it run on a stream of
+/// its own (created at the first copy), so they overlap the next `pread` into another buffer.
 #[derive(Debug)]
 pub struct PinnedBuffer {
     ptr: *mut c_void,
     len: usize,
     device: Arc<CudaDevice>,
+    stream: sys::CUstream,
+    pending: bool,
 }
 
-// SAFETY: the buffer exclusively owns its pinned allocation.
+// SAFETY: the buffer exclusively owns its pinned allocation and its stream; a stream may be used
+// from any thread with its context current.
 unsafe impl Send for PinnedBuffer {}
 
 /// `CU_MEMHOSTALLOC_PORTABLE`.
@@ -266,6 +270,8 @@ impl PinnedBuffer {
             ptr,
             len,
             device: Arc::clone(device),
+            stream: std::ptr::null_mut(),
+            pending: false,
         })
     }
 
@@ -279,36 +285,86 @@ impl PinnedBuffer {
         self.len == 0
     }
 
-    /// The bytes, for `pread` to fill.
+    /// The bytes, for `pread` to fill. Call [`wait`](Self::wait) first when a copy may be
+    /// running.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is a live allocation of at least `len` bytes owned by `self`; pinned
         // memory from the driver is ordinary readable and writable host memory.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
     }
 
-    /// Copies the first `len` bytes to device address `dst`, synchronously.
-    pub fn copy_to_device(&mut self, dst: DeviceRegion<'_, CudaMemory>) -> Result<(), DeviceError> {
+    /// Starts copying the first `dst.len()` bytes to `dst` on this buffer's stream
+    /// (`cuMemcpyHtoDAsync`); [`wait`](Self::wait) waits for it.
+    ///
+    /// # Safety
+    /// Until `wait` has returned `Ok` (or the buffer is dropped, which waits), the caller does
+    /// not write this buffer's bytes and keeps `dst`'s memory allocated and otherwise unused.
+    pub unsafe fn copy_to_device_async(
+        &mut self,
+        dst: DeviceRegion<'_, CudaMemory>,
+    ) -> Result<(), DeviceError> {
         let n = dst.len();
+        if n > self.len {
+            return Err(DeviceError::new(
+                "cuMemcpyHtoDAsync",
+                "copy larger than the bounce buffer",
+            ));
+        }
         self.device
             .bind()
             .map_err(|e| device_error("cuCtxSetCurrent", e))?;
-        let Some(src) = self.as_mut_slice().get(..n) else {
-            return Err(DeviceError::new(
-                "cuMemcpyHtoD",
-                "copy larger than the bounce buffer",
-            ));
-        };
-        // SAFETY: `dst` is a live, exclusively borrowed device region of `n` bytes, and `src`
-        // is `n` valid host bytes; the copy is synchronous.
-        unsafe { result::memcpy_htod_sync(dst.addr() as u64, src) }
-            .map_err(|e| device_error("cuMemcpyHtoD", e))
+        if self.stream.is_null() {
+            self.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|e| device_error("cuStreamCreate", e))?;
+        }
+        // SAFETY: `ptr` holds at least `n` bytes (checked above) that the caller leaves alone
+        // until `wait`; `dst` is `n` bytes of device memory the caller keeps allocated and
+        // unused until then; the stream belongs to this buffer.
+        unsafe {
+            let src = std::slice::from_raw_parts(self.ptr.cast::<u8>(), n);
+            result::memcpy_htod_async(dst.addr() as u64, src, self.stream)
+        }
+        .map_err(|e| device_error("cuMemcpyHtoDAsync", e))?;
+        self.pending = true;
+        Ok(())
+    }
+
+    /// Waits for the copy started last (`cuStreamSynchronize`); returns at once when none is
+    /// running.
+    pub fn wait(&mut self) -> Result<(), DeviceError> {
+        if !self.pending {
+            return Ok(());
+        }
+        self.device
+            .bind()
+            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+        // SAFETY: the stream was created by this buffer and is destroyed only on drop.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| device_error("cuStreamSynchronize", e))?;
+        self.pending = false;
+        Ok(())
+    }
+
+    /// Copies the first `dst.len()` bytes to `dst` and waits for the copy.
+    pub fn copy_to_device(&mut self, dst: DeviceRegion<'_, CudaMemory>) -> Result<(), DeviceError> {
+        // SAFETY: `wait` runs before this returns, while `dst` is still borrowed.
+        unsafe { self.copy_to_device_async(dst) }?;
+        self.wait()
     }
 }
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         let _ = self.device.bind();
-        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
+        if !self.stream.is_null() {
+            // SAFETY: the stream belongs to this buffer; a copy still running is waited for
+            // before the pinned memory it reads is freed, and the stream is destroyed once.
+            unsafe {
+                let _ = result::stream::synchronize(self.stream);
+                let _ = result::stream::destroy(self.stream);
+            }
+        }
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here, after any copy from it.
         let _ = unsafe { result::free_host(self.ptr) };
     }
 }
@@ -316,6 +372,10 @@ impl Drop for PinnedBuffer {
 impl backend_gds::Pinned for PinnedBuffer {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         PinnedBuffer::as_mut_slice(self)
+    }
+
+    fn wait(&mut self) -> Result<(), DeviceError> {
+        PinnedBuffer::wait(self)
     }
 }
 
@@ -331,11 +391,12 @@ impl backend_gds::Gpu for CudaDevice {
         PinnedBuffer::new(gpu, len)
     }
 
-    fn copy_to_device(
+    unsafe fn copy_to_device(
         &self,
         src: &mut PinnedBuffer,
         dst: DeviceRegion<'_, CudaMemory>,
     ) -> Result<(), DeviceError> {
-        src.copy_to_device(dst)
+        // SAFETY: forwarded caller contract (the same as `copy_to_device_async`'s).
+        unsafe { src.copy_to_device_async(dst) }
     }
 }

@@ -9,8 +9,8 @@
 //!   copies.
 //!
 //! [`GdsReader`] decides the mode per process and per file like KvikIO's `AUTO`: a file that
-//! cannot be opened `O_DIRECT` or registered falls back to the POSIX path (a `pread` into a
-//! pooled pinned buffer, then a copy to the device) in `auto`, and is an error when a mode was
+//! cannot be opened `O_DIRECT` or registered falls back to the POSIX path (`pread` into pooled
+//! pinned buffers, each copied to the device while the next `pread` runs) in `auto`, and is an error when a mode was
 //! forced. Reads are cut to the API's per-call maximum; the write loop continues after them.
 
 use std::ffi::c_void;
@@ -113,8 +113,15 @@ pub fn driver_or_posix<D, E: std::fmt::Display>(
 
 /// A pinned host buffer of a [`Gpu`].
 pub trait Pinned: Send {
-    /// Its bytes, for `pread` to fill.
+    /// Its bytes, for `pread` to fill. Call [`wait`](Self::wait) first when a copy from it may
+    /// still be running.
     fn as_mut_slice(&mut self) -> &mut [u8];
+
+    /// Returns once the copy last started from this buffer by [`Gpu::copy_to_device`] has
+    /// finished. The default suits a GPU whose copies are synchronous: nothing to wait for.
+    fn wait(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
 
 /// A GPU as the reader needs it.
@@ -132,12 +139,23 @@ pub trait Gpu: Send + Sync + 'static {
     where
         Self: Sized;
 
-    /// Copies the first `dst.len()` bytes of `src` to `dst`, synchronously.
-    fn copy_to_device(
+    /// Starts copying the first `dst.len()` bytes of `src` to `dst`. The copy may still be
+    /// running when this returns; `src.wait()` waits for it.
+    ///
+    /// # Safety
+    /// Until `src.wait()` has returned `Ok` (or `src` is dropped, which waits), the caller does
+    /// not write `src`'s bytes and keeps `dst`'s memory allocated and unused by anything else.
+    unsafe fn copy_to_device(
         &self,
         src: &mut Self::Pinned,
         dst: DeviceRegion<'_, Self::Space>,
     ) -> Result<(), DeviceError>;
+}
+
+/// Two pinned halves of one bounce buffer: while one half's copy to the device runs, the next
+/// `pread` fills the other.
+struct Bounce<P> {
+    halves: [P; 2],
 }
 
 /// A registered handle; deregistered on drop, before the descriptors it uses are closed.
@@ -181,7 +199,7 @@ pub struct GdsReader<F: FileApi, G: Gpu> {
     requested: RequestedMode,
     mode: ActiveMode,
     bounce_size: usize,
-    bounce_pool: Mutex<Vec<G::Pinned>>,
+    bounce_pool: Mutex<Vec<Bounce<G::Pinned>>>,
     file_fell_back: AtomicBool,
 }
 
@@ -237,6 +255,11 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
         }
     }
 
+    /// The POSIX path: `pread` into pinned memory, then a copy to the device. Reads of up to
+    /// the bounce size alternate between two pinned halves, so each half's asynchronous copy
+    /// overlaps the next `pread`; both copies have finished when this returns, whatever it
+    /// returns. Bytes already on their way count: a `pread` that fails after some progress
+    /// returns that progress, and the caller's next read meets the failure at its own offset.
     fn posix_read(
         &self,
         file: &GdsFile<F>,
@@ -250,28 +273,73 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
             .pop();
         let mut bounce = match pooled {
             Some(b) => b,
-            None => G::pinned(&self.gpu, self.bounce_size).map_err(device_read_error)?,
+            None => {
+                let half = (self.bounce_size / 2).max(4096);
+                let one = G::pinned(&self.gpu, half).map_err(device_read_error)?;
+                let two = G::pinned(&self.gpu, half).map_err(device_read_error)?;
+                Bounce { halves: [one, two] }
+            }
         };
-        let n = dst.len().min(bounce.as_mut_slice().len());
-        let got = file
-            .buffered
-            .read_at(&mut bounce.as_mut_slice()[..n], offset)?;
-        if got > 0 {
-            let Some(target) = dst.slice(0, got) else {
+        let result = self.pipelined(&mut bounce, file, offset, &mut dst);
+        // Both copies finish before `dst` can be released or the halves reused.
+        let [one, two] = &mut bounce.halves;
+        let waited = one.wait().and(two.wait());
+        match waited {
+            Ok(()) => {
+                self.bounce_pool
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(bounce);
+                result
+            }
+            // A failed wait leaves the halves' state unknown: they are dropped, not pooled.
+            Err(e) => Err(device_read_error(e)),
+        }
+    }
+
+    fn pipelined(
+        &self,
+        bounce: &mut Bounce<G::Pinned>,
+        file: &GdsFile<F>,
+        offset: u64,
+        dst: &mut DeviceRegion<'_, G::Space>,
+    ) -> Result<usize, ReadError> {
+        let want = dst.len();
+        let mut done = 0usize;
+        let mut turn = 0usize;
+        while done < want {
+            let Some(half) = bounce.halves.get_mut(turn % 2) else {
+                break;
+            };
+            half.wait().map_err(device_read_error)?;
+            let bytes = half.as_mut_slice();
+            let n = (want - done).min(bytes.len());
+            let got = match file.buffered.read_at(&mut bytes[..n], offset + done as u64) {
+                Ok(got) => got,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e.into()),
+            };
+            if got == 0 {
+                break;
+            }
+            let Some(target) = dst.slice(done, got) else {
                 return Err(ReadError::Overrun {
                     requested: n,
                     returned: got,
                 });
             };
-            self.gpu
-                .copy_to_device(&mut bounce, target)
-                .map_err(device_read_error)?;
+            // SAFETY: `posix_read` waits for both halves before it returns, and `half` is
+            // waited for before its bytes are written again; until then `dst`, of which
+            // `target` is a part, stays mutably borrowed by this call, so its memory is neither
+            // released nor touched by anyone else, and later pieces are disjoint from this one.
+            unsafe { self.gpu.copy_to_device(half, target) }.map_err(device_read_error)?;
+            done += got;
+            turn += 1;
+            if got < n {
+                break;
+            }
         }
-        self.bounce_pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(bounce);
-        Ok(got)
+        Ok(done)
     }
 }
 

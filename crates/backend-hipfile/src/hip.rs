@@ -364,7 +364,9 @@ impl backend_gds::Gpu for HipDevice {
         })
     }
 
-    fn copy_to_device(
+    /// Synchronous (`hipMemcpy`): the copy has finished when this returns, so the default
+    /// `wait` has nothing to wait for.
+    unsafe fn copy_to_device(
         &self,
         src: &mut HipPinned,
         dst: DeviceRegion<'_, HipMemory>,
