@@ -51,6 +51,26 @@ impl Harness for HipFile {
     }
 }
 
+/// The POSIX path with 8 KiB bounce buffers: many overlapped `pread`s per tensor, against a
+/// stub runtime that performs asynchronous copies only when their stream is synchronized.
+struct HipPosixSmallBounce;
+
+impl Harness for HipPosixSmallBounce {
+    type Reader = HipFileReader;
+    type Allocator = HipAllocator;
+    fn backend(&self) -> (HipFileReader, HipAllocator) {
+        let options = Options {
+            mode: RequestedMode::Posix,
+            library: Some(stubs().hipfile.clone()),
+            hip_library: Some(stubs().hip.clone()),
+            bounce_size: 8192,
+            ..Options::default()
+        };
+        let backend = backend_hipfile::open(&options).unwrap();
+        (backend.reader, backend.allocator)
+    }
+}
+
 struct HipPosix;
 
 impl Harness for HipPosix {
@@ -73,6 +93,10 @@ mod hipfile {
 
 mod posix {
     backend_mock::conformance_suite!(super::HipPosix);
+}
+
+mod posix_small_bounce {
+    backend_mock::conformance_suite!(super::HipPosixSmallBounce);
 }
 
 /// Reads over the per-call limit: with the limit cut to 5000 bytes (the stub refuses anything

@@ -44,6 +44,11 @@ pub struct HipRuntime {
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     free: unsafe extern "C" fn(*mut c_void) -> HipError,
     memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> HipError,
+    memcpy_async:
+        unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, *mut c_void) -> HipError,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void) -> HipError,
+    stream_synchronize: unsafe extern "C" fn(*mut c_void) -> HipError,
+    stream_destroy: unsafe extern "C" fn(*mut c_void) -> HipError,
     host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipError,
     host_free: unsafe extern "C" fn(*mut c_void) -> HipError,
     get_error_string: unsafe extern "C" fn(HipError) -> *const c_char,
@@ -87,6 +92,14 @@ impl HipRuntime {
                 malloc: dl::symbol(&library, "hipMalloc").map_err(missing("hipMalloc"))?,
                 free: dl::symbol(&library, "hipFree").map_err(missing("hipFree"))?,
                 memcpy: dl::symbol(&library, "hipMemcpy").map_err(missing("hipMemcpy"))?,
+                memcpy_async: dl::symbol(&library, "hipMemcpyAsync")
+                    .map_err(missing("hipMemcpyAsync"))?,
+                stream_create: dl::symbol(&library, "hipStreamCreate")
+                    .map_err(missing("hipStreamCreate"))?,
+                stream_synchronize: dl::symbol(&library, "hipStreamSynchronize")
+                    .map_err(missing("hipStreamSynchronize"))?,
+                stream_destroy: dl::symbol(&library, "hipStreamDestroy")
+                    .map_err(missing("hipStreamDestroy"))?,
                 host_malloc: dl::symbol(&library, "hipHostMalloc")
                     .map_err(missing("hipHostMalloc"))?,
                 host_free: dl::symbol(&library, "hipHostFree").map_err(missing("hipHostFree"))?,
@@ -314,15 +327,19 @@ impl DeviceAllocator for HipAllocator {
     }
 }
 
-/// Page-locked host memory for bounce buffers (`hipHostMalloc`).
+/// Page-locked host memory for bounce buffers (`hipHostMalloc`). Copies from it run on a stream
+/// of its own (created at the first copy), so they overlap the next `pread` into another buffer.
 #[derive(Debug)]
 pub struct HipPinned {
     ptr: *mut c_void,
     len: usize,
     device: Arc<HipDevice>,
+    stream: *mut c_void,
+    pending: bool,
 }
 
-// SAFETY: the buffer exclusively owns its pinned allocation.
+// SAFETY: the buffer exclusively owns its pinned allocation and its stream; a stream may be used
+// from any thread with its device current.
 unsafe impl Send for HipPinned {}
 
 impl backend_gds::Pinned for HipPinned {
@@ -330,12 +347,39 @@ impl backend_gds::Pinned for HipPinned {
         // SAFETY: `ptr` is a live allocation of `len` bytes owned by `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
     }
+
+    /// `hipStreamSynchronize` on the buffer's stream, when a copy was started.
+    fn wait(&mut self) -> Result<(), DeviceError> {
+        if !self.pending {
+            return Ok(());
+        }
+        backend_gds::Gpu::bind(&*self.device)?;
+        let rt = &self.device.runtime;
+        // SAFETY: the stream was created by this buffer and is destroyed only on drop.
+        match unsafe { (rt.stream_synchronize)(self.stream) } {
+            HIP_SUCCESS => {
+                self.pending = false;
+                Ok(())
+            }
+            code => Err(rt.device_error("hipStreamSynchronize", code)),
+        }
+    }
 }
 
 impl Drop for HipPinned {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from hipHostMalloc and is freed once, here.
-        let _ = unsafe { (self.device.runtime.host_free)(self.ptr) };
+        let rt = &self.device.runtime;
+        if !self.stream.is_null() {
+            let _ = self.device.set();
+            // SAFETY: the stream belongs to this buffer; a copy still running is waited for
+            // before the pinned memory it reads is freed, and the stream is destroyed once.
+            unsafe {
+                let _ = (rt.stream_synchronize)(self.stream);
+                let _ = (rt.stream_destroy)(self.stream);
+            }
+        }
+        // SAFETY: `ptr` came from hipHostMalloc and is freed once, here, after any copy from it.
+        let _ = unsafe { (rt.host_free)(self.ptr) };
     }
 }
 
@@ -361,11 +405,12 @@ impl backend_gds::Gpu for HipDevice {
             ptr,
             len,
             device: Arc::clone(gpu),
+            stream: std::ptr::null_mut(),
+            pending: false,
         })
     }
 
-    /// Synchronous (`hipMemcpy`): the copy has finished when this returns, so the default
-    /// `wait` has nothing to wait for.
+    /// `hipMemcpyAsync` on `src`'s stream; `src.wait()` waits for it.
     unsafe fn copy_to_device(
         &self,
         src: &mut HipPinned,
@@ -373,24 +418,37 @@ impl backend_gds::Gpu for HipDevice {
     ) -> Result<(), DeviceError> {
         if dst.len() > src.len {
             return Err(DeviceError::new(
-                "hipMemcpy",
+                "hipMemcpyAsync",
                 "copy larger than the bounce buffer",
             ));
         }
         backend_gds::Gpu::bind(self)?;
-        // SAFETY: `dst` is a live, exclusively borrowed device region and `src` holds at least
-        // `dst.len()` bytes; hipMemcpy is synchronous.
+        if src.stream.is_null() {
+            let mut stream = std::ptr::null_mut();
+            // SAFETY: writes one stream handle, owned by `src` from here on.
+            match unsafe { (self.runtime.stream_create)(&mut stream) } {
+                HIP_SUCCESS if !stream.is_null() => src.stream = stream,
+                code => return Err(self.runtime.device_error("hipStreamCreate", code)),
+            }
+        }
+        // SAFETY: `src` holds at least `dst.len()` bytes (checked above) that the caller leaves
+        // alone until `src.wait()`; `dst` is device memory the caller keeps allocated and unused
+        // until then (this function's contract); the stream belongs to `src`.
         let status = unsafe {
-            (self.runtime.memcpy)(
+            (self.runtime.memcpy_async)(
                 dst.addr() as *mut c_void,
                 src.ptr,
                 dst.len(),
                 MEMCPY_HOST_TO_DEVICE,
+                src.stream,
             )
         };
         match status {
-            HIP_SUCCESS => Ok(()),
-            code => Err(self.runtime.device_error("hipMemcpy", code)),
+            HIP_SUCCESS => {
+                src.pending = true;
+                Ok(())
+            }
+            code => Err(self.runtime.device_error("hipMemcpyAsync", code)),
         }
     }
 }
