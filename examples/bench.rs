@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! bench [--sizes 2GiB[,8GiB]] [--layouts large,small] [--dir DIR] [--repeat N] [--threads N]
-//!       [--variants a,b,...] [--json]
+//!       [--variants a,b,...] [--cold-memory] [--json]
 //! ```
 //!
 //! For each size it writes (once, kept in `--dir`) two F16 checkpoints: `large` (Qwen-like: few
@@ -19,8 +19,11 @@
 //! - `stager-uncoalesced`: the same with coalesced reads off (one request per tensor);
 //! - `stager-direct`: the same reading with `O_DIRECT`: past the page cache, from the disk.
 //!
-//! Every variant keeps what it loaded until it ends, as a loader would. The table gives GB/s (of
-//! tensor bytes), each variant's ratio to `fresh-memory` and `python-numpy`, peak RSS, and for the
+//! Before each timed child, a short-lived process touches and frees memory of the checkpoint's
+//! size, so that every variant starts with guest memory the hypervisor has backed
+//! (`--cold-memory` skips this; see `touch_memory`). Every variant keeps what it loaded until it
+//! ends, as a loader would. The table gives GB/s (of tensor bytes), each variant's ratio to
+//! `fresh-memory` and `python-numpy`, peak RSS, and for the
 //! stager the peak host and device bytes its report holds.
 
 use std::error::Error as StdError;
@@ -98,9 +101,10 @@ fn arg_value(args: &[String], name: &str) -> Option<String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match arg_value(&args, "--variant") {
-        Some(variant) => child(&variant, &args),
-        None => parent(&args),
+    let result = match (arg_value(&args, "--variant"), arg_value(&args, "--touch")) {
+        (Some(variant), _) => child(&variant, &args),
+        (None, Some(bytes)) => parse_size(&bytes).and_then(touch_memory),
+        (None, None) => parent(&args),
     };
     if let Err(e) = result {
         eprintln!("bench: error: {e}");
@@ -225,6 +229,21 @@ where
 }
 
 /// Runs a command, returning its stdout and peak RSS in KiB (from `wait4`).
+/// Touches and frees `bytes` of memory, so the next process's fresh memory is backed by the
+/// hypervisor again. On a VM with free page reporting (virtio-balloon), memory freed and left
+/// idle for a few seconds is handed back to the host, and the next process to touch it pays
+/// the host's faults: on the development VM `stage` loaded 2 GiB at 0.7-0.8 GB/s after 10 s
+/// idle and 5.8-6.2 GB/s back to back. Without this, which variant pays depends on timing.
+fn touch_memory(bytes: u64) -> Result<(), BoxError> {
+    let len = usize::try_from(bytes)?;
+    let mut memory = HostBytes::zeroed(len, 4096).ok_or("allocation failed")?;
+    for page in memory.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&memory);
+    Ok(())
+}
+
 fn run_measured(command: &mut Command) -> Result<(String, u64), BoxError> {
     let out_file = tempfile::tempfile()?;
     let mut child = command
@@ -308,6 +327,7 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
     let layouts = arg_value(args, "--layouts").unwrap_or_else(|| "large,small".into());
     let threads = arg_value(args, "--threads");
     let only = arg_value(args, "--variants");
+    let cold_memory = args.iter().any(|a| a == "--cold-memory");
     let json = args.iter().any(|a| a == "--json");
     let exe = std::env::current_exe()?;
     let python_ok = Command::new("python3")
@@ -362,6 +382,16 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
                         }
                         c
                     };
+                    if !cold_memory {
+                        // In a process of its own: the parent's peak RSS would be inherited by
+                        // every child it forks, and counted in the child's.
+                        let status = Command::new(&exe)
+                            .args(["--touch", &tensor_bytes.to_string()])
+                            .status()?;
+                        if !status.success() {
+                            return Err("touching memory failed".into());
+                        }
+                    }
                     let (out, kib) = run_measured(&mut command)?;
                     let child: ChildResult = serde_json::from_str(out.trim())?;
                     seconds.push(child.seconds);
