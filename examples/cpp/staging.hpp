@@ -91,6 +91,7 @@ class Config {
   Config& backend(const std::string& name) { return set(stg_config_set_backend(raw_.get(), name.c_str())); }
   Config& device(uint32_t index) { return set(stg_config_set_device(raw_.get(), index)); }
   Config& threads(uint32_t n) { return set(stg_config_set_threads(raw_.get(), n)); }
+  Config& coalesce_below(size_t bytes) { return set(stg_config_set_coalesce_below(raw_.get(), bytes)); }
   Config& chunk_size(size_t bytes) { return set(stg_config_set_chunk_size(raw_.get(), bytes)); }
   Config& device_memory_cap(uint64_t bytes) { return set(stg_config_set_device_memory_cap(raw_.get(), bytes)); }
   // The callback returns a region for the tensor, or nullopt to decline. It must outlive every

@@ -388,6 +388,16 @@ stg_status stg_config_set_device_memory_cap(struct stg_config *config, uint64_t 
 stg_status stg_config_set_threads(struct stg_config *config, uint32_t threads);
 
 /*
+ Sets the coalescing threshold: with more than one I/O thread, back-to-back tensors smaller
+ than `bytes` are allocated together and read with one request, then handed out as separate
+ tensors (default 1 MiB; 0 reads every tensor on its own).
+
+ # Safety
+ `config` must be NULL or live.
+ */
+stg_status stg_config_set_coalesce_below(struct stg_config *config, size_t bytes);
+
+/*
  Registers the destination callback and its user data (NULL callback: none).
 
  # Safety

@@ -654,6 +654,26 @@ pub unsafe extern "C" fn stg_config_set_threads(
     }
 }
 
+/// Sets the coalescing threshold: with more than one I/O thread, back-to-back tensors smaller
+/// than `bytes` are allocated together and read with one request, then handed out as separate
+/// tensors (default 1 MiB; 0 reads every tensor on its own).
+///
+/// # Safety
+/// `config` must be NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stg_config_set_coalesce_below(
+    config: *mut stg_config,
+    bytes: usize,
+) -> stg_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_config(config, |c| {
+            c.policy.coalesce_below = bytes;
+            stg_status::STG_OK
+        })
+    }
+}
+
 /// Registers the destination callback and its user data (NULL callback: none).
 ///
 /// # Safety

@@ -410,3 +410,53 @@ fn one_configuration_feeds_loads_on_several_threads() {
     // SAFETY: no thread uses it any more.
     unsafe { stg_config_free(c) };
 }
+
+#[test]
+fn coalescing_on_and_off_load_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let specs: Vec<TensorSpec> = (0..20)
+        .map(|i| TensorSpec::bytes(format!("t{i:02}"), 256 * (i % 3 + 1)))
+        .collect();
+    let contents = write_file(&path, &specs, 9).unwrap();
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a null configuration is refused with a status.
+    unsafe {
+        assert_eq!(
+            stg_config_set_coalesce_below(null_mut(), 0),
+            STG_NULL_ARGUMENT
+        );
+    }
+    for below in [0usize, 1 << 20] {
+        let c = config();
+        let mut seen = 0;
+        // SAFETY: valid handles, out-pointers and buffers of the lengths passed.
+        unsafe {
+            assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+            assert_eq!(stg_config_set_threads(c, 2), STG_OK);
+            assert_eq!(stg_config_set_coalesce_below(c, below), STG_OK);
+            let mut load = null_mut();
+            assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+            let mut tensor = null_mut();
+            while stg_load_next(load, &mut tensor) == STG_OK {
+                let mut info = std::mem::zeroed::<stg_tensor_info>();
+                assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+                let name = std::ffi::CStr::from_ptr(info.name)
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
+                let mut bytes = vec![0u8; info.bytes];
+                assert_eq!(
+                    stg_tensor_copy_to_host(tensor, bytes.as_mut_ptr().cast(), bytes.len()),
+                    STG_OK
+                );
+                assert_eq!(bytes, contents[&name], "{name}, coalesce below {below}");
+                seen += 1;
+                stg_tensor_free(tensor);
+            }
+            stg_load_free(load);
+            stg_config_free(c);
+        }
+        assert_eq!(seen, 20);
+    }
+}
