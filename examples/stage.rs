@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! stage [PATH ...] [--backend auto|host|mock|cufile] [--device-memory SIZE] [--synthetic-size SIZE]
-//!       [--chunk-size SIZE] [--threads N] [--coalesce-below SIZE] [--json] [--checksums]
+//!       [--chunk-size SIZE] [--threads N] [--coalesce-below SIZE] [--staging-slots N]
+//!       [--json] [--checksums]
 //!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH] [--direct-io]
 //!       [--hipfile-mode auto|hipfile|posix] [--hipfile-lib PATH] [--hip-lib PATH]
 //! ```
@@ -127,6 +128,10 @@ struct Args {
     /// (default 1MiB; 0 reads every tensor on its own; needs more than one I/O thread).
     #[arg(long, value_parser = parse_size)]
     coalesce_below: Option<u64>,
+    /// Staging buffers host assembly uses at once, so reads overlap device-to-host copies
+    /// (default 2; needs more than one I/O thread).
+    #[arg(long)]
+    staging_slots: Option<usize>,
     /// Host backend: read with O_DIRECT, bypassing the page cache (for a cold first load).
     #[arg(long)]
     direct_io: bool,
@@ -316,6 +321,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     if let Some(threads) = args.threads {
         policy.io_threads = threads;
+    }
+    if let Some(slots) = args.staging_slots {
+        policy.staging_slots = slots;
     }
     if let Some(below) = args.coalesce_below {
         policy.coalesce_below =
