@@ -5,14 +5,14 @@
  *   STUB_CUDA_TOTAL_MIB    device memory in MiB (default 1024)
  *   STUB_CUDA_INIT_ERROR   CUresult cuInit returns (default 0)
  * stub_cuda_used_bytes() reports bytes allocated and not freed, for leak checks.
- * Asynchronous copies are deferred: cuMemcpyHtoDAsync only queues the copy on its stream, and the
- * bytes move when the stream is synchronized (or destroyed). A caller that rewrites the source
- * buffer, or hands the destination out, before synchronizing gets wrong bytes, which tests see.
- * stub_cuda_async_copies() counts the asynchronous copies performed. */
+ * Asynchronous copies are deferred until their stream is synchronized (deferred_stream.h, in
+ * backend-gds); stub_cuda_async_copies() counts those performed. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "deferred_stream.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -73,45 +73,21 @@ CUresult cuMemHostAlloc(void **ptr, size_t n, unsigned flags) { (void)flags; *pt
 CUresult cuMemFreeHost(void *ptr) { free(ptr); return 0; }
 CUresult cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "stub CUDA error"; return 0; }
 CUresult cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_STUB"; return 0; }
-struct op { CUdeviceptr dst; const void *src; size_t n; };
-struct stream { struct op *ops; size_t len, cap; };
-typedef struct stream *CUstream;
+typedef struct stub_stream *CUstream;
 static size_t async_copies = 0;
 
-CUresult cuStreamCreate(CUstream *out, unsigned flags) {
-    (void)flags;
-    struct stream *s = calloc(1, sizeof *s);
-    if (!s) return 2;
-    *out = s;
-    return 0;
-}
+CUresult cuStreamCreate(CUstream *out, unsigned flags) { (void)flags; return stub_stream_create(out); }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    if (!s) return 400; /* INVALID_HANDLE: the stub only queues on streams it created */
-    if (s->len == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 4;
-        struct op *ops = realloc(s->ops, cap * sizeof *ops);
-        if (!ops) return 2;
-        s->ops = ops;
-        s->cap = cap;
-    }
-    s->ops[s->len++] = (struct op){dst, src, n};
-    return 0;
+    return stub_stream_enqueue(s, (void *)(uintptr_t)dst, src, n);
 }
 CUresult cuStreamSynchronize(CUstream s) {
-    if (!s) return 400;
-    for (size_t i = 0; i < s->len; i++) memcpy((void *)(uintptr_t)s->ops[i].dst, s->ops[i].src, s->ops[i].n);
+    size_t performed = 0;
+    CUresult status = stub_stream_sync(s, &performed);
     pthread_mutex_lock(&mu);
-    async_copies += s->len;
+    async_copies += performed;
     pthread_mutex_unlock(&mu);
-    s->len = 0;
-    return 0;
+    return status;
 }
-CUresult cuStreamDestroy_v2(CUstream s) {
-    if (!s) return 400;
-    cuStreamSynchronize(s);
-    free(s->ops);
-    free(s);
-    return 0;
-}
+CUresult cuStreamDestroy_v2(CUstream s) { cuStreamSynchronize(s); return stub_stream_destroy(s); }
 size_t stub_cuda_async_copies(void) { pthread_mutex_lock(&mu); size_t n = async_copies; pthread_mutex_unlock(&mu); return n; }
 size_t stub_cuda_used_bytes(void) { pthread_mutex_lock(&mu); size_t u = used; pthread_mutex_unlock(&mu); return u; }

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::Command;
 
 /// Compiles `source` into the shared library `output` with `$CC` (default `cc`) and `extra`
-/// arguments.
+/// arguments. The shared stub headers in this crate's `stubs/` (`deferred_stream.h`) are on the
+/// include path.
 pub fn compile_shared_library<S: AsRef<std::ffi::OsStr>>(
     source: &Path,
     output: &Path,
@@ -15,6 +16,8 @@ pub fn compile_shared_library<S: AsRef<std::ffi::OsStr>>(
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
         .arg(output)
         .arg(source)
+        .arg("-I")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("stubs"))
         .args(extra)
         .status()
         .map_err(|e| format!("running cc: {e}"))?;

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deferred_stream.h"
+
 typedef int hipError_t;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static size_t used = 0;
@@ -52,43 +54,15 @@ hipError_t hipFree(void *ptr) {
     return 0;
 }
 hipError_t hipMemcpy(void *dst, const void *src, size_t n, int kind) { (void)kind; memcpy(dst, src, n); return 0; }
-/* Asynchronous copies are deferred until their stream is synchronized (or destroyed), so a
- * caller that rewrites the source or hands the destination out before that gets wrong bytes. */
-struct op { void *dst; const void *src; size_t n; };
-struct stream { struct op *ops; size_t len, cap; };
-hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, struct stream *s) {
+/* Asynchronous copies are deferred until their stream is synchronized (deferred_stream.h). */
+hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, struct stub_stream *s) {
     (void)kind;
-    if (!s) return 400; /* hipErrorInvalidHandle: the stub only queues on streams it created */
-    if (s->len == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 4;
-        struct op *ops = realloc(s->ops, cap * sizeof *ops);
-        if (!ops) return 2;
-        s->ops = ops;
-        s->cap = cap;
-    }
-    s->ops[s->len++] = (struct op){dst, src, n};
-    return 0;
+    return stub_stream_enqueue(s, dst, src, n);
 }
 hipError_t hipHostMalloc(void **ptr, size_t n, unsigned flags) { (void)flags; *ptr = malloc(n ? n : 1); return *ptr ? 0 : 2; }
 hipError_t hipHostFree(void *ptr) { free(ptr); return 0; }
-hipError_t hipStreamCreate(struct stream **out) {
-    struct stream *s = calloc(1, sizeof *s);
-    if (!s) return 2;
-    *out = s;
-    return 0;
-}
-hipError_t hipStreamSynchronize(struct stream *s) {
-    if (!s) return 400;
-    for (size_t i = 0; i < s->len; i++) memcpy(s->ops[i].dst, s->ops[i].src, s->ops[i].n);
-    s->len = 0;
-    return 0;
-}
-hipError_t hipStreamDestroy(struct stream *s) {
-    if (!s) return 400;
-    hipStreamSynchronize(s);
-    free(s->ops);
-    free(s);
-    return 0;
-}
+hipError_t hipStreamCreate(struct stub_stream **out) { return stub_stream_create(out); }
+hipError_t hipStreamSynchronize(struct stub_stream *s) { return stub_stream_sync(s, NULL); }
+hipError_t hipStreamDestroy(struct stub_stream *s) { return stub_stream_destroy(s); }
 const char *hipGetErrorString(hipError_t e) { return e == 2 ? "hipErrorOutOfMemory" : "stub HIP error"; }
 size_t stub_hip_used_bytes(void) { pthread_mutex_lock(&mu); size_t u = used; pthread_mutex_unlock(&mu); return u; }
