@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use backend_mock::fixtures::{Contents, TensorSpec, write_file};
-use backend_mock::{FaultyReader, ScriptedAllocator};
+use backend_mock::{FaultyReader, ReadLog, ScriptedAllocator};
 use rstest::rstest;
 use staging_core::host::{HostAllocator, HostReader};
 use staging_core::{
@@ -38,6 +38,13 @@ fn floats(prefix: &str, n: usize, elements: usize) -> Vec<TensorSpec> {
         .collect()
 }
 
+/// A device buffer's bytes, copied back.
+fn device_bytes<A: DeviceAllocator>(allocator: &A, buffer: &A::Buffer) -> Vec<u8> {
+    let mut bytes = vec![0u8; buffer.len()];
+    allocator.copy_to_host(buffer, 0, &mut bytes).unwrap();
+    bytes
+}
+
 /// Everything a load handed out: (name, path, address, bytes), and the error that ended it.
 type Loaded = (Vec<(String, StagingPath, usize, Vec<u8>)>, Option<Error>);
 
@@ -51,14 +58,10 @@ where
         match item {
             Ok(tensor) => {
                 let (addr, bytes) = match tensor.data() {
-                    TensorData::Device(d) => {
-                        let mut bytes = vec![0u8; d.buffer().len()];
-                        stager
-                            .allocator()
-                            .copy_to_host(d.buffer(), 0, &mut bytes)
-                            .unwrap();
-                        (d.buffer().addr(), bytes)
-                    }
+                    TensorData::Device(d) => (
+                        d.buffer().addr(),
+                        device_bytes(stager.allocator(), d.buffer()),
+                    ),
                     TensorData::Host(h) => (h.as_ptr() as usize, h.to_vec()),
                     TensorData::Destination { addr, .. } => (*addr, Vec::new()),
                 };
@@ -71,11 +74,41 @@ where
 }
 
 fn meta<'a>(checkpoint: &'a Checkpoint, name: &str) -> &'a TensorMeta {
-    checkpoint
-        .tensors()
+    checkpoint.tensor(name).unwrap()
+}
+
+/// Small tensors carved from 1 MiB blocks of `host`, as `stage` does (with smaller numbers).
+fn carved(host: &HostAllocator) -> SubAllocator<HostAllocator> {
+    SubAllocator::new(host.clone(), 1 << 20, 32 << 10)
+}
+
+/// The requests a reader saw, as sorted `(offset, length)` pairs.
+fn sorted_requests(log: &ReadLog) -> Vec<(u64, usize)> {
+    let mut requests: Vec<(u64, usize)> = log
+        .calls()
         .iter()
-        .find(|t| t.name == name)
-        .unwrap()
+        .map(|c| (c.offset, c.requested))
+        .collect();
+    requests.sort_unstable();
+    requests
+}
+
+/// Loads `checkpoint` through `reader`: what [`drain`] returns, and the requests the reader saw
+/// as sorted `(offset, length)` pairs.
+fn load<A>(
+    checkpoint: Checkpoint,
+    reader: FaultyReader<HostReader>,
+    allocator: A,
+    coalesce_below: usize,
+) -> (Loaded, Vec<(u64, usize)>)
+where
+    A: DeviceAllocator<Space = HostMemory>,
+{
+    let log = reader.log();
+    let stager = Stager::new(checkpoint, reader, allocator, policy(coalesce_below)).unwrap();
+    let loaded = drain(stager);
+    let requests = sorted_requests(&log);
+    (loaded, requests)
 }
 
 #[test]
@@ -91,24 +124,13 @@ fn back_to_back_small_tensors_are_one_request_each_run() {
         .map(|n| meta(&checkpoint, n).offset)
         .collect();
     let host = HostAllocator::with_capacity(1 << 30);
-    let reader = FaultyReader::new(HostReader);
-    let log = reader.log();
-    let stager = Stager::new(
+    let ((loaded, error), requests) = load(
         checkpoint,
-        reader,
-        SubAllocator::new(host.clone(), 1 << 20, 32 << 10),
-        policy(32 << 10),
-    )
-    .unwrap();
-    let (loaded, error) = drain(stager);
+        FaultyReader::new(HostReader),
+        carved(&host),
+        32 << 10,
+    );
     assert!(error.is_none(), "{error:?}");
-
-    let mut requests: Vec<(u64, usize)> = log
-        .calls()
-        .iter()
-        .map(|c| (c.offset, c.requested))
-        .collect();
-    requests.sort_unstable();
     assert_eq!(
         requests,
         vec![
@@ -157,23 +179,13 @@ fn a_neighbour_at_an_unaligned_distance_starts_a_new_run() {
         meta(&checkpoint, "t0").offset,
         meta(&checkpoint, "t2").offset,
     );
-    let reader = FaultyReader::new(HostReader);
-    let log = reader.log();
-    let stager = Stager::new(
+    let ((loaded, error), requests) = load(
         checkpoint,
-        reader,
-        SubAllocator::new(HostAllocator::new(), 1 << 20, 32 << 10),
-        policy(32 << 10),
-    )
-    .unwrap();
-    let (loaded, error) = drain(stager);
+        FaultyReader::new(HostReader),
+        carved(&HostAllocator::new()),
+        32 << 10,
+    );
     assert!(error.is_none(), "{error:?}");
-    let mut requests: Vec<(u64, usize)> = log
-        .calls()
-        .iter()
-        .map(|c| (c.offset, c.requested))
-        .collect();
-    requests.sort_unstable();
     assert_eq!(requests, vec![(t0, 356), (t2, 512)]);
     for (name, _, addr, bytes) in &loaded {
         assert_eq!(bytes, &contents[name], "{name}");
@@ -191,14 +203,12 @@ fn a_bad_byte_inside_a_run_names_its_tensor_and_the_whole_ones_before_it_are_han
     let (checkpoint, contents) = write(dir.path(), &floats("a", 10, 256));
     let bad = meta(&checkpoint, "a04").offset + 10;
     let host = HostAllocator::with_capacity(1 << 30);
-    let stager = Stager::new(
+    let ((loaded, error), _) = load(
         checkpoint,
         FaultyReader::new(HostReader).bad_byte_at(bad),
-        SubAllocator::new(host.clone(), 1 << 20, 32 << 10),
-        policy(coalesce_below),
-    )
-    .unwrap();
-    let (loaded, error) = drain(stager);
+        carved(&host),
+        coalesce_below,
+    );
     let names: Vec<&str> = loaded.iter().map(|t| t.0.as_str()).collect();
     assert_eq!(
         names,
@@ -218,36 +228,32 @@ fn a_bad_byte_inside_a_run_names_its_tensor_and_the_whole_ones_before_it_are_han
     assert_eq!(host.used(), 0, "the failed run's memory is freed");
 }
 
-#[test]
-fn coalescing_off_reads_every_tensor_on_its_own() {
+/// Ten back-to-back 1 KiB tensors through `allocator`: one request each, bytes right.
+fn one_request_per_tensor<A>(allocator: A, coalesce_below: usize)
+where
+    A: DeviceAllocator<Space = HostMemory>,
+{
     let dir = tempfile::tempdir().unwrap();
     let (checkpoint, contents) = write(dir.path(), &floats("a", 10, 256));
-    let reader = FaultyReader::new(HostReader);
-    let log = reader.log();
-    let stager = Stager::new(
+    let ((loaded, error), requests) = load(
         checkpoint,
-        reader,
-        SubAllocator::new(HostAllocator::new(), 1 << 20, 32 << 10),
-        policy(0),
-    )
-    .unwrap();
-    let (loaded, error) = drain(stager);
+        FaultyReader::new(HostReader),
+        allocator,
+        coalesce_below,
+    );
     assert!(error.is_none(), "{error:?}");
-    assert_eq!(log.calls().len(), 10);
+    assert_eq!(requests.len(), 10);
     assert!(loaded.iter().all(|(n, _, _, b)| b == &contents[n]));
 }
 
 #[test]
+fn coalescing_off_reads_every_tensor_on_its_own() {
+    one_request_per_tensor(carved(&HostAllocator::new()), 0);
+}
+
+#[test]
 fn an_allocator_that_cannot_split_gets_one_request_per_tensor() {
-    let dir = tempfile::tempdir().unwrap();
-    let (checkpoint, contents) = write(dir.path(), &floats("a", 10, 256));
-    let reader = FaultyReader::new(HostReader);
-    let log = reader.log();
-    let stager = Stager::new(checkpoint, reader, HostAllocator::new(), policy(32 << 10)).unwrap();
-    let (loaded, error) = drain(stager);
-    assert!(error.is_none(), "{error:?}");
-    assert_eq!(log.calls().len(), 10);
-    assert!(loaded.iter().all(|(n, _, _, b)| b == &contents[n]));
+    one_request_per_tensor(HostAllocator::new(), 32 << 10);
 }
 
 #[test]
@@ -275,11 +281,7 @@ fn a_run_that_runs_out_of_memory_is_staged_tensor_by_tensor() {
         let TensorData::Device(d) = tensor.data() else {
             unreachable!()
         };
-        let mut bytes = vec![0u8; d.buffer().len()];
-        stager
-            .allocator()
-            .copy_to_host(d.buffer(), 0, &mut bytes)
-            .unwrap();
+        let bytes = device_bytes(stager.allocator(), d.buffer());
         assert_eq!(bytes, contents[tensor.name()], "{}", tensor.name());
         loaded.push(tensor);
     }
@@ -341,11 +343,7 @@ fn a_destination_tensor_splits_the_run_around_it() {
     while let Some(tensor) = stager.next() {
         let tensor = tensor.unwrap();
         if let TensorData::Device(d) = tensor.data() {
-            let mut bytes = vec![0u8; d.buffer().len()];
-            stager
-                .allocator()
-                .copy_to_host(d.buffer(), 0, &mut bytes)
-                .unwrap();
+            let bytes = device_bytes(stager.allocator(), d.buffer());
             assert_eq!(bytes, contents[tensor.name()], "{}", tensor.name());
         }
         paths.push((tensor.name().to_owned(), tensor.path()));
@@ -363,12 +361,7 @@ fn a_destination_tensor_splits_the_run_around_it() {
             StagingPath::Device
         ]
     );
-    let mut requests: Vec<(u64, usize)> = log
-        .calls()
-        .iter()
-        .map(|c| (c.offset, c.requested))
-        .collect();
-    requests.sort_unstable();
+    let requests = sorted_requests(&log);
     assert_eq!(
         requests,
         vec![

@@ -235,11 +235,7 @@ fn call_index(
 }
 
 fn meta<'a>(checkpoint: &'a Checkpoint, name: &str) -> &'a TensorMeta {
-    checkpoint
-        .tensors()
-        .iter()
-        .find(|t| t.name == name)
-        .unwrap()
+    checkpoint.tensor(name).unwrap()
 }
 
 fn file_of(checkpoint: &Checkpoint, name: &str) -> PathBuf {

@@ -329,6 +329,11 @@ impl Checkpoint {
         &self.tensors
     }
 
+    /// The tensor called `name`, if the checkpoint has one (a linear search).
+    pub fn tensor(&self, name: &str) -> Option<&TensorMeta> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
     /// Total tensor bytes.
     pub fn total_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.len as u64).sum()
