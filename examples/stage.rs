@@ -547,4 +547,5 @@ fn print_human(report: &LoadReport, tensors: &[TensorEntry]) {
         HumanBytes(report.peak_device_bytes),
         HumanBytes(report.peak_host_bytes)
     );
+    println!("read requests: {}", report.read_requests);
 }

@@ -54,6 +54,7 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
             "fallbacks",
             "peak_device_bytes",
             "peak_host_bytes",
+            "read_requests",
             "tensor_list",
         ])
     );
@@ -289,4 +290,39 @@ fn threads_give_the_same_checksums() {
         dir.path(),
     ));
     assert_eq!(one["tensor_list"], four["tensor_list"]);
+}
+
+#[test]
+fn coalescing_makes_fewer_requests_for_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let specs: Vec<TensorSpec> = (0..40)
+        .map(|i| TensorSpec::new(format!("norm.{i}"), Dtype::F32, &[64 * (i % 4 + 1)]))
+        .collect();
+    write_file(&path, &specs, 3).unwrap();
+    let p = path.to_str().unwrap();
+    let run = |below: &str| {
+        json(&stage(
+            &[
+                p,
+                "--json",
+                "--checksums",
+                "--threads",
+                "2",
+                "--coalesce-below",
+                below,
+            ],
+            dir.path(),
+        ))
+    };
+    let (off, on) = (run("0"), run("1MiB"));
+    assert_eq!(
+        off["tensor_list"], on["tensor_list"],
+        "same bytes, same paths"
+    );
+    assert_eq!(off["read_requests"], 40, "one request per tensor");
+    assert_eq!(
+        on["read_requests"], 1,
+        "40 back-to-back small tensors, one run"
+    );
 }

@@ -91,6 +91,9 @@ pub struct LoadReport {
     /// The most host bytes the library's buffers held at once (host-assembled tensors not yet
     /// dropped or taken with `into_bytes`).
     pub peak_host_bytes: u64,
+    /// Read calls made to the backend's reader. One per chunk, or per run of coalesced small
+    /// tensors, plus one for every short read continued.
+    pub read_requests: u64,
 }
 
 /// Live and peak bytes, shared by the stager and the buffers it hands out.
@@ -100,6 +103,7 @@ pub(crate) struct Accounting {
     device_peak: AtomicU64,
     host_now: AtomicU64,
     host_peak: AtomicU64,
+    read_requests: AtomicU64,
 }
 
 /// Which counter a held allocation belongs to.
@@ -130,6 +134,14 @@ impl Accounting {
 
     pub(crate) fn device_now(&self) -> u64 {
         self.device_now.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn count_request(&self) {
+        self.read_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn read_requests(&self) -> u64 {
+        self.read_requests.load(Ordering::Acquire)
     }
 
     pub(crate) fn peaks(&self) -> (u64, u64) {

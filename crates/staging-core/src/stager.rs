@@ -16,7 +16,7 @@ use crate::memory::{DeviceRegion, HostBytes, MemorySpace};
 use crate::policy::{COALESCE_ALIGN, FallbackCause, StagingPath, StagingPolicy};
 use crate::report::{Accounting, Fallbacks, LoadReport, MemoryKind, PathTotals};
 use crate::traits::{
-    AllocError, Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader,
+    AllocError, Destination, DeviceAllocator, DeviceBuffer, NoDestination, ReadError, Reader,
 };
 use crate::write_loop::{error_offset, fill_region, fill_regions, plan_chunks, read_exact};
 
@@ -307,6 +307,7 @@ where
             fallbacks: self.fallbacks,
             peak_device_bytes,
             peak_host_bytes,
+            read_requests: self.accounting.read_requests(),
         }
     }
 
@@ -396,7 +397,11 @@ where
         // 1. The caller's destination, asked before anything is allocated.
         if let Some((region, capacity)) = ask_destination(&mut self.destination, &meta)? {
             let addr = region.addr();
-            fill_region(&self.reader, file, &meta, region, chunk)?;
+            let reader = Counted {
+                inner: &self.reader,
+                accounting: &self.accounting,
+            };
+            fill_region(&reader, file, &meta, region, chunk)?;
             self.verify_unchanged(&meta)?;
             return Ok(StagedTensor {
                 meta,
@@ -410,7 +415,11 @@ where
                 let Some((_, file)) = self.open.as_ref() else {
                     return Err(Error::Policy("internal: no open file".into()));
                 };
-                fill_region(&self.reader, file, &meta, tensor.buffer.region(), chunk)?;
+                let reader = Counted {
+                    inner: &self.reader,
+                    accounting: &self.accounting,
+                };
+                fill_region(&reader, file, &meta, tensor.buffer.region(), chunk)?;
                 self.verify_unchanged(&meta)?;
                 Ok(StagedTensor {
                     meta,
@@ -482,7 +491,10 @@ where
                     planned.extend(items);
                     let batch = BatchRead {
                         pool: self.pool.as_ref(),
-                        reader: &self.reader,
+                        reader: Counted {
+                            inner: &self.reader,
+                            accounting: &self.accounting,
+                        },
                         file: self.open.as_ref().map(|(_, f)| f),
                         chunk_size: self.policy.chunk_size,
                     };
@@ -533,7 +545,10 @@ where
         }
         let batch = BatchRead {
             pool: self.pool.as_ref(),
-            reader: &self.reader,
+            reader: Counted {
+                inner: &self.reader,
+                accounting: &self.accounting,
+            },
             file: self.open.as_ref().map(|(_, f)| f),
             chunk_size: self.policy.chunk_size,
         };
@@ -635,7 +650,10 @@ where
                 return Err(Error::Policy("internal: no open file".into()));
             };
             let assembly = HostAssembly {
-                reader: &self.reader,
+                reader: Counted {
+                    inner: &self.reader,
+                    accounting: &self.accounting,
+                },
                 allocator: &self.allocator,
                 file,
                 meta: &meta,
@@ -660,10 +678,43 @@ where
     }
 }
 
+/// The stager's reader, counting its read calls into the load's report.
+struct Counted<'a, R> {
+    inner: &'a R,
+    accounting: &'a Accounting,
+}
+
+impl<R: Reader> Reader for Counted<'_, R> {
+    type Space = R::Space;
+    type File = R::File;
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn mode(&self) -> &str {
+        self.inner.mode()
+    }
+
+    fn open(&self, path: &std::path::Path) -> std::result::Result<R::File, ReadError> {
+        self.inner.open(path)
+    }
+
+    fn read_at(
+        &self,
+        file: &R::File,
+        offset: u64,
+        dst: DeviceRegion<'_, R::Space>,
+    ) -> std::result::Result<usize, ReadError> {
+        self.accounting.count_request();
+        self.inner.read_at(file, offset, dst)
+    }
+}
+
 /// A batch read: what [`Stager::stage_batch`] hands to the pool.
 struct BatchRead<'a, R: Reader> {
     pool: Option<&'a rayon::ThreadPool>,
-    reader: &'a R,
+    reader: Counted<'a, R>,
     file: Option<&'a R::File>,
     chunk_size: usize,
 }
@@ -703,7 +754,7 @@ impl<R: Reader> BatchRead<'_, R> {
                         "internal: no pool or open file".into(),
                     )))];
                 };
-                fill_regions(pool, self.reader, file, items, self.chunk_size)
+                fill_regions(pool, &self.reader, file, items, self.chunk_size)
             }
         };
         let failed_item = failure.as_ref().map(|(index, _)| *index);
@@ -798,7 +849,7 @@ impl<R: Reader> BatchRead<'_, R> {
 
 /// Host assembly of one tensor through staging slots.
 struct HostAssembly<'a, R: Reader, A: DeviceAllocator<Space = R::Space>> {
-    reader: &'a R,
+    reader: Counted<'a, R>,
     allocator: &'a A,
     file: &'a R::File,
     meta: &'a TensorMeta,
@@ -890,7 +941,7 @@ impl<R: Reader, A: DeviceAllocator<Space = R::Space>> HostAssembly<'_, R, A> {
             ));
         };
         read_exact(
-            self.reader,
+            &self.reader,
             self.file,
             std::slice::from_ref(meta),
             at,

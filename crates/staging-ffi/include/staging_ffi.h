@@ -296,6 +296,11 @@ typedef struct stg_report {
    The most host bytes the library held at once.
    */
   uint64_t peak_host_bytes;
+  /*
+   Read calls made to the backend (one per chunk or per run of coalesced small tensors,
+   plus one per short read continued).
+   */
+  uint64_t read_requests;
 } stg_report;
 
 #ifdef __cplusplus

@@ -142,6 +142,9 @@ pub struct stg_report {
     pub peak_device_bytes: u64,
     /// The most host bytes the library held at once.
     pub peak_host_bytes: u64,
+    /// Read calls made to the backend (one per chunk or per run of coalesced small tensors,
+    /// plus one per short read continued).
+    pub read_requests: u64,
 }
 
 /// The destination callback: asked once per tensor, in file order, before anything is
@@ -943,6 +946,7 @@ pub unsafe extern "C" fn stg_load_report(load: *mut stg_load, out: *mut stg_repo
             fallbacks_allocation_race: r.fallbacks.allocation_race,
             peak_device_bytes: r.peak_device_bytes,
             peak_host_bytes: r.peak_host_bytes,
+            read_requests: r.read_requests,
         };
         // SAFETY: `out` is non-null and writable by the caller's contract.
         unsafe { *out = report };
