@@ -233,6 +233,7 @@ def main():
                     "gb_per_s": round(report["bytes_per_second"] / 1e9, 2),
                     "peak_device_mib_report": report["peak_device_bytes"] >> 20,
                     "peak_device_mib_smi": gpu, "paths": {k: v["tensors"] for k, v in report["paths"].items()},
+                    "read_requests": report.get("read_requests"),
                     "fallbacks": report["fallbacks"]})
         if check_bytes:
             code, out, err, *_ = run_child(cmd + ["--checksums"], env=env)
@@ -279,16 +280,16 @@ def main():
             facts["fastsafetensors"] = "not installed"
 
     torch_rate = next((r.get("gb_per_s") for r in results if r["what"].startswith("safetensors.torch")), None)
-    lines = ["| what | mode | GB/s | load s | ratio vs torch | peak device MiB (report / smi) | peak RSS MiB | bytes exact | paths |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| what | mode | GB/s | load s | ratio vs torch | peak device MiB (report / smi) | peak RSS MiB | bytes exact | read requests | paths |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         ratio = f"{r['gb_per_s'] / torch_rate:.2f}" if torch_rate and r.get("gb_per_s") else ""
         if "error" in r:
-            lines.append(f"| {r['what']} | | | | | | {r['peak_rss_mib']} | | error: {r['error'][:120]} |")
+            lines.append(f"| {r['what']} | | | | | | {r['peak_rss_mib']} | | | error: {r['error'][:120]} |")
             continue
         lines.append(f"| {r['what']} | {r.get('mode', '')} | {r.get('gb_per_s', '')} | {r.get('load_s', '')} | {ratio} | "
                      f"{r.get('peak_device_mib_report', '')} / {r.get('peak_device_mib_smi', '')} | {r['peak_rss_mib']} | "
-                     f"{r.get('bytes_exact', '')} | {r.get('paths', '')} |")
+                     f"{r.get('bytes_exact', '')} | {r.get('read_requests', '')} | {r.get('paths', '')} |")
     table = "\n".join(lines)
     facts_text = "\n".join(f"- {k}: {v}" for k, v in facts.items())
     print(facts_text + "\n\n" + table)
