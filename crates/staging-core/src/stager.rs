@@ -23,6 +23,31 @@ use crate::write_loop::{error_offset, fill_region, fill_regions, plan_chunks, re
 /// The smallest staging buffer tried when memory is short: one 4 KiB page.
 pub const MIN_STAGING_SIZE: usize = 4096;
 
+/// The stager's reader, counting into its report, borrowing only the fields it needs (a
+/// destination's region may still borrow `destination`, so a method borrowing the whole stager
+/// would not do).
+macro_rules! counted {
+    ($stager:expr) => {
+        Counted {
+            inner: &$stager.reader,
+            accounting: &$stager.accounting,
+        }
+    };
+}
+
+/// A [`BatchRead`] over the stager's fields, each borrowed on its own (see [`counted!`]).
+macro_rules! batch_read {
+    ($stager:expr) => {
+        BatchRead {
+            pool: $stager.pool.as_ref(),
+            reader: counted!($stager),
+            file: $stager.open.as_ref().map(|(_, f)| f),
+            chunk_size: $stager.policy.chunk_size,
+            allocator: &$stager.allocator,
+        }
+    };
+}
+
 /// Alignment of host-assembled tensors.
 const HOST_ALIGN: usize = 16;
 
@@ -397,10 +422,7 @@ where
         // 1. The caller's destination, asked before anything is allocated.
         if let Some((region, capacity)) = ask_destination(&mut self.destination, &meta)? {
             let addr = region.addr();
-            let reader = Counted {
-                inner: &self.reader,
-                accounting: &self.accounting,
-            };
+            let reader = counted!(self);
             fill_region(&reader, file, &meta, region, chunk)?;
             self.verify_unchanged(&meta)?;
             return Ok(StagedTensor {
@@ -415,10 +437,7 @@ where
                 let Some((_, file)) = self.open.as_ref() else {
                     return Err(Error::Policy("internal: no open file".into()));
                 };
-                let reader = Counted {
-                    inner: &self.reader,
-                    accounting: &self.accounting,
-                };
+                let reader = counted!(self);
                 fill_region(&reader, file, &meta, tensor.buffer.region(), chunk)?;
                 self.verify_unchanged(&meta)?;
                 Ok(StagedTensor {
@@ -489,19 +508,8 @@ where
                     };
                     let (items, failed) = devices.plan_run(std::mem::take(&mut run));
                     planned.extend(items);
-                    let batch = BatchRead {
-                        pool: self.pool.as_ref(),
-                        reader: Counted {
-                            inner: &self.reader,
-                            accounting: &self.accounting,
-                        },
-                        file: self.open.as_ref().map(|(_, f)| f),
-                        chunk_size: self.policy.chunk_size,
-                    };
-                    let allocator = &self.allocator;
-                    let split = |buffer, pieces: &[(usize, usize)]| allocator.split(buffer, pieces);
                     let destination = failed.is_none().then_some((&meta, region));
-                    let mut slots = batch.run(planned, destination, split);
+                    let mut slots = batch_read!(self).run(planned, destination);
                     slots.extend(failed.map(|e| Slot::Ready(Err(e))));
                     if self.finish_batch(slots) {
                         let checked = self.verify_unchanged(&meta).map(|()| StagedTensor {
@@ -543,18 +551,7 @@ where
                 error = failed;
             }
         }
-        let batch = BatchRead {
-            pool: self.pool.as_ref(),
-            reader: Counted {
-                inner: &self.reader,
-                accounting: &self.accounting,
-            },
-            file: self.open.as_ref().map(|(_, f)| f),
-            chunk_size: self.policy.chunk_size,
-        };
-        let allocator = &self.allocator;
-        let split = |buffer, pieces: &[(usize, usize)]| allocator.split(buffer, pieces);
-        let mut slots = batch.run(planned, None, split);
+        let mut slots = batch_read!(self).run(planned, None);
         slots.extend(error.map(|e| Slot::Ready(Err(e))));
         self.finish_batch(slots);
     }
@@ -650,10 +647,7 @@ where
                 return Err(Error::Policy("internal: no open file".into()));
             };
             let assembly = HostAssembly {
-                reader: Counted {
-                    inner: &self.reader,
-                    accounting: &self.accounting,
-                },
+                reader: counted!(self),
                 allocator: &self.allocator,
                 file,
                 meta: &meta,
@@ -712,23 +706,23 @@ impl<R: Reader> Reader for Counted<'_, R> {
 }
 
 /// A batch read: what [`Stager::stage_batch`] hands to the pool.
-struct BatchRead<'a, R: Reader> {
+struct BatchRead<'a, R: Reader, A> {
     pool: Option<&'a rayon::ThreadPool>,
     reader: Counted<'a, R>,
     file: Option<&'a R::File>,
     chunk_size: usize,
+    allocator: &'a A,
 }
 
-impl<R: Reader> BatchRead<'_, R> {
+impl<R: Reader, A: DeviceAllocator<Space = R::Space>> BatchRead<'_, R, A> {
     /// Reads the planned device tensors and runs (and an optional destination region, last in
     /// order) on the pool; returns the planned items in order, runs cut into their tensors by
     /// `split`, up to and including the first failure.
-    fn run<B: DeviceBuffer<Space = R::Space>>(
+    fn run(
         &self,
-        planned: Vec<Planned<B>>,
+        planned: Vec<Planned<A::Buffer>>,
         destination: Option<(&TensorMeta, DeviceRegion<'_, R::Space>)>,
-        split: impl Fn(B, &[(usize, usize)]) -> std::result::Result<Vec<B>, B>,
-    ) -> Vec<Slot<B>> {
+    ) -> Vec<Slot<A::Buffer>> {
         let mut planned = planned;
         let failure = {
             let mut items: Vec<(&[TensorMeta], DeviceRegion<'_, R::Space>)> = Vec::new();
@@ -791,7 +785,7 @@ impl<R: Reader> BatchRead<'_, R> {
                         .iter()
                         .map(|t| ((t.offset - first.offset) as usize, t.len))
                         .collect();
-                    match split(buffer, &pieces) {
+                    match self.allocator.split(buffer, &pieces) {
                         Ok(buffers) => {
                             let parts = tensors.into_iter().zip(buffers).zip(held);
                             for ((meta, buffer), held) in parts.take(complete) {
