@@ -116,6 +116,13 @@ mod posix_small_bounce {
     backend_mock::conformance_suite!(super::CuFilePosixSmallBounce);
 }
 
+#[test]
+fn the_posix_path_copies_with_cumemcpyhtodasync() {
+    let counter = || common::stub_counter(&stubs().cuda, b"stub_cuda_async_copies");
+    // 64 KiB through 4 KiB pinned halves: at least 16 asynchronous copies.
+    assert!(common::counted_load(&CuFilePosixSmallBounce, counter) >= 16);
+}
+
 // ---- The `stage` command with the stubs, in child processes (so each run chooses whether a
 // ---- libcuda exists at all).
 

@@ -99,6 +99,13 @@ mod posix_small_bounce {
     backend_mock::conformance_suite!(super::HipPosixSmallBounce);
 }
 
+#[test]
+fn the_posix_path_copies_with_hipmemcpyasync() {
+    let counter = || common::stub_counter(&stubs().hip, b"stub_hip_async_copies");
+    // 64 KiB through 4 KiB pinned halves: at least 16 asynchronous copies.
+    assert!(common::counted_load(&HipPosixSmallBounce, counter) >= 16);
+}
+
 /// Reads over the per-call limit: with the limit cut to 5000 bytes (the stub refuses anything
 /// larger with EINVAL), 16 KiB chunks must be cut into several calls; on the device path and the
 /// host path, with one and three I/O threads, every byte is right.

@@ -344,13 +344,6 @@ impl PinnedBuffer {
         self.pending = false;
         Ok(())
     }
-
-    /// Copies the first `dst.len()` bytes to `dst` and waits for the copy.
-    pub fn copy_to_device(&mut self, dst: DeviceRegion<'_, CudaMemory>) -> Result<(), DeviceError> {
-        // SAFETY: `wait` runs before this returns, while `dst` is still borrowed.
-        unsafe { self.copy_to_device_async(dst) }?;
-        self.wait()
-    }
 }
 
 impl Drop for PinnedBuffer {

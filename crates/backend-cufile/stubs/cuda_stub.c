@@ -4,7 +4,6 @@
  *   STUB_CUDA_DEVICES      device count (default 1)
  *   STUB_CUDA_TOTAL_MIB    device memory in MiB (default 1024)
  *   STUB_CUDA_INIT_ERROR   CUresult cuInit returns (default 0)
- * stub_cuda_used_bytes() reports bytes allocated and not freed, for leak checks.
  * Asynchronous copies are deferred until their stream is synchronized (deferred_stream.h, in
  * backend-gds); stub_cuda_async_copies() counts those performed. */
 #include <pthread.h>
@@ -74,20 +73,11 @@ CUresult cuMemFreeHost(void *ptr) { free(ptr); return 0; }
 CUresult cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "stub CUDA error"; return 0; }
 CUresult cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_STUB"; return 0; }
 typedef struct stub_stream *CUstream;
-static size_t async_copies = 0;
 
 CUresult cuStreamCreate(CUstream *out, unsigned flags) { (void)flags; return stub_stream_create(out); }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     return stub_stream_enqueue(s, (void *)(uintptr_t)dst, src, n);
 }
-CUresult cuStreamSynchronize(CUstream s) {
-    size_t performed = 0;
-    CUresult status = stub_stream_sync(s, &performed);
-    pthread_mutex_lock(&mu);
-    async_copies += performed;
-    pthread_mutex_unlock(&mu);
-    return status;
-}
-CUresult cuStreamDestroy_v2(CUstream s) { cuStreamSynchronize(s); return stub_stream_destroy(s); }
-size_t stub_cuda_async_copies(void) { pthread_mutex_lock(&mu); size_t n = async_copies; pthread_mutex_unlock(&mu); return n; }
-size_t stub_cuda_used_bytes(void) { pthread_mutex_lock(&mu); size_t u = used; pthread_mutex_unlock(&mu); return u; }
+CUresult cuStreamSynchronize(CUstream s) { return stub_stream_sync(s); }
+CUresult cuStreamDestroy_v2(CUstream s) { return stub_stream_destroy(s); }
+size_t stub_cuda_async_copies(void) { return __atomic_load_n(&stub_async_copies, __ATOMIC_RELAXED); }

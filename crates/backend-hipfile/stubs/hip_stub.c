@@ -2,7 +2,9 @@
  * from malloc. Only the runtime calls the backend makes are exported. Environment:
  *   STUB_HIP_DEVICES     device count (default 1)
  *   STUB_HIP_TOTAL_MIB   device memory in MiB (default 1024)
- *   STUB_HIP_INIT_ERROR  hipError_t hipInit returns (default 0) */
+ *   STUB_HIP_INIT_ERROR  hipError_t hipInit returns (default 0)
+ * Asynchronous copies are deferred until their stream is synchronized (deferred_stream.h, in
+ * backend-gds); stub_hip_async_copies() counts those performed. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,7 +64,7 @@ hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, struct
 hipError_t hipHostMalloc(void **ptr, size_t n, unsigned flags) { (void)flags; *ptr = malloc(n ? n : 1); return *ptr ? 0 : 2; }
 hipError_t hipHostFree(void *ptr) { free(ptr); return 0; }
 hipError_t hipStreamCreate(struct stub_stream **out) { return stub_stream_create(out); }
-hipError_t hipStreamSynchronize(struct stub_stream *s) { return stub_stream_sync(s, NULL); }
+hipError_t hipStreamSynchronize(struct stub_stream *s) { return stub_stream_sync(s); }
 hipError_t hipStreamDestroy(struct stub_stream *s) { return stub_stream_destroy(s); }
 const char *hipGetErrorString(hipError_t e) { return e == 2 ? "hipErrorOutOfMemory" : "stub HIP error"; }
-size_t stub_hip_used_bytes(void) { pthread_mutex_lock(&mu); size_t u = used; pthread_mutex_unlock(&mu); return u; }
+size_t stub_hip_async_copies(void) { return __atomic_load_n(&stub_async_copies, __ATOMIC_RELAXED); }
