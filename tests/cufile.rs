@@ -35,9 +35,14 @@ fn stubs() -> &'static Stubs {
 }
 
 fn open(mode: RequestedMode) -> backend_cufile::Backend {
+    open_with_bounce(mode, Options::default().bounce_size)
+}
+
+fn open_with_bounce(mode: RequestedMode, bounce_size: usize) -> backend_cufile::Backend {
     let options = Options {
         mode,
         library: Some(stubs().cufile.clone()),
+        bounce_size,
         ..Options::default()
     };
     backend_cufile::open(&options).unwrap()
@@ -76,13 +81,8 @@ impl Harness for CuFilePosixSmallBounce {
     type Reader = CuFileReader;
     type Allocator = CudaAllocator;
     fn backend(&self) -> (CuFileReader, CudaAllocator) {
-        let options = Options {
-            mode: RequestedMode::Posix,
-            library: Some(stubs().cufile.clone()),
-            bounce_size: 8192,
-            ..Options::default()
-        };
-        let backend = backend_cufile::open(&options).unwrap();
+        let backend = open_with_bounce(RequestedMode::Posix, 8192);
+        assert_eq!(staging_core::Reader::mode(&backend.reader), "posix");
         (backend.reader, backend.allocator)
     }
 }

@@ -24,12 +24,19 @@ fn stubs() -> &'static Stubs {
 }
 
 fn open(mode: RequestedMode, library: &Path, max_read: usize) -> backend_hipfile::Backend {
-    let options = Options {
+    open_options(Options {
         mode,
         library: Some(library.to_path_buf()),
-        hip_library: Some(stubs().hip.clone()),
         max_read,
         ..Options::default()
+    })
+}
+
+/// Opens the backend with `options` and the stub HIP runtime.
+fn open_options(options: Options) -> backend_hipfile::Backend {
+    let options = Options {
+        hip_library: Some(stubs().hip.clone()),
+        ..options
     };
     backend_hipfile::open(&options).unwrap()
 }
@@ -59,14 +66,13 @@ impl Harness for HipPosixSmallBounce {
     type Reader = HipFileReader;
     type Allocator = HipAllocator;
     fn backend(&self) -> (HipFileReader, HipAllocator) {
-        let options = Options {
+        let backend = open_options(Options {
             mode: RequestedMode::Posix,
             library: Some(stubs().hipfile.clone()),
-            hip_library: Some(stubs().hip.clone()),
             bounce_size: 8192,
             ..Options::default()
-        };
-        let backend = backend_hipfile::open(&options).unwrap();
+        });
+        assert_eq!(staging_core::Reader::mode(&backend.reader), "posix");
         (backend.reader, backend.allocator)
     }
 }
