@@ -2,23 +2,45 @@
 //! # safetensors-staging
 //!
 //! Loads Hugging Face safetensors checkpoints onto a device with bounded memory and exact bytes.
-//! This facade re-exports [`staging_core`] (traits, policy, stager, host backend) and, behind the
-//! `mock` feature, [`backend_mock`] (fault-injecting doubles, fixtures, the conformance suite).
-//! See the README for the `stage` command and the policy.
+//! [`Loader`] is the one entry point: it picks the backend (`auto`: cuFile, then hipFile, then
+//! the host), applies the policy, selection and destination, and opens paths into a [`Load`],
+//! an iterator of [`Tensor`]s with its [`LoadReport`]. The `stage` command, the C ABI and the
+//! benchmark all go through it.
+//!
+//! The crates underneath, for backends and lower-level use: `staging-core` (traits, policy,
+//! `Stager`, host backend) and, behind features, [`cufile`], [`hipfile`] and [`mock`]
+//! (fault-injecting doubles, fixtures, the conformance suite; not a default feature).
 
-pub use staging_core::*;
+mod backend;
+mod error;
+mod loader;
+mod space;
+mod tensor;
 
-/// The core crate, by name.
-pub use staging_core as core;
+/// CUDA tensors handed to code built on `cudarc`.
+#[cfg(feature = "cufile")]
+pub mod cuda;
 
-/// Fault-injecting doubles, fixture writers and the backend conformance suite.
-#[cfg(feature = "mock")]
-pub use backend_mock as mock;
+pub use backend::{AutoOptions, Backend, HostOptions};
+pub use error::{Error, Result};
+pub use loader::{Load, Loader, Prepared};
+pub use space::KnownSpace;
+pub use tensor::{DeviceMemory, Tensor};
 
-/// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices.
+pub use staging_core::{
+    Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, FallbackCause, Fallbacks,
+    HostBytes, HostMemory, IoMode, LoadReport, MemorySpace, PathCount, PathTotals, PolicyBuilder,
+    RawDestination, RowRange, Selection, ShardFile, StagingPath, StagingPolicy, TensorMeta,
+};
+
+/// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices, and `cudarc`.
 #[cfg(feature = "cufile")]
 pub use backend_cufile as cufile;
 
 /// AMD hipFile backend for HIP devices (run against stubs only so far).
 #[cfg(feature = "hipfile")]
 pub use backend_hipfile as hipfile;
+
+/// Fault-injecting doubles, fixture writers and the backend conformance suite.
+#[cfg(feature = "mock")]
+pub use backend_mock as mock;

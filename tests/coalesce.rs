@@ -17,12 +17,12 @@ use staging_core::{
 
 /// Several threads (coalescing works on the batch path), small tensors below 32 KiB.
 fn policy(coalesce_below: usize) -> StagingPolicy {
-    StagingPolicy {
-        io_threads: 2,
-        chunk_size: 1 << 20,
-        coalesce_below,
-        ..StagingPolicy::default()
-    }
+    StagingPolicy::builder()
+        .io_threads(2)
+        .chunk_size(1 << 20)
+        .coalesce_below(coalesce_below)
+        .build()
+        .unwrap()
 }
 
 fn write(dir: &Path, specs: &[TensorSpec]) -> (Checkpoint, Contents) {

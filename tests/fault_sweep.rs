@@ -9,7 +9,7 @@
 use backend_mock::fixtures::{Contents, TensorSpec, write_sharded};
 use backend_mock::{FaultyReader, ScriptedAllocator};
 use staging_core::host::{HostAllocator, HostReader};
-use staging_core::write_loop::plan_chunks;
+use staging_core::plan_chunks;
 use staging_core::{Checkpoint, Dtype, Error, Stager, StagingPath, StagingPolicy, TensorData};
 
 const CHUNK: usize = 8192;
@@ -37,12 +37,12 @@ fn fixture() -> (tempfile::TempDir, Checkpoint, Contents) {
 }
 
 fn policy(threads: usize) -> StagingPolicy {
-    StagingPolicy {
-        chunk_size: CHUNK,
-        staging_size: CHUNK,
-        io_threads: threads,
-        ..StagingPolicy::default()
-    }
+    StagingPolicy::builder()
+        .chunk_size(CHUNK)
+        .staging_size(CHUNK)
+        .io_threads(threads)
+        .build()
+        .unwrap()
 }
 
 /// Every read request of a fault-free load, in order: (file, offset, tensor name).

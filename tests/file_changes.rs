@@ -27,12 +27,12 @@ fn fixture(dir: &Path) -> ShardedFixture {
 }
 
 fn policy(threads: usize) -> StagingPolicy {
-    StagingPolicy {
-        chunk_size: 4096,
-        staging_size: 4096,
-        io_threads: threads,
-        ..StagingPolicy::default()
-    }
+    StagingPolicy::builder()
+        .chunk_size(4096)
+        .staging_size(4096)
+        .io_threads(threads)
+        .build()
+        .unwrap()
 }
 
 /// Runs the load to its end: the good tensors (checked against `contents`) and the error.

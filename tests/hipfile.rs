@@ -13,8 +13,6 @@ use backend_hipfile::stubs::{SMALL_MAX_READ, Stubs, build};
 use backend_hipfile::{HipAllocator, HipFileReader, Options, RequestedMode};
 use backend_mock::conformance::Harness;
 use backend_mock::fixtures::{TensorSpec, write_file};
-use common::{assert_checksums, fails_with, report, run_stage};
-use staging_core::Dtype;
 
 fn stubs() -> &'static Stubs {
     static STUBS: OnceLock<Stubs> = OnceLock::new();
@@ -53,7 +51,10 @@ impl Harness for HipFile {
             &stubs().hipfile,
             backend_hipfile::MAX_READ,
         );
-        assert_eq!(staging_core::Reader::mode(&backend.reader), "hipfile");
+        assert_eq!(
+            staging_core::Reader::mode(&backend.reader).as_str(),
+            "hipfile"
+        );
         (backend.reader, backend.allocator)
     }
 }
@@ -72,7 +73,10 @@ impl Harness for HipPosixSmallBounce {
             bounce_size: 8192,
             ..Options::default()
         });
-        assert_eq!(staging_core::Reader::mode(&backend.reader), "posix");
+        assert_eq!(
+            staging_core::Reader::mode(&backend.reader).as_str(),
+            "posix"
+        );
         (backend.reader, backend.allocator)
     }
 }
@@ -88,7 +92,10 @@ impl Harness for HipPosix {
             &stubs().hipfile,
             backend_hipfile::MAX_READ,
         );
-        assert_eq!(staging_core::Reader::mode(&backend.reader), "posix");
+        assert_eq!(
+            staging_core::Reader::mode(&backend.reader).as_str(),
+            "posix"
+        );
         (backend.reader, backend.allocator)
     }
 }
@@ -134,13 +141,13 @@ fn reads_are_cut_to_the_per_call_limit(
         SMALL_MAX_READ,
     );
     let checkpoint = staging_core::Checkpoint::open(&path).unwrap();
-    let policy = staging_core::StagingPolicy {
-        chunk_size: 16 * 1024,
-        staging_size: 16 * 1024,
-        io_threads: threads,
-        memory_budget: Some(free),
-        ..Default::default()
-    };
+    let policy = staging_core::StagingPolicy::builder()
+        .chunk_size(16 * 1024)
+        .staging_size(16 * 1024)
+        .io_threads(threads)
+        .memory_budget(Some(free))
+        .build()
+        .unwrap();
     let allocator = backend.allocator.clone();
     let stager =
         staging_core::Stager::new(checkpoint, backend.reader, backend.allocator, policy).unwrap();
@@ -158,136 +165,4 @@ fn reads_are_cut_to_the_per_call_limit(
         };
         assert!(bytes == contents[tensor.name()], "{} wrong", tensor.name());
     }
-}
-
-// ---- The `stage` command with the stubs, in child processes.
-
-fn checkpoint(dir: &Path, name: &str) -> String {
-    let specs = [
-        TensorSpec::new("embed", Dtype::BF16, &[3000, 64]),
-        TensorSpec::new("norm", Dtype::F32, &[64]),
-        TensorSpec::bytes("empty", 0),
-    ];
-    let path = dir.join(name);
-    write_file(&path, &specs, 5).unwrap();
-    path.to_str().unwrap().to_owned()
-}
-
-fn with_hip<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-    let mut env = vec![
-        ("STAGING_HIP_LIB", stubs().hip.to_str().unwrap()),
-        ("STAGING_HIPFILE_LIB", stubs().hipfile.to_str().unwrap()),
-    ];
-    env.extend_from_slice(extra);
-    env
-}
-
-#[test]
-fn without_rocm_hipfile_fails_fast_and_auto_falls_back_to_host() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = checkpoint(dir.path(), "model.safetensors");
-    // No HIP runtime anywhere; a hipFile stub that would spin in hipFileDriverOpen.
-    let env = [
-        ("STAGING_HIPFILE_LIB", stubs().hipfile.to_str().unwrap()),
-        ("STUB_HIPFILE_SPIN_OPEN", "1"),
-    ];
-    let out = run_stage(&[&file, "--backend", "hipfile"], &env, dir.path());
-    fails_with(&out, "hipfile backend: no HIP runtime: libamdhip64.so: ");
-    eprintln!("hipfile without ROCm exited in {:?}", out.elapsed);
-    let out = run_stage(&[&file, "--json"], &env, dir.path());
-    assert_eq!(report(&out)["backend"], "host");
-}
-
-#[rstest::rstest]
-#[case::no_device(&[("STUB_HIP_DEVICES", "0")], &[], "no HIP device: the runtime reports 0 devices")]
-#[case::device_out_of_range(&[], &["--device", "2"], "HIP device 2 does not exist: the runtime reports 1")]
-#[case::init_fails(&[("STUB_HIP_INIT_ERROR", "999")], &[], "HIP hipInit failed: stub HIP error (999)")]
-#[case::missing_library(&[("STAGING_HIPFILE_LIB", "/nonexistent/libhipfile.so.0")], &["--hipfile-mode", "hipfile"], "hipFile library not found: /nonexistent/libhipfile.so.0: ")]
-#[case::driver_will_not_open(&[("STUB_HIPFILE_OPEN_ERROR", "5030")], &["--hipfile-mode", "hipfile"], "hipFileDriverOpen failed: HIPFILE_INTERNAL_ERROR (5030)")]
-fn each_setup_failure_has_its_own_error(
-    #[case] env: &[(&str, &str)],
-    #[case] args: &[&str],
-    #[case] text: &str,
-) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = checkpoint(dir.path(), "model.safetensors");
-    let mut all = vec![file.as_str(), "--backend", "hipfile"];
-    all.extend_from_slice(args);
-    fails_with(&run_stage(&all, &with_hip(env), dir.path()), text);
-}
-
-#[test]
-fn a_missing_hipfile_symbol_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = checkpoint(dir.path(), "model.safetensors");
-    let env = with_hip(&[(
-        "STAGING_HIPFILE_LIB",
-        stubs().hipfile_missing_read.to_str().unwrap(),
-    )]);
-    let out = run_stage(
-        &[&file, "--backend", "hipfile", "--hipfile-mode", "hipfile"],
-        &env,
-        dir.path(),
-    );
-    fails_with(&out, "missing symbol hipFileRead");
-}
-
-#[rstest::rstest]
-#[case::auto(&[], "auto", "hipfile")]
-#[case::forced(&[], "hipfile", "hipfile")]
-#[case::posix(&[], "posix", "posix")]
-#[case::auto_without_library(&[("STAGING_HIPFILE_LIB", "/nonexistent/libhipfile.so.0")], "auto", "posix")]
-fn loads_byte_exact_in_every_mode(
-    #[case] env: &[(&str, &str)],
-    #[case] mode: &str,
-    #[case] expected: &str,
-) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = checkpoint(dir.path(), "model.safetensors");
-    let args = [
-        file.as_str(),
-        "--backend",
-        "hipfile",
-        "--hipfile-mode",
-        mode,
-        "--json",
-        "--checksums",
-    ];
-    let report = report(&run_stage(&args, &with_hip(env), dir.path()));
-    assert_eq!(report["backend"], "hipfile");
-    assert_eq!(report["mode"], expected);
-    assert_eq!(assert_checksums(&report), 3);
-}
-
-#[test]
-fn auto_tries_cufile_then_hipfile() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = checkpoint(dir.path(), "model.safetensors");
-    // No CUDA driver here; the HIP stub is found: auto picks hipFile.
-    let report = report(&run_stage(
-        &[&file, "--json", "--checksums"],
-        &with_hip(&[]),
-        dir.path(),
-    ));
-    assert_eq!(report["backend"], "hipfile");
-    assert_eq!(assert_checksums(&report), 3);
-}
-
-#[rstest::rstest]
-#[case::errno("model-READ_ERRNO.safetensors", "Input/output error")]
-#[case::code(
-    "model-READ_CODE.safetensors",
-    "hipFileRead failed: HIPFILE_CUDA_DRIVER_ERROR (5011) (code 5011)"
-)]
-fn native_read_errors_name_tensor_file_and_offset(#[case] name: &str, #[case] text: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = checkpoint(dir.path(), name);
-    let out = run_stage(&[&file, "--backend", "hipfile"], &with_hip(&[]), dir.path());
-    fails_with(&out, text);
-    assert!(
-        out.stderr
-            .contains("tensor \"embed\": read failed at offset "),
-        "{}",
-        out.stderr
-    );
 }

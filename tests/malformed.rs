@@ -5,6 +5,8 @@
 
 mod common;
 
+use backend_mock::malformed;
+
 use rstest::rstest;
 use staging_core::Error;
 
@@ -51,7 +53,9 @@ fn kind(error: &Error) -> &'static str {
 )]
 #[case::index_absolute_path("index_absolute_path", "index", "is absolute")]
 #[case::index_parent_dir("index_parent_dir", "index", "contains '..'")]
-#[case::index_symlink_escape("index_symlink_escape", "index", "outside the checkpoint directory")]
+#[case::index_dot_component("index_dot_component", "index", "has a '.' component")]
+#[case::index_empty_component("index_empty_component", "index", "has an empty component")]
+#[case::index_backslash("index_backslash", "index", "contains a backslash")]
 #[case::index_shard_is_directory("index_shard_is_directory", "not_a_file", "not a regular file")]
 #[case::index_shard_is_fifo("index_shard_is_fifo", "not_a_file", "not a regular file")]
 #[case::index_tensor_not_in_shard(
@@ -84,11 +88,11 @@ fn malformed_input_is_a_clear_error(
     #[case] expected_text: &str,
 ) {
     assert!(
-        common::MALFORMED.contains(&case),
+        malformed::MALFORMED.contains(&case),
         "{case} is not in the shared list"
     );
     let dir = tempfile::tempdir().unwrap();
-    let paths = common::build(case, dir.path());
+    let paths = malformed::build(case, dir.path());
     let error = match common::open(&paths) {
         Ok(c) => panic!(
             "{case}: opened as a checkpoint with {} tensors",
@@ -115,7 +119,7 @@ fn malformed_input_is_a_clear_error(
 #[test]
 fn every_shared_case_is_tested_here() {
     let source = include_str!("malformed.rs");
-    for case in common::MALFORMED {
+    for case in malformed::MALFORMED {
         assert!(
             source.contains(&format!("#[case::{case}(")),
             "{case} has no case here"

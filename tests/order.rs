@@ -8,7 +8,7 @@ use mockall::{Sequence, mock};
 use staging_core::host::{HostAllocator, HostBuffer};
 use staging_core::{
     AllocError, Checkpoint, Destination, DestinationError, DeviceAllocator, DeviceError,
-    DeviceRegion, Error, HostMemory, MemoryInfo, ReadError, Reader, Stager, StagingPath,
+    DeviceRegion, Error, HostMemory, IoMode, MemoryInfo, ReadError, Reader, Stager, StagingPath,
     StagingPolicy, TensorMeta,
 };
 use std::path::Path;
@@ -37,7 +37,7 @@ mock! {
         type Space = HostMemory;
         type File = ();
         fn name(&self) -> &str;
-        fn mode(&self) -> &str;
+        fn mode(&self) -> IoMode;
         fn open(&self, path: &Path) -> Result<(), ReadError>;
         fn read_at<'a>(&self, file: &(), offset: u64, dst: DeviceRegion<'a, HostMemory>) -> Result<usize, ReadError>;
     }
@@ -139,7 +139,7 @@ fn after_a_read_error_nothing_is_read_again() {
     let mut seq = Sequence::new();
     let mut reader = MockRead::new();
     reader.expect_name().return_const("mockall".to_owned());
-    reader.expect_mode().return_const("scripted".to_owned());
+    reader.expect_mode().return_const(IoMode::Posix);
     reader
         .expect_open()
         .times(1)
@@ -158,12 +158,12 @@ fn after_a_read_error_nothing_is_read_again() {
         .in_sequence(&mut seq)
         .returning(|_, _, _| Err(ReadError::Io(std::io::Error::other("disk on fire"))));
     // No further expectation: one more read_at call would fail the test.
-    let policy = StagingPolicy {
-        chunk_size: 32,
-        staging_size: 32,
-        io_threads: 1,
-        ..StagingPolicy::default()
-    };
+    let policy = StagingPolicy::builder()
+        .chunk_size(32)
+        .staging_size(32)
+        .io_threads(1)
+        .build()
+        .unwrap();
     let mut stager = Stager::new(checkpoint, reader, HostAllocator::new(), policy).unwrap();
     match stager.next() {
         Some(Err(Error::Read { tensor, offset, .. })) => {

@@ -20,7 +20,8 @@ namespace stg {
 class Error : public std::runtime_error {
  public:
   Error(stg_status status, const std::string& message)
-      : std::runtime_error(std::string(stg_status_str(status)) + (message.empty() ? "" : ": " + message)),
+      : std::runtime_error(std::string(stg_status_str(static_cast<uint32_t>(status))) +
+                           (message.empty() ? "" : ": " + message)),
         status_(status) {}
   stg_status status() const { return status_; }
 
@@ -108,7 +109,7 @@ class Config {
     detail::check(status);
     return *this;
   }
-  static stg_status trampoline(void* user, const stg_tensor_info* info, void** region, size_t* capacity) {
+  static uint32_t trampoline(void* user, const stg_tensor_info* info, void** region, size_t* capacity) {
     try {
       auto answer = (*static_cast<Destination*>(user))(*info);
       if (answer) {

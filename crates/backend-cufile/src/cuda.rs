@@ -85,6 +85,11 @@ impl CudaDevice {
         self.ordinal
     }
 
+    /// The device's primary context, retained by this handle.
+    pub fn context(&self) -> sys::CUcontext {
+        self.context
+    }
+
     /// Makes the device's primary context current on this thread.
     pub fn bind(&self) -> Result<(), DriverError> {
         // SAFETY: the context was retained in `open` and is released only on drop.
@@ -116,9 +121,23 @@ impl CudaBuffer {
     pub fn device_ptr(&self) -> u64 {
         self.ptr
     }
+
+    /// The device the allocation lives on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// Gives up the allocation without freeing it: `(pointer, length)`, now the caller's to free.
+    pub(crate) fn release(mut self) -> (sys::CUdeviceptr, usize) {
+        let taken = (self.ptr, self.len);
+        self.ptr = 0;
+        taken
+    }
 }
 
-impl DeviceBuffer for CudaBuffer {
+// SAFETY: the buffer owns its `cuMemAlloc` allocation of `len` bytes exclusively until dropped;
+// `ptr` and `len` never change; `region` covers exactly it.
+unsafe impl DeviceBuffer for CudaBuffer {
     type Space = CudaMemory;
 
     fn len(&self) -> usize {
@@ -285,12 +304,14 @@ impl PinnedBuffer {
         self.len == 0
     }
 
-    /// The bytes, for `pread` to fill. Call [`wait`](Self::wait) first when a copy may be
-    /// running.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The bytes, for `pread` to fill, once any copy still reading them has finished (it waits
+    /// for it: there is no safe mutable access while an asynchronous copy may be running).
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8], DeviceError> {
+        self.wait()?;
         // SAFETY: `ptr` is a live allocation of at least `len` bytes owned by `self`; pinned
-        // memory from the driver is ordinary readable and writable host memory.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+        // memory from the driver is ordinary readable and writable host memory, and no copy
+        // reads it any more (waited for above).
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) })
     }
 
     /// Starts copying the first `dst.len()` bytes to `dst` on this buffer's stream
@@ -363,12 +384,12 @@ impl Drop for PinnedBuffer {
 }
 
 impl backend_gds::Pinned for PinnedBuffer {
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        PinnedBuffer::as_mut_slice(self)
-    }
-
     fn wait(&mut self) -> Result<(), DeviceError> {
         PinnedBuffer::wait(self)
+    }
+
+    fn bytes_mut(&mut self) -> Result<&mut [u8], DeviceError> {
+        PinnedBuffer::bytes_mut(self)
     }
 }
 

@@ -15,6 +15,7 @@
 
 mod cuda;
 pub mod errors;
+mod handover;
 mod reader;
 #[cfg(feature = "test-stubs")]
 pub mod stubs;
@@ -26,15 +27,20 @@ use std::sync::Arc;
 pub use backend_gds::{ActiveMode, RequestedMode};
 pub use cuda::{CudaAllocator, CudaBuffer, CudaDevice, CudaMemory, PinnedBuffer};
 pub use errors::Error;
+pub use handover::{HandoverError, cuda_region};
+
+/// The `cudarc` this backend is built on, for the types of the hand-over (`CudaSlice`,
+/// `CudaStream`, `CudaContext`).
+pub use cudarc;
 pub use reader::{CuFile, CuFileReader, Driver};
 use sys::CuFileApi;
 
 /// How to open the backend.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The CUDA device ordinal (`--device`).
+    /// The CUDA device ordinal.
     pub device: usize,
-    /// The mode asked for (`--cufile-mode`).
+    /// The mode asked for.
     pub mode: RequestedMode,
     /// An explicit `libcufile` path; else `$STAGING_CUFILE_LIB`, `libcufile.so.0`, `libcufile.so`.
     pub library: Option<PathBuf>,
@@ -86,7 +92,7 @@ pub fn open(options: &Options) -> Result<Backend, Error> {
                 RequestedMode::Fast if !driver.has_nvfs() => {
                     return Err(Error::ModeUnavailable {
                         mode: "gds",
-                        why: "nvidia-fs is not loaded (cuFileDriverGetProperties reports version 0.0); try --cufile-mode compat".into(),
+                        why: "nvidia-fs is not loaded (cuFileDriverGetProperties reports version 0.0); the compatibility mode can run without it".into(),
                     });
                 }
                 RequestedMode::Compat => ActiveMode::Compat,

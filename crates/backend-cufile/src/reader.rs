@@ -7,6 +7,7 @@ use std::os::fd::RawFd;
 use std::path::Path;
 
 use backend_gds::{FileApi, GdsReader, RequestedMode};
+use staging_core::IoMode;
 
 use crate::cuda::CudaDevice;
 use crate::errors::{Error, describe_cufile_code};
@@ -95,9 +96,13 @@ impl Drop for Driver {
     }
 }
 
-impl FileApi for Driver {
+// SAFETY: handles come from `cuFileHandleRegister` and may be used from several threads;
+// `cuFileRead` writes at most `size` bytes at `base + buf_offset` and is synchronous; `max_read`
+// is `usize::MAX`.
+unsafe impl FileApi for Driver {
     const BACKEND: &'static str = "cufile";
-    const MODE_NAMES: [&'static str; 5] = ["gds", "compat", "posix", "gds+posix", "compat+posix"];
+    const FAST_MODE: IoMode = IoMode::Gds;
+    const COMPAT_MODE: IoMode = IoMode::Compat;
     const READ_CALL: &'static str = "cuFileRead";
     const REGISTER_CALL: &'static str = "cuFileHandleRegister";
 

@@ -1,6 +1,9 @@
 //! Operation-code names. `cufileop_status_error()` is `static inline` in `cufile.h`, not
-//! exported, so the names live here; hipFile's codes 5001-5038 mean the same. Unknown codes
-//! stay numbers; 5039 changed meaning between cuFile 1.14 and 1.20.
+//! exported, so the names live here. hipFile's codes 5001-5038 mean the same operations under
+//! hipFile's own names (`hipFileOpError_t` in AMD's `hipfile.h`, as the `hipfile` Python
+//! package's `_chipfile.pxd` declares it: the same order, 5021 and 5032 unused, 5039 its end
+//! marker `hipFileIOMaxError`). Unknown codes stay numbers; 5039 changed meaning between cuFile
+//! 1.14 and 1.20.
 
 /// The name of a cuFile operation code (`CUfileOpError`), if known. hipFile's codes 5001-5038
 /// are the same operations (with a `hipFile` prefix).
@@ -60,11 +63,56 @@ pub fn describe_cufile_code(code: i64) -> String {
     }
 }
 
-/// `"HIPFILE_NAME (code)"` for hipFile's codes, which share cuFile's numbers up to 5038 (its
-/// 5039 is the end marker); unknown codes stay numbers.
+/// The name of a hipFile operation code (`hipFileOpError_t`), if known: hipFile's own
+/// enumerators, in `hipfile.h`'s order from `hipFileSuccess` (0) and 5001.
+pub fn hipfile_code_name(code: i64) -> Option<&'static str> {
+    Some(match code {
+        0 => "hipFileSuccess",
+        5001 => "hipFileDriverNotInitialized",
+        5002 => "hipFileDriverInvalidProps",
+        5003 => "hipFileDriverUnsupportedLimit",
+        5004 => "hipFileDriverVersionMismatch",
+        5005 => "hipFileDriverVersionReadError",
+        5006 => "hipFileDriverClosing",
+        5007 => "hipFilePlatformNotSupported",
+        5008 => "hipFileIONotSupported",
+        5009 => "hipFileDeviceNotSupported",
+        5010 => "hipFileDriverError",
+        5011 => "hipFileHipDriverError",
+        5012 => "hipFileHipPointerInvalid",
+        5013 => "hipFileHipMemoryTypeInvalid",
+        5014 => "hipFileHipPointerRangeError",
+        5015 => "hipFileHipContextMismatch",
+        5016 => "hipFileInvalidMappingSize",
+        5017 => "hipFileInvalidMappingRange",
+        5018 => "hipFileInvalidFileType",
+        5019 => "hipFileInvalidFileOpenFlag",
+        5020 => "hipFileDIONotSet",
+        5022 => "hipFileInvalidValue",
+        5023 => "hipFileMemoryAlreadyRegistered",
+        5024 => "hipFileMemoryNotRegistered",
+        5025 => "hipFilePermissionDenied",
+        5026 => "hipFileDriverAlreadyOpen",
+        5027 => "hipFileHandleNotRegistered",
+        5028 => "hipFileHandleAlreadyRegistered",
+        5029 => "hipFileDeviceNotFound",
+        5030 => "hipFileInternalError",
+        5031 => "hipFileGetNewFDFailed",
+        5033 => "hipFileDriverSetupError",
+        5034 => "hipFileIODisabled",
+        5035 => "hipFileBatchSubmitFailed",
+        5036 => "hipFileGPUMemoryPinningFailed",
+        5037 => "hipFileBatchFull",
+        5038 => "hipFileAsyncNotSupported",
+        5039 => "hipFileIOMaxError",
+        _ => return None,
+    })
+}
+
+/// `"hipFileName (code)"`, or `"unknown hipFile error (code)"`.
 pub fn describe_hipfile_code(code: i64) -> String {
-    match cufile_code_name(code).filter(|_| code <= 5038) {
-        Some(name) => format!("{} ({code})", name.replacen("CU_FILE_", "HIPFILE_", 1)),
+    match hipfile_code_name(code) {
+        Some(name) => format!("{name} ({code})"),
         None => format!("unknown hipFile error ({code})"),
     }
 }
@@ -82,10 +130,18 @@ mod tests {
         assert_eq!(describe_cufile_code(5021), "unknown cuFile error (5021)");
         assert_eq!(describe_cufile_code(9999), "unknown cuFile error (9999)");
         assert!(describe_cufile_code(5039).contains("1.20"));
-        assert_eq!(
-            describe_hipfile_code(5011),
-            "HIPFILE_CUDA_DRIVER_ERROR (5011)"
-        );
-        assert_eq!(describe_hipfile_code(5039), "unknown hipFile error (5039)");
+        assert_eq!(describe_hipfile_code(5011), "hipFileHipDriverError (5011)");
+        assert_eq!(describe_hipfile_code(5039), "hipFileIOMaxError (5039)");
+        assert_eq!(describe_hipfile_code(5021), "unknown hipFile error (5021)");
+        assert_eq!(describe_hipfile_code(5040), "unknown hipFile error (5040)");
+        // Every cuFile code up to 5038 has a hipFile name and the other way round: the two
+        // enums run in step.
+        for code in (5001..=5038).chain([0]) {
+            assert_eq!(
+                cufile_code_name(code).is_some(),
+                hipfile_code_name(code).is_some(),
+                "{code}"
+            );
+        }
     }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use staging_core::host::open_regular_file;
-use staging_core::{DeviceError, DeviceRegion, MemorySpace, ReadError, Reader};
+use staging_core::{DeviceError, DeviceRegion, IoMode, MemorySpace, ReadError, Reader};
 
 pub mod codes;
 pub mod dl;
@@ -57,11 +57,44 @@ pub enum ActiveMode {
 }
 
 /// An opened GDS-style driver: handle registration and reads.
-pub trait FileApi: Send + Sync + 'static {
+///
+/// # Safety
+///
+/// [`GdsReader`] hands the values below to the driver and trusts them, so an implementation must
+/// guarantee:
+///
+/// - `register` returns, on success, a handle the driver accepts for `read` and `deregister`
+///   until it is deregistered, and it may be used from several threads at once;
+/// - `read` writes at most `size` bytes, all of them inside `[base + buf_offset, + size)`, and
+///   returns the count written (or `-1`/`-code`); it writes nothing once it has returned;
+/// - `max_read` is at least 1.
+///
+/// ```compile_fail,E0200
+/// // Implementing it without `unsafe` does not compile.
+/// # use std::ffi::c_void;
+/// # use std::os::fd::RawFd;
+/// # use staging_core::IoMode;
+/// struct Api;
+/// impl backend_gds::FileApi for Api {
+///     const BACKEND: &'static str = "x";
+///     const FAST_MODE: IoMode = IoMode::Gds;
+///     const COMPAT_MODE: IoMode = IoMode::Compat;
+///     const READ_CALL: &'static str = "read";
+///     const REGISTER_CALL: &'static str = "register";
+///     fn max_read(&self) -> usize { 1 }
+///     fn register(&self, _: RawFd) -> Result<*mut c_void, i64> { Err(0) }
+///     unsafe fn deregister(&self, _: *mut c_void) {}
+///     unsafe fn read(&self, _: *mut c_void, _: *mut c_void, _: usize, _: i64, _: i64) -> isize { 0 }
+///     fn describe(_: i64) -> String { String::new() }
+/// }
+/// ```
+pub unsafe trait FileApi: Send + Sync + 'static {
     /// The backend's name in reports ("cufile", "hipfile").
     const BACKEND: &'static str;
-    /// Report names of the modes: fast, compat, posix, fast+posix, compat+posix.
-    const MODE_NAMES: [&'static str; 5];
+    /// The report's mode when the library's fast path runs.
+    const FAST_MODE: IoMode;
+    /// The report's mode when the library's own compatibility path runs.
+    const COMPAT_MODE: IoMode;
     /// The read call's name, for errors.
     const READ_CALL: &'static str;
     /// The registration call's name, for errors.
@@ -112,16 +145,16 @@ pub fn driver_or_posix<D, E: std::fmt::Display>(
 }
 
 /// A pinned host buffer of a [`Gpu`].
+///
+/// There is no safe mutable access to the bytes while an asynchronous copy from them may still
+/// be running: [`bytes_mut`](Self::bytes_mut) waits for it first.
 pub trait Pinned: Send {
-    /// Its bytes, for `pread` to fill. Call [`wait`](Self::wait) first when a copy from it may
-    /// still be running.
-    fn as_mut_slice(&mut self) -> &mut [u8];
-
     /// Returns once the copy last started from this buffer by [`Gpu::copy_to_device`] has
-    /// finished. The default suits a GPU whose copies are synchronous: nothing to wait for.
-    fn wait(&mut self) -> Result<(), DeviceError> {
-        Ok(())
-    }
+    /// finished.
+    fn wait(&mut self) -> Result<(), DeviceError>;
+
+    /// Its bytes, for `pread` to fill, after waiting for any copy still reading them.
+    fn bytes_mut(&mut self) -> Result<&mut [u8], DeviceError>;
 }
 
 /// A GPU as the reader needs it.
@@ -164,8 +197,8 @@ struct Handle<F: FileApi> {
     api: Arc<F>,
 }
 
-// SAFETY: GDS-style handles may be used for reads from several threads at once (KvikIO does so
-// from its thread pool); deregistration happens once, on drop.
+// SAFETY: the `FileApi` contract: a registered handle may be used for reads from several threads
+// at once (KvikIO does so from its thread pool); deregistration happens once, on drop.
 unsafe impl<F: FileApi> Send for Handle<F> {}
 // SAFETY: as above.
 unsafe impl<F: FileApi> Sync for Handle<F> {}
@@ -283,7 +316,7 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
         let result = self.pipelined(&mut bounce, file, offset, &mut dst);
         // Both copies finish before `dst` can be released or the halves reused.
         let [one, two] = &mut bounce.halves;
-        let waited = one.wait().and(two.wait());
+        let waited = one.wait().and_then(|()| two.wait());
         match waited {
             Ok(()) => {
                 self.bounce_pool
@@ -311,8 +344,7 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
             let Some(half) = bounce.halves.get_mut(turn % 2) else {
                 break;
             };
-            half.wait().map_err(device_read_error)?;
-            let bytes = half.as_mut_slice();
+            let bytes = half.bytes_mut().map_err(device_read_error)?;
             let n = (want - done).min(bytes.len());
             let got = match file.buffered.read_at(&mut bytes[..n], offset + done as u64) {
                 Ok(got) => got,
@@ -328,10 +360,11 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
                     returned: got,
                 });
             };
-            // SAFETY: `posix_read` waits for both halves before it returns, and `half` is
-            // waited for before its bytes are written again; until then `dst`, of which
-            // `target` is a part, stays mutably borrowed by this call, so its memory is neither
-            // released nor touched by anyone else, and later pieces are disjoint from this one.
+            // SAFETY: `posix_read` waits for both halves before it returns, and `half`'s bytes
+            // are only written again through `bytes_mut`, which waits first; until then `dst`,
+            // of which `target` is a part, stays mutably borrowed by this call, so its memory is
+            // neither released nor touched by anyone else, and later pieces are disjoint from
+            // this one.
             unsafe { self.gpu.copy_to_device(half, target) }.map_err(device_read_error)?;
             done += got;
             turn += 1;
@@ -366,15 +399,16 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
         F::BACKEND
     }
 
-    fn mode(&self) -> &str {
-        let fell_back = self.file_fell_back.load(Ordering::Acquire);
-        let [fast, compat, posix, fast_posix, compat_posix] = F::MODE_NAMES;
-        match (self.mode, fell_back) {
-            (ActiveMode::Fast, false) => fast,
-            (ActiveMode::Fast, true) => fast_posix,
-            (ActiveMode::Compat, false) => compat,
-            (ActiveMode::Compat, true) => compat_posix,
-            (ActiveMode::Posix, _) => posix,
+    fn mode(&self) -> IoMode {
+        let mode = match self.mode {
+            ActiveMode::Fast => F::FAST_MODE,
+            ActiveMode::Compat => F::COMPAT_MODE,
+            ActiveMode::Posix => return IoMode::Posix,
+        };
+        if self.file_fell_back.load(Ordering::Acquire) {
+            mode.with_posix_files()
+        } else {
+            mode
         }
     }
 
@@ -438,8 +472,9 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
         self.gpu.bind().map_err(device_read_error)?;
         let size = dst.len().min(handle.api.max_read());
         // SAFETY: `dst` is a live, exclusively borrowed device region of at least `size` bytes in
-        // the bound context, `buf_offset` bytes from its allocation's base; the call writes at
-        // most `size` bytes at `base + buf_offset`.
+        // the bound context, `buf_offset` bytes from its allocation's base; by the `FileApi`
+        // contract the call writes at most `size` bytes at `base + buf_offset`, and `handle` is
+        // registered until the file is dropped.
         let ret = unsafe {
             handle.api.read(
                 handle.raw,

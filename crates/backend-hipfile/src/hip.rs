@@ -194,7 +194,9 @@ unsafe impl Send for HipBuffer {}
 // SAFETY: shared access only reads the pointer value.
 unsafe impl Sync for HipBuffer {}
 
-impl DeviceBuffer for HipBuffer {
+// SAFETY: the buffer owns its `hipMalloc` allocation of `len` bytes exclusively until dropped;
+// `ptr` and `len` never change; `region` covers exactly it.
+unsafe impl DeviceBuffer for HipBuffer {
     type Space = HipMemory;
     fn len(&self) -> usize {
         self.len
@@ -343,9 +345,12 @@ pub struct HipPinned {
 unsafe impl Send for HipPinned {}
 
 impl backend_gds::Pinned for HipPinned {
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is a live allocation of `len` bytes owned by `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    /// Waits for any copy still reading the bytes, then hands them out.
+    fn bytes_mut(&mut self) -> Result<&mut [u8], DeviceError> {
+        self.wait()?;
+        // SAFETY: `ptr` is a live allocation of `len` bytes owned by `self`, and no copy reads it
+        // any more (waited for above).
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) })
     }
 
     /// `hipStreamSynchronize` on the buffer's stream, when a copy was started.

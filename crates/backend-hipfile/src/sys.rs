@@ -13,6 +13,7 @@ use backend_gds::FileApi;
 use backend_gds::codes::describe_hipfile_code;
 use backend_gds::dl;
 use libloading::Library;
+use staging_core::IoMode;
 
 use crate::errors::Error;
 
@@ -28,6 +29,10 @@ pub struct HipFileError {
     /// The hipError_t when `err` is a HIP error.
     pub hip_drv_err: c_int,
 }
+
+/// `hipFileHandleTypeOpaqueFD`: 1, as `CU_FILE_HANDLE_TYPE_OPAQUE_FD` (the `.pxd` declares the
+/// enumerators without values; `hipfile.h` numbers them as cuFile does).
+pub const HANDLE_TYPE_OPAQUE_FD: u32 = 1;
 
 /// `hipFileDescr_t`, laid out as `CUfileDescr_t` (type 1 = file descriptor).
 #[allow(missing_debug_implementations)] // a C layout with a union
@@ -162,17 +167,15 @@ impl Drop for Driver {
     }
 }
 
-impl FileApi for Driver {
+// SAFETY: handles come from `hipFileHandleRegister` and may be used from several threads;
+// `hipFileRead` writes at most `size` bytes at `base + buf_offset` and is synchronous;
+// `max_read` is clamped to 1..=MAX_READ in `Driver::open`.
+unsafe impl FileApi for Driver {
     const BACKEND: &'static str = "hipfile";
     // hipFile chooses between its fastpath and its own fallback inside; from here both are
     // "hipfile".
-    const MODE_NAMES: [&'static str; 5] = [
-        "hipfile",
-        "hipfile",
-        "posix",
-        "hipfile+posix",
-        "hipfile+posix",
-    ];
+    const FAST_MODE: IoMode = IoMode::HipFile;
+    const COMPAT_MODE: IoMode = IoMode::HipFile;
     const READ_CALL: &'static str = "hipFileRead";
     const REGISTER_CALL: &'static str = "hipFileHandleRegister";
 
@@ -182,7 +185,7 @@ impl FileApi for Driver {
 
     fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
         let mut descr = HipFileDescr {
-            kind: 1,
+            kind: HANDLE_TYPE_OPAQUE_FD,
             handle: DescrHandle { fd },
             fs_ops: std::ptr::null(),
         };
@@ -222,10 +225,18 @@ impl FileApi for Driver {
 mod tests {
     use super::*;
 
+    /// The layouts as AMD's `hipfile.h` declares them (the `hipfile` package's `_chipfile.pxd`):
+    /// `hipFileError_t { hipFileOpError_t err; hipError_t hip_drv_err; }` (two C enums) and
+    /// `hipFileDescr_t { hipFileFileHandleType_t type; union { int fd; void *hFile; } handle;
+    /// const hipFileFSOps_t *fs_ops; }`.
     #[test]
     fn layouts_match_hipfile_h() {
         assert_eq!(std::mem::size_of::<HipFileError>(), 8);
+        assert_eq!(std::mem::offset_of!(HipFileError, hip_drv_err), 4);
         assert_eq!(std::mem::size_of::<HipFileDescr>(), 24);
+        assert_eq!(std::mem::offset_of!(HipFileDescr, handle), 8);
+        assert_eq!(std::mem::offset_of!(HipFileDescr, fs_ops), 16);
+        assert_eq!(std::mem::size_of::<DescrHandle>(), 8);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,18 @@ hipFileError_t hipFileDriverOpen(void) {
 }
 hipFileError_t hipFileDriverClose(void) { __sync_fetch_and_sub(&driver_open, 1); return ok; }
 hipFileError_t hipFileGetVersion(unsigned *major, unsigned *minor, unsigned *patch) { *major = 0; *minor = 2; *patch = 0; return ok; }
-hipFileError_t hipFileDriverGetProperties(void *props) { memset(props, 0, 64); return ok; }
+/* hipFileDriverProps_t as AMD's hipfile.h declares it (hipfile package, _chipfile.pxd). */
+typedef struct {
+    struct {
+        unsigned major_version, minor_version;
+        uint64_t poll_thresh_size, max_direct_io_size;
+        unsigned driver_status_flags, driver_control_flags;
+    } nvfs;
+    unsigned feature_flags;
+    uint64_t max_device_cache_size, per_buffer_cache_size, max_device_pinned_mem_size;
+    unsigned max_batch_io_count, max_batch_io_timeout_msecs;
+} hipFileDriverProps_t;
+hipFileError_t hipFileDriverGetProperties(hipFileDriverProps_t *props) { memset(props, 0, sizeof *props); return ok; }
 hipFileError_t hipFileHandleRegister(void **fh, hipFileDescr_t *descr) {
     if (!driver_open) { hipFileError_t r = {5001, 0}; return r; }
     char link[64];

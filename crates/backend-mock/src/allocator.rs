@@ -92,7 +92,9 @@ impl<B> Drop for ScriptedBuffer<B> {
     }
 }
 
-impl<B: DeviceBuffer> DeviceBuffer for ScriptedBuffer<B> {
+// SAFETY: every method forwards to the wrapped buffer, which upholds the contract; the wrapper
+// only adds ledger bookkeeping on drop.
+unsafe impl<B: DeviceBuffer> DeviceBuffer for ScriptedBuffer<B> {
     type Space = B::Space;
 
     fn len(&self) -> usize {

@@ -12,11 +12,10 @@
 
 use std::path::{Path, PathBuf};
 
-use staging_core::write_loop::plan_chunks;
 use staging_core::{
     Checkpoint, Destination, DestinationError, DeviceAllocator, DeviceBuffer, DeviceRegion, Error,
     FallbackCause, Reader, StagedTensor, Stager, StagingPath, StagingPolicy, TensorData,
-    TensorMeta,
+    TensorMeta, plan_chunks,
 };
 use tempfile::TempDir;
 
@@ -67,13 +66,13 @@ fn small_policy() -> StagingPolicy {
 
 /// The suite's policy with `threads` I/O threads (more than one reads in batches on a pool).
 fn threaded_policy(threads: usize) -> StagingPolicy {
-    StagingPolicy {
-        chunk_size: CHUNK,
-        staging_size: CHUNK,
-        // Cases that count read calls use one thread: they rely on chunks being read in order.
-        io_threads: threads,
-        ..StagingPolicy::default()
-    }
+    // Cases that count read calls use one thread: they rely on chunks being read in order.
+    StagingPolicy::builder()
+        .chunk_size(CHUNK)
+        .staging_size(CHUNK)
+        .io_threads(threads)
+        .build()
+        .unwrap()
 }
 
 /// Four tensors in two shards with an index: small, multi-chunk with a tail, tiny, exactly one
@@ -332,10 +331,11 @@ pub fn host_path_overlapped<H: Harness>(h: &H) {
 pub fn capped_device_mixes_paths<H: Harness>(h: &H, threads: usize) {
     let f = standard_fixture();
     let cap = 2 * CHUNK as u64 + 4096;
-    let policy = StagingPolicy {
-        headroom_min: 1024,
-        ..threaded_policy(threads)
-    };
+    let policy = threaded_policy(threads)
+        .to_builder()
+        .headroom(1024, 4)
+        .build()
+        .unwrap();
     let mut r = run(h, &f, policy, |r| r, |a| a.with_capacity(cap));
     let tensors = collect_ok(&mut r.stager);
     let paths: Vec<_> = tensors
@@ -939,10 +939,7 @@ pub fn dropped_early_frees_everything<H: Harness>(h: &H, path: StagingPath, thre
 /// chunk's offset and nothing is leaked.
 pub fn parallel_reads<H: Harness>(h: &H, fail: bool) {
     let f = standard_fixture();
-    let policy = StagingPolicy {
-        io_threads: 4,
-        ..small_policy()
-    };
+    let policy = small_policy().to_builder().io_threads(4).build().unwrap();
     // The failing chunk is named by its offset: parallel reads run in any order.
     let (_, offset) = call_index(&f.checkpoint, "b.multi", 1, CHUNK);
     let mut r = run(

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 use staging_core::Dtype;
-use staging_core::checkpoint::INDEX_FILE_NAME;
+use staging_core::INDEX_FILE_NAME;
 
 /// A tensor to write: name, dtype, shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +188,53 @@ pub fn write_sharded(
         index,
         contents,
     })
+}
+
+/// Writes a sharded checkpoint (with its index) in the Hugging Face hub cache's layout under
+/// `hub` (the cache's `hub` directory), as `huggingface_hub` leaves it:
+/// `models--{org}--{name}/blobs/<hash>` holds each file's bytes, `snapshots/<revision>/<file>`
+/// is a relative symlink `../../blobs/<hash>` to it (the index too), and `refs/main` names the
+/// revision. The fixture's `dir` is the snapshot directory, its `files` and `index` the
+/// symlinks there.
+pub fn write_hub_cache(
+    hub: &Path,
+    repo: &str,
+    revision: &str,
+    shards: &[Vec<TensorSpec>],
+    seed: u64,
+) -> io::Result<ShardedFixture> {
+    let model = hub.join(format!("models--{}", repo.replace('/', "--")));
+    let (blobs, snapshot) = (model.join("blobs"), model.join("snapshots").join(revision));
+    std::fs::create_dir_all(&blobs)?;
+    std::fs::create_dir_all(&snapshot)?;
+    std::fs::create_dir_all(model.join("refs"))?;
+    std::fs::write(model.join("refs").join("main"), revision)?;
+    // Written in place first, then each file moved into `blobs/` under a name from its bytes
+    // and linked back.
+    let written = write_sharded(&snapshot, shards, seed)?;
+    for file in written.files.iter().chain([&written.index]) {
+        let bytes = std::fs::read(file)?;
+        let blob = blobs.join(content_name(&bytes));
+        std::fs::rename(file, &blob)?;
+        let name = file
+            .file_name()
+            .ok_or_else(|| io::Error::other("a fixture file without a name"))?;
+        std::os::unix::fs::symlink(Path::new("../../blobs").join(content_name(&bytes)), file)?;
+        debug_assert!(snapshot.join(name).exists());
+    }
+    Ok(written)
+}
+
+/// A 64-hex-digit name derived from `bytes` (the cache names blobs by their hash).
+fn content_name(bytes: &[u8]) -> String {
+    use std::hash::{Hash, Hasher};
+    (0..4u64)
+        .map(|salt| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, bytes).hash(&mut h);
+            format!("{:016x}", h.finish())
+        })
+        .collect()
 }
 
 /// Writes an index file mapping tensor names to shard names.

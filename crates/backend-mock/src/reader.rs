@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use staging_core::{DeviceRegion, ReadError, Reader};
+use staging_core::{DeviceRegion, IoMode, ReadError, Reader};
 
 /// One call to [`Reader::read_at`] as the wrapper saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +155,7 @@ impl<R: Reader> Reader for FaultyReader<R> {
         &self.label
     }
 
-    fn mode(&self) -> &str {
+    fn mode(&self) -> IoMode {
         self.inner.mode()
     }
 

@@ -1,9 +1,105 @@
-//! The crate's one error type. Every variant carries what a person needs to act on it: the file,
-//! the tensor, the offset, the call.
+//! The crate's errors. [`Error`] is what a load or a checkpoint returns; every variant carries
+//! what a person needs to act on it: the file, the tensor, the offset, the call. The backend
+//! errors ([`ReadError`], [`AllocError`], [`DeviceError`]) are what the backend traits return,
+//! and what [`Error`] wraps with the tensor and file.
+//!
+//! This module depends on no other module of the crate.
 
+use std::error::Error as StdError;
+use std::io;
 use std::path::PathBuf;
 
-use crate::traits::{AllocError, DestinationError, DeviceError, ReadError};
+/// Why a device allocation failed. Only [`AllocError::OutOfMemory`] lets the stager fall back to
+/// host assembly; any other failure aborts the load.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// The device has not enough free memory for this allocation (CUDA error 2, HIP error 2, a
+    /// capped host device that is full). Free memory may have changed since it was queried.
+    #[error("out of device memory allocating {requested} bytes: {detail}")]
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: usize,
+        /// What the backend said.
+        detail: String,
+    },
+    /// Any other failure: a lost device, an invalid context, a driver error.
+    #[error("device allocation of {requested} bytes failed: {detail}")]
+    Failed {
+        /// Bytes asked for.
+        requested: usize,
+        /// What the backend said, with its call and code.
+        detail: String,
+    },
+}
+
+/// A device operation other than allocation failed (a memory query, a copy).
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} failed: {detail}")]
+pub struct DeviceError {
+    /// The operation, for example `cuMemcpyDtoH` or `copy_to_host`.
+    pub operation: String,
+    /// What the backend said, with its code where there is one.
+    pub detail: String,
+}
+
+impl DeviceError {
+    /// Checks that `len` bytes at `offset` lie inside a buffer of `buffer_len` bytes, the
+    /// bounds check every [`DeviceAllocator::copy_to_host`] makes first.
+    pub fn check_bounds(
+        operation: &str,
+        buffer_len: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        if offset.checked_add(len).is_some_and(|end| end <= buffer_len) {
+            Ok(())
+        } else {
+            Err(DeviceError::new(
+                operation,
+                format!("{len} bytes at offset {offset} are outside a {buffer_len}-byte buffer"),
+            ))
+        }
+    }
+
+    /// A device error for `operation` with `detail`.
+    pub fn new(operation: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            operation: operation.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Why a read (or opening a file for reading) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// An operating-system error (`errno`).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// A native library call failed with its own code.
+    #[error("{call} failed: {message} (code {code})")]
+    Native {
+        /// The library call, for example `cuFileRead`.
+        call: &'static str,
+        /// The library's code.
+        code: i64,
+        /// The code's name or description.
+        message: String,
+    },
+    /// The reader reported more bytes than it was asked for: a broken backend.
+    #[error("reader returned {returned} bytes for a request of {requested}")]
+    Overrun {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes the reader claimed.
+        returned: usize,
+    },
+}
+
+/// What a [`Destination`] may fail with: the caller's own error.
+pub type DestinationError = Box<dyn StdError + Send + Sync>;
 
 /// A result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -185,9 +281,34 @@ pub enum Error {
         #[source]
         source: DestinationError,
     },
+    /// A selection names a tensor the checkpoint does not hold.
+    #[error("tensor {name:?} is not in the checkpoint")]
+    UnknownTensor {
+        /// The name asked for.
+        name: String,
+    },
+    /// A row range cannot be cut from a tensor (out of range, a scalar, rows that are not whole
+    /// bytes).
+    #[error("{}: tensor {tensor:?}: cannot read rows {start}..{end}: {reason}", file.display())]
+    Rows {
+        /// The tensor.
+        tensor: String,
+        /// Its file.
+        file: PathBuf,
+        /// First row asked for.
+        start: usize,
+        /// One past the last row asked for.
+        end: usize,
+        /// Why not.
+        reason: String,
+    },
     /// The staging policy is inconsistent.
     #[error("invalid staging policy: {0}")]
     Policy(String),
+    /// An invariant of this library did not hold: a bug, reported instead of a panic. Please
+    /// report it with the message.
+    #[error("internal error (a bug in safetensors-staging, please report it): {0}")]
+    Internal(String),
 }
 
 impl Error {

@@ -11,10 +11,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::error::{AllocError, DeviceError, ReadError};
 use crate::memory::{DeviceRegion, HostBytes, HostMemory};
-use crate::traits::{
-    AllocError, DeviceAllocator, DeviceBuffer, DeviceError, MemoryInfo, ReadError, Reader,
-};
+use crate::traits::{DeviceAllocator, DeviceBuffer, IoMode, MemoryInfo, Reader};
 
 /// Alignment of small host "device" buffers: enough for every dtype, and what `calloc` gives,
 /// so they come zeroed without a second pass. Buffers of [`HostBytes::MMAP_THRESHOLD`] or more
@@ -59,8 +58,8 @@ impl Reader for HostReader {
         "host"
     }
 
-    fn mode(&self) -> &str {
-        "posix"
+    fn mode(&self) -> IoMode {
+        IoMode::Posix
     }
 
     fn open(&self, path: &Path) -> Result<HostFile, ReadError> {
@@ -116,7 +115,9 @@ impl Drop for HostBuffer {
     }
 }
 
-impl DeviceBuffer for HostBuffer {
+// SAFETY: the buffer owns its `HostBytes` allocation exclusively; `addr` and `len` are those of
+// the allocation and never change; `region` covers exactly it.
+unsafe impl DeviceBuffer for HostBuffer {
     type Space = HostMemory;
 
     fn len(&self) -> usize {
@@ -206,11 +207,11 @@ impl DeviceAllocator for HostAllocator {
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
         DeviceError::check_bounds("copy_to_host", src.bytes.len(), offset, dst.len())?;
-        let Some(source) = src.bytes.get(offset..offset + dst.len()) else {
-            return Err(DeviceError::new("copy_to_host", "out of bounds"));
-        };
-        dst.copy_from_slice(source);
-        Ok(())
+        // Exactly the range, through a raw pointer: `src` may be a block whose other pieces
+        // pool threads are writing.
+        src.bytes
+            .copy_range_to(offset, dst)
+            .ok_or_else(|| DeviceError::new("copy_to_host", "out of bounds"))
     }
 }
 
@@ -348,8 +349,8 @@ impl Reader for DirectHostReader {
         "host"
     }
 
-    fn mode(&self) -> &str {
-        "direct"
+    fn mode(&self) -> IoMode {
+        IoMode::Direct
     }
 
     fn open(&self, path: &Path) -> Result<HostFile, ReadError> {

@@ -4,7 +4,8 @@
 //! bounded memory and exact bytes.
 //!
 //! - [`Checkpoint`] opens a checkpoint (a directory, an index, or files), reads each header alone
-//!   and validates it with the `safetensors` crate, then against the file's size.
+//!   and validates it with the `safetensors` crate, then against the file's size;
+//!   [`Checkpoint::select`] narrows it to the tensors (and rows) a caller wants.
 //! - Backends implement [`Reader`] (file bytes into a memory space) and [`DeviceAllocator`]
 //!   (device buffers, free memory, device-to-host copies). Callers may implement
 //!   [`Destination`] to receive tensors in memory they own.
@@ -14,6 +15,14 @@
 //!   allocation failures fall back; a read failure ends the load with an error naming the tensor,
 //!   file and offset, and nothing half-read is handed out.
 //! - [`host`] is a backend over system memory, so all of this runs without a GPU.
+//!
+//! Most callers want the facade crate's `Loader`, which picks the backend and wires these
+//! together; this crate is what backends and the facade are built on.
+//!
+//! Unsafe code lives in [`DeviceRegion::from_raw_parts`] (a region is only as good as its
+//! creator's promise), the [`DeviceBuffer`] and [`RawDestination`] traits (whose contracts the
+//! sub-allocator and the readers rely on), host memory ([`HostBytes`]) and the sub-allocator's
+//! carving.
 //!
 //! ```
 //! use staging_core::{Checkpoint, Stager, StagingPath, StagingPolicy};
@@ -38,25 +47,34 @@
 //! # }
 //! ```
 
-pub mod checkpoint;
-pub mod error;
+mod checkpoint;
+mod error;
 pub mod host;
-pub mod memory;
-pub mod policy;
-pub mod report;
-pub mod stager;
-pub mod suballoc;
-pub mod traits;
-pub mod write_loop;
+mod memory;
+mod policy;
+mod report;
+mod stager;
+mod suballoc;
+mod traits;
+mod write_loop;
 
-pub use checkpoint::{Checkpoint, Dtype, FileIdentity, ShardFile, TensorMeta};
-pub use error::{Error, Result};
-pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace};
-pub use policy::{FallbackCause, StagingPath, StagingPolicy};
-pub use report::{Fallbacks, LoadReport, PathCount, PathTotals};
-pub use stager::{DeviceTensor, HostTensor, StagedTensor, Stager, TensorData};
-pub use suballoc::{SubAllocator, SubBuffer};
-pub use traits::{
-    AllocError, Destination, DestinationError, DeviceAllocator, DeviceBuffer, DeviceError,
-    MemoryInfo, NoDestination, ReadError, Reader,
+pub use checkpoint::{
+    Checkpoint, Dtype, FileIdentity, INDEX_FILE_NAME, MAX_HEADER_SIZE, MAX_INDEX_SIZE, RowRange,
+    SINGLE_FILE_NAME, Selection, ShardFile, TensorMeta, natural_cmp,
 };
+pub use error::{AllocError, DestinationError, DeviceError, Error, ReadError, Result};
+pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};
+pub use policy::{
+    COALESCE_ALIGN, FallbackCause, MIB, PolicyBuilder, StagingPath, StagingPolicy,
+    default_io_threads,
+};
+pub use report::{Fallbacks, LoadReport, PathCount, PathTotals};
+pub use stager::{
+    DeviceTensor, HostTensor, MIN_STAGING_SIZE, StagedTensor, Stager, TakenBuffer, TensorData,
+};
+pub use suballoc::{SUB_ALIGN, SubAllocator, SubBuffer};
+pub use traits::{
+    Destination, DeviceAllocator, DeviceBuffer, IoMode, MemoryInfo, NoDestination, RawDestination,
+    RawRegions, Reader,
+};
+pub use write_loop::{ChunkPlan, FILE_ALIGNMENT, plan_chunks};

@@ -71,6 +71,16 @@ impl<'a, S: MemorySpace> DeviceRegion<'a, S> {
         }
     }
 
+    /// An empty region (address 0, no bytes): nothing is ever written to it.
+    pub fn empty() -> Self {
+        Self {
+            addr: 0,
+            len: 0,
+            base: 0,
+            _borrow: PhantomData,
+        }
+    }
+
     /// The address of the first byte in the region's memory space.
     pub fn addr(&self) -> usize {
         self.addr
@@ -165,6 +175,17 @@ impl<'a> DeviceRegion<'a, HostMemory> {
     }
 }
 
+/// The bytes of a buffer in host memory, as a slice.
+pub fn host_bytes<B: crate::DeviceBuffer<Space = HostMemory>>(buffer: &B) -> &[u8] {
+    if buffer.is_empty() {
+        return &[];
+    }
+    // SAFETY: by the `DeviceBuffer` contract, `[addr, addr + len)` is memory of the buffer's
+    // space, host memory here, owned by `buffer` and written only through it; `&B` rules out a
+    // write through it while the slice lives.
+    unsafe { std::slice::from_raw_parts(buffer.addr() as *const u8, buffer.len()) }
+}
+
 /// Zero-initialized, aligned host bytes whose allocation can fail without aborting the process.
 ///
 /// Used for host-assembled tensors and by the host backend as its "device" memory. Buffers of
@@ -177,19 +198,19 @@ pub struct HostBytes {
     backing: Backing,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Backing {
     /// Nothing allocated (`len == 0`); `ptr` is dangling and aligned.
     Empty,
     /// From the global allocator with this alignment.
     Heap(usize),
-    /// An anonymous private mapping of `len` bytes.
-    Mapped,
+    /// An anonymous private mapping of `len` bytes, held only to be unmapped when dropped.
+    Mapped { _mapping: memmap2::MmapMut },
 }
 
 // SAFETY: `HostBytes` owns its allocation exclusively, like a `Box<[u8]>`.
 unsafe impl Send for HostBytes {}
-// SAFETY: shared access only hands out `&[u8]`, like a `Box<[u8]>`.
+// SAFETY: shared access hands out `&[u8]` and raw pointers only, like a `Box<[u8]>`.
 unsafe impl Sync for HostBytes {}
 
 impl HostBytes {
@@ -221,30 +242,16 @@ impl HostBytes {
         })
     }
 
+    /// An anonymous mapping (page-aligned, zeroed lazily by the kernel) advised to use
+    /// transparent huge pages; the advice is a hint, and its failure (no THP) changes nothing.
     fn mapped(len: usize) -> Option<Self> {
-        // SAFETY: an anonymous private mapping with no address hint touches no existing memory;
-        // the result is checked against MAP_FAILED before use.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return None;
-        }
-        // SAFETY: `raw` is the start of the `len`-byte mapping just created. The advice is a
-        // hint; failure (no THP support) changes nothing.
-        unsafe { libc::madvise(raw, len, libc::MADV_HUGEPAGE) };
-        let ptr = NonNull::new(raw.cast::<u8>())?;
+        let mut map = memmap2::MmapOptions::new().len(len).map_anon().ok()?;
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let ptr = NonNull::new(map.as_mut_ptr())?;
         Some(Self {
             ptr,
             len,
-            backing: Backing::Mapped,
+            backing: Backing::Mapped { _mapping: map },
         })
     }
 
@@ -261,6 +268,43 @@ impl HostBytes {
     /// The whole buffer as a host region.
     pub fn region(&mut self) -> DeviceRegion<'_, HostMemory> {
         DeviceRegion::from_slice(self)
+    }
+
+    /// The address of the first byte, without making a reference to the bytes (so other
+    /// threads may be writing parts of them); dangling when empty.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// A pointer to the first byte that carries the allocation's write permission, made without
+    /// a reference to the bytes; dangling when empty. Writing through it is the caller's
+    /// `unsafe`: no reference to those bytes may be alive meanwhile.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` into `dst`, reading nothing else: no
+    /// reference to the whole buffer is made, so other threads may be writing other ranges of
+    /// it meanwhile. `None` when the range is outside the buffer.
+    pub fn copy_range_to(&self, offset: usize, dst: &mut [u8]) -> Option<()> {
+        let end = offset.checked_add(dst.len())?;
+        if end > self.len {
+            return None;
+        }
+        if dst.is_empty() {
+            return Some(());
+        }
+        // SAFETY: `[offset, end)` lies inside the allocation (checked above); the source is
+        // read through a raw pointer of exactly that range, and `dst` is a distinct `&mut`
+        // borrow, so the two cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+        Some(())
     }
 }
 
@@ -282,20 +326,13 @@ impl DerefMut for HostBytes {
 
 impl Drop for HostBytes {
     fn drop(&mut self) {
-        match self.backing {
-            Backing::Empty => {}
-            Backing::Heap(align) => {
-                if let Ok(layout) = Layout::from_size_align(self.len, align) {
-                    // SAFETY: the pointer came from `alloc_zeroed` with this same layout.
-                    unsafe { dealloc(self.ptr.as_ptr(), layout) }
-                }
-            }
-            Backing::Mapped => {
-                // SAFETY: the pointer and length are exactly those of our own mapping, and no
-                // borrow of it outlives `self`.
-                unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-            }
+        if let Backing::Heap(align) = self.backing
+            && let Ok(layout) = Layout::from_size_align(self.len, align)
+        {
+            // SAFETY: the pointer came from `alloc_zeroed` with this same layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) }
         }
+        // A mapping is unmapped by its own drop; an empty buffer owns nothing.
     }
 }
 
@@ -303,7 +340,14 @@ impl fmt::Debug for HostBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostBytes")
             .field("len", &self.len)
-            .field("backing", &self.backing)
+            .field(
+                "backing",
+                &match self.backing {
+                    Backing::Empty => "empty",
+                    Backing::Heap(_) => "heap",
+                    Backing::Mapped { .. } => "mapped",
+                },
+            )
             .finish()
     }
 }
@@ -345,12 +389,12 @@ mod tests {
         assert!(empty.is_empty());
         assert!(HostBytes::zeroed(usize::MAX - 10, 4096).is_none());
         let mut big = HostBytes::zeroed(3 << 20, 4096).unwrap();
-        assert_eq!(big.backing, Backing::Mapped);
+        assert!(matches!(big.backing, Backing::Mapped { .. }));
         assert_eq!(big.as_ptr() as usize % 4096, 0);
         assert!(big.iter().all(|&b| b == 0));
         big[3 << 19] = 9;
         assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 9);
         let small = HostBytes::zeroed(100, 64).unwrap();
-        assert_eq!(small.backing, Backing::Heap(64));
+        assert!(matches!(small.backing, Backing::Heap(64)));
     }
 }

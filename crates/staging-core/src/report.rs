@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::policy::{FallbackCause, StagingPath};
+use crate::traits::IoMode;
 
 /// Tensors and bytes that took one path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -69,8 +70,14 @@ impl Fallbacks {
 pub struct LoadReport {
     /// The reader's backend name.
     pub backend: String,
-    /// The reader's mode ("posix", "gds", "compat").
-    pub mode: String,
+    /// How the reader moved bytes.
+    pub mode: IoMode,
+    /// Backends passed over before this one was chosen, each with why (`"cufile: no CUDA
+    /// driver: ..."`); empty unless the backend was chosen automatically.
+    pub passed_over: Vec<String>,
+    /// Why the backend runs its POSIX path when its library's own path was asked for
+    /// automatically and could not run (no usable `libcufile`, say); `None` otherwise.
+    pub mode_reason: Option<String>,
     /// Files in the checkpoint.
     pub files: usize,
     /// Tensors staged so far.
@@ -85,15 +92,21 @@ pub struct LoadReport {
     pub paths: PathTotals,
     /// Fallbacks by cause.
     pub fallbacks: Fallbacks,
-    /// The most device bytes the library's buffers held at once (staging buffer and tensors
-    /// handed out and not yet dropped or taken with `into_buffer`).
+    /// The most device bytes the library's buffers held at once (staging buffers, and tensors
+    /// handed out and not yet dropped or taken by the caller).
     pub peak_device_bytes: u64,
+    /// Device bytes the caller took ownership of (`DeviceTensor::take`): the caller's from
+    /// then on, counted against a memory budget until dropped.
+    pub taken_device_bytes: u64,
     /// The most host bytes the library's buffers held at once (host-assembled tensors not yet
     /// dropped or taken with `into_bytes`).
     pub peak_host_bytes: u64,
     /// Read calls made to the backend's reader. One per chunk, or per run of coalesced small
     /// tensors, plus one for every short read continued.
     pub read_requests: u64,
+    /// Bytes the backend's reader returned from storage. For a full load this equals `bytes`;
+    /// with a selection or row ranges, only the bytes of what was asked for are read.
+    pub bytes_read: u64,
 }
 
 /// Live and peak bytes, shared by the stager and the buffers it hands out.
@@ -103,14 +116,21 @@ pub(crate) struct Accounting {
     device_peak: AtomicU64,
     host_now: AtomicU64,
     host_peak: AtomicU64,
+    caller_now: AtomicU64,
+    caller_total: AtomicU64,
     read_requests: AtomicU64,
+    bytes_read: AtomicU64,
 }
 
 /// Which counter a held allocation belongs to.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum MemoryKind {
+    /// Device memory the library holds.
     Device,
+    /// Host memory the library holds.
     Host,
+    /// Device memory a caller took from the load.
+    Caller,
 }
 
 impl Accounting {
@@ -118,13 +138,18 @@ impl Accounting {
         match kind {
             MemoryKind::Device => (&self.device_now, &self.device_peak),
             MemoryKind::Host => (&self.host_now, &self.host_peak),
+            MemoryKind::Caller => (&self.caller_now, &self.caller_total),
         }
     }
 
     pub(crate) fn acquire(&self, kind: MemoryKind, bytes: u64) {
         let (now, peak) = self.counters(kind);
         let current = now.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        peak.fetch_max(current, Ordering::AcqRel);
+        match kind {
+            // For the caller's memory the second counter is a running total, not a peak.
+            MemoryKind::Caller => peak.fetch_add(bytes, Ordering::AcqRel),
+            MemoryKind::Device | MemoryKind::Host => peak.fetch_max(current, Ordering::AcqRel),
+        };
     }
 
     pub(crate) fn release(&self, kind: MemoryKind, bytes: u64) {
@@ -132,16 +157,29 @@ impl Accounting {
         now.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    pub(crate) fn device_now(&self) -> u64 {
-        self.device_now.load(Ordering::Acquire)
+    /// Device bytes in use by this load: the library's buffers and what callers took.
+    pub(crate) fn device_in_use(&self) -> u64 {
+        self.device_now.load(Ordering::Acquire) + self.caller_now.load(Ordering::Acquire)
     }
 
     pub(crate) fn count_request(&self) {
         self.read_requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn count_bytes_read(&self, bytes: usize) {
+        self.bytes_read.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn read_requests(&self) -> u64 {
         self.read_requests.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn taken_total(&self) -> u64 {
+        self.caller_total.load(Ordering::Acquire)
     }
 
     pub(crate) fn peaks(&self) -> (u64, u64) {

@@ -12,8 +12,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use crate::error::{AllocError, DeviceError};
 use crate::memory::DeviceRegion;
-use crate::traits::{AllocError, DeviceAllocator, DeviceBuffer, DeviceError, MemoryInfo};
+use crate::traits::{DeviceAllocator, DeviceBuffer, MemoryInfo};
 
 /// Alignment of every carved buffer: enough for any dtype and for 4 KiB-aligned chunk reads to
 /// stay cheap.
@@ -80,6 +81,25 @@ impl<A: DeviceAllocator> SubAllocator<A> {
     pub fn inner(&self) -> &A {
         &self.inner
     }
+
+    /// Stops carving from the current block, so that it is freed as soon as the buffers carved
+    /// from it are (a load calls this when it ends; later requests start a new block).
+    pub fn retire_block(&self) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// `len` bytes from the inner allocator, checked to be as long as asked: carving relies on
+    /// it, and `DeviceAllocator` is a safe trait.
+    fn allocate_inner(&self, len: usize) -> Result<A::Buffer, AllocError> {
+        let buffer = self.inner.allocate(len)?;
+        if buffer.len() != len {
+            return Err(AllocError::Failed {
+                requested: len,
+                detail: format!("the allocator returned a buffer of {} bytes", buffer.len()),
+            });
+        }
+        Ok(buffer)
+    }
 }
 
 impl<A: DeviceAllocator> DeviceAllocator for SubAllocator<A>
@@ -96,7 +116,7 @@ where
     fn allocate(&self, len: usize) -> Result<SubBuffer<A::Buffer>, AllocError> {
         if len == 0 || len >= self.threshold {
             return Ok(SubBuffer {
-                kind: Kind::Own(self.inner.allocate(len)?),
+                kind: Kind::Own(self.allocate_inner(len)?),
                 len,
             });
         }
@@ -106,7 +126,7 @@ where
             .is_some_and(|(block, used)| used + len <= block.buffer.len());
         if !fits {
             // A new block; the old one lives on in the buffers carved from it.
-            match self.inner.allocate(self.block_size) {
+            match self.allocate_inner(self.block_size) {
                 Ok(buffer) => {
                     let addr = buffer.addr();
                     *current = Some((Arc::new(Block { buffer, addr }), 0));
@@ -114,7 +134,7 @@ where
                 // No room for a whole block: the request on its own may still fit.
                 Err(AllocError::OutOfMemory { .. }) => {
                     return Ok(SubBuffer {
-                        kind: Kind::Own(self.inner.allocate(len)?),
+                        kind: Kind::Own(self.allocate_inner(len)?),
                         len,
                     });
                 }
@@ -124,7 +144,7 @@ where
         let Some((block, used)) = current.as_mut() else {
             return Err(AllocError::Failed {
                 requested: len,
-                detail: "internal: no block".into(),
+                detail: "no current block after allocating one (a bug)".into(),
             });
         };
         let offset = *used;
@@ -205,7 +225,41 @@ fn pieces_fit(pieces: &[(usize, usize)], len: usize) -> bool {
     true
 }
 
-impl<B: DeviceBuffer + Sync> DeviceBuffer for SubBuffer<B> {
+impl<B: DeviceBuffer> SubBuffer<B> {
+    /// A whole allocation of its own as a sub-allocator buffer.
+    pub fn from_whole(buffer: B) -> Self {
+        Self {
+            len: buffer.len(),
+            kind: Kind::Own(buffer),
+        }
+    }
+}
+
+impl<B> SubBuffer<B> {
+    /// The inner buffer, when this buffer is a whole allocation of its own rather than a piece
+    /// carved from a shared block.
+    pub fn into_whole(self) -> Result<B, Self> {
+        match self.kind {
+            Kind::Own(buffer) => Ok(buffer),
+            kind => Err(Self {
+                kind,
+                len: self.len,
+            }),
+        }
+    }
+
+    /// Whether this buffer is a piece of a block shared with other buffers.
+    pub fn is_carved(&self) -> bool {
+        matches!(self.kind, Kind::Carved { .. })
+    }
+}
+
+// SAFETY: a carved buffer's range lies inside its block (the bump pointer and `pieces_fit` check
+// it against the block's own, trusted, length), is handed to this buffer alone (bump ranges and
+// split pieces never overlap, and a split consumes the buffer it cuts), and stays allocated while
+// this buffer holds the block's `Arc`; `addr` and `len` are fixed at creation. A buffer of its
+// own forwards to the inner buffer, which upholds the same contract.
+unsafe impl<B: DeviceBuffer + Sync> DeviceBuffer for SubBuffer<B> {
     type Space = B::Space;
 
     fn len(&self) -> usize {

@@ -5,12 +5,11 @@
 //! `Destination` to receive tensors in memory they own. The contracts written on each method are
 //! what the stager relies on; the conformance suite in `backend-mock` checks them.
 
-use std::error::Error as StdError;
 use std::fmt;
-use std::io;
 use std::path::Path;
 
 use crate::checkpoint::TensorMeta;
+use crate::error::{AllocError, DestinationError, DeviceError, ReadError};
 use crate::memory::{DeviceRegion, MemorySpace};
 
 /// Free and total device memory, in bytes.
@@ -22,97 +21,67 @@ pub struct MemoryInfo {
     pub total: u64,
 }
 
-/// Why a device allocation failed. Only [`AllocError::OutOfMemory`] lets the stager fall back to
-/// host assembly; any other failure aborts the load.
-#[derive(Debug, thiserror::Error)]
+/// How a reader moves bytes, as reports name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum AllocError {
-    /// The device has not enough free memory for this allocation (CUDA error 2, HIP error 2, a
-    /// capped host device that is full). Free memory may have changed since it was queried.
-    #[error("out of device memory allocating {requested} bytes: {detail}")]
-    OutOfMemory {
-        /// Bytes asked for.
-        requested: usize,
-        /// What the backend said.
-        detail: String,
-    },
-    /// Any other failure: a lost device, an invalid context, a driver error.
-    #[error("device allocation of {requested} bytes failed: {detail}")]
-    Failed {
-        /// Bytes asked for.
-        requested: usize,
-        /// What the backend said, with its call and code.
-        detail: String,
-    },
+pub enum IoMode {
+    /// Positional reads (`pread`): straight into memory the CPU addresses (host backend), or
+    /// into pinned host buffers copied to the device (the GPU backends' POSIX path).
+    Posix,
+    /// `O_DIRECT` reads through aligned bounce buffers, past the page cache.
+    Direct,
+    /// GPUDirect Storage: cuFile with nvidia-fs.
+    Gds,
+    /// cuFile's compatibility mode (its own POSIX path).
+    Compat,
+    /// hipFile (its fastpath or its own fallback; hipFile chooses inside).
+    HipFile,
+    /// GDS, and the POSIX path for files that could not be registered.
+    GdsAndPosix,
+    /// cuFile's compatibility mode, and the POSIX path for files that could not be registered.
+    CompatAndPosix,
+    /// hipFile, and the POSIX path for files that could not be registered.
+    HipFileAndPosix,
 }
 
-/// A device operation other than allocation failed (a memory query, a copy).
-#[derive(Debug, thiserror::Error)]
-#[error("{operation} failed: {detail}")]
-pub struct DeviceError {
-    /// The operation, for example `cuMemcpyDtoH` or `copy_to_host`.
-    pub operation: String,
-    /// What the backend said, with its code where there is one.
-    pub detail: String,
-}
-
-impl DeviceError {
-    /// Checks that `len` bytes at `offset` lie inside a buffer of `buffer_len` bytes, the
-    /// bounds check every [`DeviceAllocator::copy_to_host`] makes first.
-    pub fn check_bounds(
-        operation: &str,
-        buffer_len: usize,
-        offset: usize,
-        len: usize,
-    ) -> Result<(), DeviceError> {
-        if offset.checked_add(len).is_some_and(|end| end <= buffer_len) {
-            Ok(())
-        } else {
-            Err(DeviceError::new(
-                operation,
-                format!("{len} bytes at offset {offset} are outside a {buffer_len}-byte buffer"),
-            ))
+impl IoMode {
+    /// The name reports use: `posix`, `direct`, `gds`, `compat`, `hipfile`, `gds+posix`,
+    /// `compat+posix`, `hipfile+posix`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Posix => "posix",
+            Self::Direct => "direct",
+            Self::Gds => "gds",
+            Self::Compat => "compat",
+            Self::HipFile => "hipfile",
+            Self::GdsAndPosix => "gds+posix",
+            Self::CompatAndPosix => "compat+posix",
+            Self::HipFileAndPosix => "hipfile+posix",
         }
     }
 
-    /// A device error for `operation` with `detail`.
-    pub fn new(operation: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self {
-            operation: operation.into(),
-            detail: detail.into(),
+    /// This mode with the POSIX path added for some files.
+    pub fn with_posix_files(self) -> Self {
+        match self {
+            Self::Gds => Self::GdsAndPosix,
+            Self::Compat => Self::CompatAndPosix,
+            Self::HipFile => Self::HipFileAndPosix,
+            other => other,
         }
     }
 }
 
-/// Why a read (or opening a file for reading) failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReadError {
-    /// An operating-system error (`errno`).
-    #[error(transparent)]
-    Io(#[from] io::Error),
-    /// A native library call failed with its own code.
-    #[error("{call} failed: {message} (code {code})")]
-    Native {
-        /// The library call, for example `cuFileRead`.
-        call: &'static str,
-        /// The library's code.
-        code: i64,
-        /// The code's name or description.
-        message: String,
-    },
-    /// The reader reported more bytes than it was asked for: a broken backend.
-    #[error("reader returned {returned} bytes for a request of {requested}")]
-    Overrun {
-        /// Bytes asked for.
-        requested: usize,
-        /// Bytes the reader claimed.
-        returned: usize,
-    },
+impl fmt::Display for IoMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
-/// What a [`Destination`] may fail with: the caller's own error.
-pub type DestinationError = Box<dyn StdError + Send + Sync>;
+impl serde::Serialize for IoMode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
 
 /// Reads file bytes into memory of one space.
 ///
@@ -134,8 +103,8 @@ pub trait Reader: Send + Sync {
     /// The backend's name for reports ("host", "cufile").
     fn name(&self) -> &str;
 
-    /// How this reader moves bytes ("posix", "gds", "compat"), for reports.
-    fn mode(&self) -> &str;
+    /// How this reader moves bytes, for reports.
+    fn mode(&self) -> IoMode;
 
     /// Opens a file for reading.
     fn open(&self, path: &Path) -> Result<Self::File, ReadError>;
@@ -150,7 +119,33 @@ pub trait Reader: Send + Sync {
 }
 
 /// An owned allocation of device memory. Dropping it frees it.
-pub trait DeviceBuffer: Send + fmt::Debug {
+///
+/// # Safety
+///
+/// The library computes addresses from what a buffer says about itself (the sub-allocator
+/// carves tensors out of `[addr, addr + len)`, readers write there), so an implementation must
+/// guarantee:
+///
+/// - `[addr(), addr() + len())` is memory of [`Self::Space`] that this buffer owns exclusively
+///   from its creation until it is dropped, and that nothing else reads or writes meanwhile
+///   except through this buffer;
+/// - `len()` and `addr()` return the same values every time they are called, and
+///   `addr() + len()` does not overflow;
+/// - `region()` describes exactly `[addr(), addr() + len())`.
+///
+/// ```compile_fail,E0200
+/// // Implementing the trait without `unsafe` does not compile: the contract above is a promise.
+/// use staging_core::{DeviceBuffer, DeviceRegion, HostMemory};
+/// #[derive(Debug)]
+/// struct Lying;
+/// impl DeviceBuffer for Lying {
+///     type Space = HostMemory;
+///     fn len(&self) -> usize { usize::MAX }
+///     fn addr(&self) -> usize { 0 }
+///     fn region(&mut self) -> DeviceRegion<'_, HostMemory> { unimplemented!() }
+/// }
+/// ```
+pub unsafe trait DeviceBuffer: Send + fmt::Debug {
     /// The memory space the buffer lives in.
     type Space: MemorySpace;
 
@@ -179,7 +174,9 @@ pub trait DeviceBuffer: Send + fmt::Debug {
 ///   [`AllocError::OutOfMemory`] when memory is short, or [`AllocError::Failed`] for anything
 ///   else. It never panics on exhaustion.
 /// - `copy_to_host(src, offset, dst)` copies `dst.len()` bytes starting at `offset` in `src` and
-///   returns only when the bytes are in `dst`. An out-of-bounds request is an error.
+///   returns only when the bytes are in `dst`. An out-of-bounds request is an error. It reads
+///   nothing of `src` outside that range: other threads may be writing the rest of an
+///   allocation `src` was cut from.
 pub trait DeviceAllocator: Send + Sync {
     /// The memory space buffers live in.
     type Space: MemorySpace;
@@ -289,11 +286,74 @@ impl<S: MemorySpace> Destination<S> for NoDestination {
     }
 }
 
+impl<S: MemorySpace, D: Destination<S> + ?Sized> Destination<S> for Box<D> {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+    ) -> Result<Option<DeviceRegion<'_, S>>, DestinationError> {
+        (**self).region(tensor)
+    }
+}
+
 impl<S: MemorySpace, D: Destination<S> + ?Sized> Destination<S> for &mut D {
     fn region(
         &mut self,
         tensor: &TensorMeta,
     ) -> Result<Option<DeviceRegion<'_, S>>, DestinationError> {
         (**self).region(tensor)
+    }
+}
+
+/// A destination that answers with raw addresses, for callers that cannot name a memory-space
+/// type (a C callback, a Python object). [`RawRegions`] turns it into a [`Destination`] of any
+/// space.
+///
+/// # Safety
+///
+/// Every `Some((addr, capacity))` that `region(tensor, space)` returns must be
+/// `[addr, addr + capacity)` of the memory space whose [`MemorySpace::NAME`] is `space`,
+/// writable, with `addr + capacity` not overflowing, and neither read nor written by anything
+/// else from the call until the load hands out that tensor or fails.
+pub unsafe trait RawDestination {
+    /// Where `tensor`'s bytes should go, as `(address, capacity)`, if the caller wants them.
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+        space: &'static str,
+    ) -> Result<Option<(usize, usize)>, DestinationError>;
+}
+
+// SAFETY: forwards to the boxed destination, which upholds the contract.
+unsafe impl<D: RawDestination + ?Sized> RawDestination for Box<D> {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+        space: &'static str,
+    ) -> Result<Option<(usize, usize)>, DestinationError> {
+        (**self).region(tensor, space)
+    }
+}
+
+/// A [`RawDestination`] used as a [`Destination`] of any memory space.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawRegions<D>(pub D);
+
+impl<S: MemorySpace, D: RawDestination> Destination<S> for RawRegions<D> {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+    ) -> Result<Option<DeviceRegion<'_, S>>, DestinationError> {
+        let Some((addr, capacity)) = self.0.region(tensor, S::NAME)? else {
+            return Ok(None);
+        };
+        if addr.checked_add(capacity).is_none() {
+            return Err(format!("region at {addr:#x} of {capacity} bytes wraps around").into());
+        }
+        // SAFETY: the `RawDestination` contract: `[addr, addr + capacity)` is writable memory of
+        // space `S` (the name passed in), untouched by anyone else until the tensor is handed
+        // out, which the region's borrow of `self` covers.
+        Ok(Some(unsafe {
+            DeviceRegion::from_raw_parts(addr, capacity)
+        }))
     }
 }

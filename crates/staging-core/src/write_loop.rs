@@ -10,9 +10,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::checkpoint::TensorMeta;
-use crate::error::{Error, Result};
+use crate::error::{Error, ReadError, Result};
 use crate::memory::DeviceRegion;
-use crate::traits::{ReadError, Reader};
+use crate::traits::Reader;
 
 /// File alignment that chunk boundaries keep where they can.
 pub const FILE_ALIGNMENT: u64 = 4096;
@@ -61,7 +61,7 @@ impl Iterator for ChunkPlan {
 
 /// The tensor of `tensors` (neighbours in one file, in offset order) whose bytes hold
 /// `offset`: the one an error at that offset names.
-pub fn tensor_at(tensors: &[TensorMeta], offset: u64) -> Option<&TensorMeta> {
+pub(crate) fn tensor_at(tensors: &[TensorMeta], offset: u64) -> Option<&TensorMeta> {
     tensors
         .iter()
         .rev()
@@ -72,7 +72,7 @@ pub fn tensor_at(tensors: &[TensorMeta], offset: u64) -> Option<&TensorMeta> {
 /// Reads exactly `dst.len()` bytes at `file_offset` into `dst`, continuing after short reads.
 /// `tensors` are the tensors (one, or a run of neighbours) the bytes belong to; an error names
 /// the one holding the failing offset.
-pub fn read_exact<R: Reader>(
+pub(crate) fn read_exact<R: Reader>(
     reader: &R,
     file: &R::File,
     tensors: &[TensorMeta],
@@ -85,7 +85,7 @@ pub fn read_exact<R: Reader>(
         let at = file_offset + done as u64;
         let remaining = len - done;
         let Some(tensor) = tensor_at(tensors, at) else {
-            return Err(Error::Policy("internal: a read for no tensor".into()));
+            return Err(Error::Internal("a read for no tensor".into()));
         };
         let read_error = |source| Error::Read {
             tensor: tensor.name.clone(),
@@ -124,7 +124,7 @@ pub fn read_exact<R: Reader>(
 
 /// Fills all of `dst` with the tensor's bytes, chunk by chunk, in order; the first failure
 /// stops all reading.
-pub fn fill_region<R: Reader>(
+pub(crate) fn fill_region<R: Reader>(
     reader: &R,
     file: &R::File,
     tensor: &TensorMeta,
@@ -153,7 +153,7 @@ pub fn fill_region<R: Reader>(
 ///
 /// Every item numbered below the returned one is complete: a task is skipped only when an item
 /// numbered *lower than its own* has already failed.
-pub fn fill_regions<R: Reader>(
+pub(crate) fn fill_regions<R: Reader>(
     pool: &rayon::ThreadPool,
     reader: &R,
     file: &R::File,
@@ -163,10 +163,7 @@ pub fn fill_regions<R: Reader>(
     let mut jobs = Vec::new();
     for (index, (tensors, region)) in items.into_iter().enumerate() {
         let Some(first) = tensors.first() else {
-            return Some((
-                index,
-                Error::Policy("internal: a read for no tensor".into()),
-            ));
+            return Some((index, Error::Internal("a read for no tensor".into())));
         };
         let mut rest = region;
         for (offset, len) in plan_chunks(first.offset, rest.len(), chunk_size) {

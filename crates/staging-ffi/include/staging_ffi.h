@@ -116,6 +116,10 @@ enum stg_status
    The library panicked; the handle that was in use should be freed.
    */
   STG_PANIC = 900,
+  /*
+   An invariant of the library did not hold (a bug, reported instead of a panic).
+   */
+  STG_INTERNAL = 901,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -212,9 +216,9 @@ typedef struct stg_tensor_info {
    */
   stg_path path;
   /*
-   Where its bytes are: a device pointer (device path), a host pointer (host path), or the
-   destination region's start. NULL inside a destination callback, and for an empty tensor
-   on the host path.
+   Where its bytes are: a device pointer (device path), a host pointer (host path, which
+   the caller may write: it is the tensor's own memory), or the destination region's start.
+   NULL inside a destination callback, and for an empty tensor on the host path.
    */
   void *data;
 } stg_tensor_info;
@@ -222,15 +226,15 @@ typedef struct stg_tensor_info {
 /*
  The destination callback: asked once per tensor, in file order, before anything is
  allocated for it. To take the tensor, set `*region` to memory of the load's device (host
- memory for the `host` backend, CUDA device memory for `cufile`) of `*capacity` bytes and
- return `STG_OK`; the memory must stay valid and untouched by the caller until
- `stg_load_next` returns that tensor (or fails). Leave `*region` NULL to decline. Any other
- status aborts the load with `STG_DESTINATION`.
+ memory for the `host` backend, CUDA device memory for `cufile`, HIP for `hipfile`) of
+ `*capacity` bytes and return `STG_OK` (0); the memory must stay valid and untouched by the
+ caller until `stg_load_next` returns that tensor (or fails). Leave `*region` NULL to decline.
+ Any other value, a `stg_status` or not, aborts the load with `STG_DESTINATION`.
  */
-typedef stg_status (*stg_destination_fn)(void *user_data,
-                                         const struct stg_tensor_info *tensor,
-                                         void **region,
-                                         size_t *capacity);
+typedef uint32_t (*stg_destination_fn)(void *user_data,
+                                       const struct stg_tensor_info *tensor,
+                                       void **region,
+                                       size_t *capacity);
 
 /*
  Totals of a load, as `stg_load_report` gives them.
@@ -301,6 +305,15 @@ typedef struct stg_report {
    plus one per short read continued).
    */
   uint64_t read_requests;
+  /*
+   Bytes the backend read from storage (for a full load, equal to `bytes`).
+   */
+  uint64_t bytes_read;
+  /*
+   Device bytes the caller took with `stg_tensor_take_device_buffer` (the caller's from
+   then on, counted against a device-memory cap until freed).
+   */
+  uint64_t taken_device_bytes;
 } stg_report;
 
 #ifdef __cplusplus
@@ -308,9 +321,10 @@ extern "C" {
 #endif // __cplusplus
 
 /*
- A static, NUL-terminated description of `status`.
+ A static, NUL-terminated description of `status`; a number that is no `stg_status` gets
+ "unknown status".
  */
-const char *stg_status_str(stg_status status);
+const char *stg_status_str(uint32_t status);
 
 /*
  The library's version, static and NUL-terminated.
@@ -335,8 +349,8 @@ stg_status stg_config_new(struct stg_config **out);
 void stg_config_free(struct stg_config *config);
 
 /*
- Chooses the backend: "auto" (cuFile when a CUDA driver and device are usable, else host),
- "host", or "cufile".
+ Chooses the backend: "auto" (cuFile when a CUDA driver and a device are usable, else hipFile
+ when a HIP runtime and a device are, else host), "host", "cufile" or "hipfile".
 
  # Safety
  `config` must be NULL or live; `name` NULL or NUL-terminated.
@@ -344,7 +358,7 @@ void stg_config_free(struct stg_config *config);
 stg_status stg_config_set_backend(struct stg_config *config, const char *name);
 
 /*
- Chooses the CUDA device ordinal (cufile backend).
+ Chooses the GPU device ordinal (cufile and hipfile backends).
 
  # Safety
  `config` must be NULL or live.
@@ -463,7 +477,7 @@ stg_status stg_load_next(struct stg_load *load, struct stg_tensor **out);
 stg_status stg_load_report(struct stg_load *load, struct stg_report *out);
 
 /*
- The backend's name ("host", "cufile") and mode ("posix", "compat", ...), NUL-terminated,
+ The backend's name ("host", "cufile", "hipfile") and mode ("posix", "compat", ...), NUL-terminated,
  valid until the next call with this load or its free; NULL for a NULL load.
 
  # Safety
@@ -499,8 +513,10 @@ stg_status stg_tensor_copy_to_host(const struct stg_tensor *tensor, void *dst, s
 
 /*
  Takes ownership of a device-path tensor's buffer: `*out` must later be freed with
- `stg_device_buffer_free` (freeing the tensor no longer frees it). A second take, or a tensor
- on another path, is `STG_NOT_A_DEVICE_BUFFER`.
+ `stg_device_buffer_free` (freeing the tensor no longer frees it). From then on the bytes are
+ the caller's: the load's report counts them in `taken_device_bytes`, not in the library's
+ peak, and a device-memory cap keeps counting them as used until the buffer is freed. A second
+ take, or a tensor on another path, is `STG_NOT_A_DEVICE_BUFFER`.
 
  # Safety
  `tensor` NULL or live; `out` NULL or writable.

@@ -165,7 +165,18 @@ fn bad_arguments_are_statuses() {
             STG_PANIC,
             STG_DESTINATION_TOO_SMALL,
         ] {
-            assert!(!CStr::from_ptr(stg_status_str(status)).to_bytes().is_empty());
+            assert!(
+                !CStr::from_ptr(stg_status_str(status as u32))
+                    .to_bytes()
+                    .is_empty()
+            );
+        }
+        // A C caller may pass any integer where the header names the enum: a defined answer.
+        for unknown in [2, 99, 0xdead, u32::MAX] {
+            assert_eq!(
+                CStr::from_ptr(stg_status_str(unknown)).to_str().unwrap(),
+                "unknown status"
+            );
         }
         stg_config_free(c);
     }
@@ -252,6 +263,46 @@ fn a_device_buffer_is_taken_once_and_freed_by_its_owner() {
             (report.tensors, report.bytes, report.device_tensors),
             (2, 4000, 2)
         );
+        assert_eq!(report.bytes_read, 4000);
+        assert_eq!(
+            report.taken_device_bytes, 1000,
+            "the taken buffer is counted as the caller's"
+        );
+        stg_load_free(load);
+        stg_config_free(c);
+    }
+}
+
+#[test]
+fn the_host_data_pointer_may_be_written_by_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let c = config();
+    // SAFETY: valid handles and out-pointers throughout; `info.data` points at the tensor's
+    // own 1000 host bytes, which the header says C may write.
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        // An 8 KiB device leaves no headroom (the host path) but holds a 4 KiB staging buffer.
+        assert_eq!(stg_config_set_device_memory_cap(c, 8192), STG_OK);
+        let mut load = null_mut();
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+        let mut tensor = null_mut();
+        assert_eq!(stg_load_next(load, &mut tensor), STG_OK);
+        let mut info = std::mem::zeroed::<stg_tensor_info>();
+        assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+        assert_eq!(info.path, stg_path::STG_PATH_HOST);
+        assert!(!info.data.is_null());
+        std::ptr::write_bytes(info.data.cast::<u8>(), 0xab, info.bytes);
+        let mut back = vec![0u8; info.bytes];
+        assert_eq!(
+            stg_tensor_copy_to_host(tensor, back.as_mut_ptr().cast(), back.len()),
+            STG_OK
+        );
+        assert!(
+            back.iter().all(|&b| b == 0xab),
+            "C's writes are the tensor's bytes"
+        );
+        stg_tensor_free(tensor);
         stg_load_free(load);
         stg_config_free(c);
     }
@@ -262,7 +313,7 @@ unsafe extern "C" fn too_small(
     info: *const stg_tensor_info,
     region: *mut *mut c_void,
     capacity: *mut usize,
-) -> stg_status {
+) -> u32 {
     static mut ARENA: [u8; 64] = [0; 64];
     // SAFETY: the library passes valid pointers; the arena is static and only this test uses it.
     unsafe {
@@ -271,7 +322,7 @@ unsafe extern "C" fn too_small(
             *capacity = 64;
         }
     }
-    stg_status::STG_OK
+    stg_status::STG_OK as u32
 }
 
 unsafe extern "C" fn failing(
@@ -279,8 +330,18 @@ unsafe extern "C" fn failing(
     _: *const stg_tensor_info,
     _: *mut *mut c_void,
     _: *mut usize,
-) -> stg_status {
-    stg_status::STG_INVALID_ARGUMENT
+) -> u32 {
+    stg_status::STG_INVALID_ARGUMENT as u32
+}
+
+/// Returns a number that is no `stg_status` (C may return anything from a `uint32_t` function).
+unsafe extern "C" fn not_a_status(
+    _: *mut c_void,
+    _: *const stg_tensor_info,
+    _: *mut *mut c_void,
+    _: *mut usize,
+) -> u32 {
+    7777
 }
 
 #[test]
@@ -297,6 +358,11 @@ fn a_too_small_or_failing_destination_ends_the_load_with_a_status() {
             failing,
             STG_DESTINATION,
             "the destination callback returned STG_INVALID_ARGUMENT",
+        ),
+        (
+            not_a_status,
+            STG_DESTINATION,
+            "the destination callback returned 7777, which is not a stg_status",
         ),
     ] {
         let c = config();

@@ -1,7 +1,7 @@
-//! `bench`: the stager against the limits, side by side, in one run.
+//! `stage-bench`: the loader against the limits, side by side, in one run.
 //!
 //! ```text
-//! bench [--sizes 2GiB[,8GiB]] [--layouts large,small] [--dir DIR] [--repeat N] [--threads N]
+//! stage-bench [--sizes 2GiB[,8GiB]] [--layouts large,small] [--dir DIR] [--repeat N] [--threads N]
 //!       [--variants a,b,...] [--cold-memory] [--json]
 //! ```
 //!
@@ -14,8 +14,8 @@
 //!   huge-page-advised mappings the host backend uses);
 //! - `safetensors-mmap`: the `safetensors` crate over an mmap, every tensor copied out;
 //! - `python-numpy`: Python's `safetensors.numpy.load_file` (when importable);
-//! - `stager-1`: the stager, host backend, one I/O thread;
-//! - `stager`: the stager as configured (`--threads`, default: the stager's default);
+//! - `stager-1`: the library's `Loader`, host backend, one I/O thread;
+//! - `stager`: the `Loader` as configured (`--threads`, default: the policy's default);
 //! - `stager-uncoalesced`: the same with coalesced reads off (one request per tensor);
 //! - `stager-direct`: the same reading with `O_DIRECT`: past the page cache, from the disk.
 //!
@@ -34,9 +34,11 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use backend_mock::fixtures::{TensorSpec, synthetic_specs_with, write_sharded_streaming};
+use safetensors_staging::{
+    Backend, Checkpoint, Dtype, HostBytes, HostOptions, Load, LoadReport, Loader, StagingPolicy,
+};
 use serde::{Deserialize, Serialize};
-use staging_core::host::{DirectHostReader, HostAllocator, HostReader};
-use staging_core::{Checkpoint, Dtype, HostBytes, LoadReport, Stager, StagingPolicy, SubAllocator};
+use staging_cli::parse_size;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -81,18 +83,6 @@ struct Row {
     peak_device_bytes: Option<u64>,
 }
 
-fn parse_size(text: &str) -> Result<u64, BoxError> {
-    let t = text.trim().to_ascii_lowercase();
-    let (num, scale) = if let Some(n) = t.strip_suffix("gib") {
-        (n, 1u64 << 30)
-    } else if let Some(n) = t.strip_suffix("mib") {
-        (n, 1 << 20)
-    } else {
-        (t.as_str(), 1)
-    };
-    Ok(num.trim().parse::<u64>()? * scale)
-}
-
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
@@ -103,7 +93,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match (arg_value(&args, "--variant"), arg_value(&args, "--touch")) {
         (Some(variant), _) => child(&variant, &args),
-        (None, Some(bytes)) => parse_size(&bytes).and_then(touch_memory),
+        (None, Some(bytes)) => parse_size(&bytes)
+            .map_err(BoxError::from)
+            .and_then(touch_memory),
         (None, None) => parent(&args),
     };
     if let Err(e) = result {
@@ -183,28 +175,23 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
             }
         }
         "stager-1" | "stager" | "stager-uncoalesced" | "stager-direct" => {
-            let mut policy = StagingPolicy::default();
+            let mut policy = StagingPolicy::builder();
             if variant == "stager-1" {
-                policy.io_threads = 1;
+                policy = policy.io_threads(1);
             } else if let Some(t) = threads {
-                policy.io_threads = t;
+                policy = policy.io_threads(t);
             }
             if variant == "stager-uncoalesced" {
-                policy.coalesce_below = 0;
+                policy = policy.coalesce_below(0);
             }
-            let checkpoint = Checkpoint::open(&dir)?;
-            // As the `stage` command runs it: small tensors carved from shared blocks.
-            let device = SubAllocator::with_defaults(HostAllocator::new());
-            let report = if variant == "stager-direct" {
-                load_all(Stager::new(
-                    checkpoint,
-                    DirectHostReader::default(),
-                    device,
-                    policy,
-                )?)?
-            } else {
-                load_all(Stager::new(checkpoint, HostReader, device, policy)?)?
-            };
+            // As the `stage` command runs it: the library's one entry point, with its defaults
+            // (small tensors carved from shared blocks).
+            let host = HostOptions::default().direct_io(variant == "stager-direct");
+            let load = Loader::new()
+                .backend(Backend::Host(host))
+                .policy(policy.build()?)
+                .open(&dir)?;
+            let report = load_all(load)?;
             result.peak_host_bytes = Some(report.peak_host_bytes);
             result.peak_device_bytes = Some(report.peak_device_bytes);
         }
@@ -216,16 +203,12 @@ fn child(variant: &str, args: &[String]) -> Result<(), BoxError> {
 }
 
 /// Loads every tensor, keeping them all until the end, and returns the report.
-fn load_all<R, A>(mut stager: Stager<R, A>) -> Result<LoadReport, BoxError>
-where
-    R: staging_core::Reader,
-    A: staging_core::DeviceAllocator<Space = R::Space>,
-{
+fn load_all(mut load: Load<'_>) -> Result<LoadReport, BoxError> {
     let mut kept = Vec::new();
-    for tensor in stager.by_ref() {
+    for tensor in load.by_ref() {
         kept.push(tensor?);
     }
-    Ok(stager.report())
+    Ok(load.report())
 }
 
 /// Runs a command, returning its stdout and peak RSS in KiB (from `wait4`).

@@ -1,5 +1,6 @@
 //! The `stage` command end to end: the JSON report's keys, checksums against the `safetensors`
-//! crate, the device-memory cap, and one-line errors for every malformed input.
+//! crate, the device-memory cap, selection and row ranges, one-line errors for every malformed
+//! input, and a quiet end when stdout is closed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
@@ -9,6 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use backend_mock::fixtures::{TensorSpec, every_dtype, write_file, write_sharded};
+use backend_mock::malformed;
 use serde_json::Value;
 use staging_core::Dtype;
 
@@ -56,6 +58,10 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
             "peak_host_bytes",
             "read_requests",
             "tensor_list",
+            "passed_over",
+            "mode_reason",
+            "taken_device_bytes",
+            "bytes_read",
         ])
     );
     assert_eq!(
@@ -86,6 +92,10 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
     }
     assert_eq!(report["paths"]["device"]["bytes"], report["bytes"]);
     assert_eq!(report["peak_host_bytes"], 0);
+    assert_eq!(
+        report["bytes_read"], report["bytes"],
+        "a full load reads every byte once"
+    );
     // The temporary checkpoint is removed after the load.
     let file = PathBuf::from(list[0]["file"].as_str().unwrap());
     assert!(!file.exists(), "{} was left behind", file.display());
@@ -186,9 +196,9 @@ fn device_memory_cap_sends_the_large_tensor_to_the_host() {
 
 #[test]
 fn malformed_inputs_fail_with_one_line_and_no_panic() {
-    for case in common::MALFORMED {
+    for case in malformed::MALFORMED {
         let dir = tempfile::tempdir().unwrap();
-        let paths = common::build(case, dir.path());
+        let paths = malformed::build(case, dir.path());
         let args: Vec<&str> = paths.iter().map(|p| p.to_str().unwrap()).collect();
         let out = stage(&args, dir.path());
         assert_eq!(
@@ -243,7 +253,7 @@ fn sizes_parse_and_bad_ones_are_refused() {
     let path = dir.path().join("model.safetensors");
     write_file(&path, &[TensorSpec::bytes("w", 5000)], 1).unwrap();
     let p = path.to_str().unwrap();
-    for good in ["4096", "64k", "1MiB", "0.5MiB", "2GiB", "1MB"] {
+    for good in ["4096", "64k", "64KiB", "1MiB", "0.5MiB", "2GiB", "1MB"] {
         let out = stage(&[p, "--chunk-size", good, "--json"], dir.path());
         assert_eq!(out.code, Some(0), "{good}: {}", out.stderr);
     }

@@ -1,0 +1,160 @@
+//! Opening a sharded checkpoint from its `model.safetensors.index.json`.
+//!
+//! The protection that matters is on the names as written: a shard must be named by a plain
+//! relative path (no root, no `..`, no empty or `.` components, no backslashes or NULs), so an
+//! index cannot reach outside its directory by what it says. Symlinks are followed wherever they
+//! point, as Python `safetensors` and `transformers` do, so hub-cache snapshots load as they are.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::header::{open_regular, read_exact_vec, read_header};
+use super::{Checkpoint, MAX_INDEX_SIZE, natural_cmp};
+use crate::error::{Error, Result};
+
+#[derive(Deserialize)]
+struct IndexFile {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// Opens a sharded checkpoint from its index file. Every shard name, as written, must be a
+    /// plain relative path inside the index's directory (see [`checked_relative`]) naming a
+    /// regular file; where a symlink of that name then points is the file system's business, as
+    /// for Python `safetensors` (a Hugging Face hub-cache snapshot links every file into
+    /// `../../blobs/`). The index and the shards' headers must agree tensor for tensor.
+    pub fn from_index(index_path: impl AsRef<Path>) -> Result<Self> {
+        let index_path = index_path.as_ref();
+        let root = match index_path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let file = open_regular(index_path)?;
+        let size = file.metadata().map_err(|e| Error::io(index_path, e))?.len();
+        if size > MAX_INDEX_SIZE {
+            return Err(Error::index(
+                index_path,
+                format!("{size} bytes is over the {MAX_INDEX_SIZE}-byte limit"),
+            ));
+        }
+        let text = read_exact_vec(&file, 0, size, index_path)?;
+        let index: IndexFile =
+            serde_json::from_slice(&text).map_err(|e| Error::index(index_path, e.to_string()))?;
+
+        // Shards in natural order of their names; names resolving to one file are one shard.
+        let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
+        names.sort_by(|a, b| natural_cmp(a, b));
+        names.dedup();
+        let mut shard_of_name: HashMap<&str, usize> = HashMap::new();
+        let mut shard_paths: Vec<PathBuf> = Vec::new();
+        let mut canonical_seen: HashMap<PathBuf, usize> = HashMap::new();
+        for name in names {
+            let relative = checked_relative(name)
+                .map_err(|why| Error::index(index_path, format!("shard path {name:?} {why}")))?;
+            let joined = root.join(&relative);
+            let canonical = match joined.canonicalize() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Error::index(
+                        index_path,
+                        format!("shard {name:?} does not exist"),
+                    ));
+                }
+                Err(e) => return Err(Error::io(joined, e)),
+            };
+            let slot = *canonical_seen.entry(canonical).or_insert_with(|| {
+                shard_paths.push(joined);
+                shard_paths.len() - 1
+            });
+            shard_of_name.insert(name, slot);
+        }
+
+        let mut parsed = Vec::with_capacity(shard_paths.len());
+        for path in &shard_paths {
+            parsed.push(read_header(path)?);
+        }
+        // The index and the headers must agree both ways.
+        for (tensor, shard_name) in &index.weight_map {
+            let slot = shard_of_name.get(shard_name.as_str()).copied();
+            let found = slot
+                .and_then(|s| parsed.get(s))
+                .is_some_and(|p| p.tensors.iter().any(|t| &t.name == tensor));
+            if !found {
+                return Err(Error::index(
+                    index_path,
+                    format!(
+                        "tensor {tensor:?} is listed in shard {shard_name:?}, which does not hold it"
+                    ),
+                ));
+            }
+        }
+        for shard in &parsed {
+            if let Some(extra) = shard
+                .tensors
+                .iter()
+                .find(|t| !index.weight_map.contains_key(&t.name))
+            {
+                // A tensor the index lists under another shard is not "extra": when that shard
+                // holds it too, `assemble` reports the duplicate.
+                return Err(Error::index(
+                    index_path,
+                    format!(
+                        "shard {} holds tensor {:?}, which the index does not list",
+                        shard.file.path.display(),
+                        extra.name
+                    ),
+                ));
+            }
+        }
+        Self::assemble(parsed)
+    }
+}
+
+/// Checks that an index's shard name is a plain relative path and returns it: `/`-separated
+/// components, each a real name (not empty, not `.` or `..`, without a backslash or a NUL), and
+/// no leading `/`.
+pub(super) fn checked_relative(name: &str) -> std::result::Result<PathBuf, &'static str> {
+    if name.is_empty() {
+        return Err("is empty");
+    }
+    if name.starts_with('/') {
+        return Err("is absolute");
+    }
+    let mut out = PathBuf::new();
+    for part in name.split('/') {
+        match part {
+            "" => return Err("has an empty component"),
+            "." => return Err("has a '.' component"),
+            ".." => return Err("contains '..'"),
+            _ if part.contains('\\') => return Err("contains a backslash"),
+            _ if part.contains('\0') => return Err("contains a NUL byte"),
+            _ => out.push(part),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("", Err("is empty"))]
+    #[case("../x.safetensors", Err("contains '..'"))]
+    #[case("a/../../x", Err("contains '..'"))]
+    #[case("/etc/passwd", Err("is absolute"))]
+    #[case(".", Err("has a '.' component"))]
+    #[case("./a.safetensors", Err("has a '.' component"))]
+    #[case("a//b.safetensors", Err("has an empty component"))]
+    #[case("sub/", Err("has an empty component"))]
+    #[case("..\\x.safetensors", Err("contains a backslash"))]
+    #[case("a\0b", Err("contains a NUL byte"))]
+    #[case("a.safetensors", Ok(PathBuf::from("a.safetensors")))]
+    #[case("sub/a.safetensors", Ok(PathBuf::from("sub/a.safetensors")))]
+    fn shard_paths(#[case] name: &str, #[case] expected: std::result::Result<PathBuf, &str>) {
+        assert_eq!(checked_relative(name), expected);
+    }
+}

@@ -1,0 +1,273 @@
+//! Opening a checkpoint: finding its files, reading and validating each header, and listing its
+//! tensors in file-offset order.
+//!
+//! Each header is read alone (8 + n bytes, never the whole file) and validated by the
+//! `safetensors` crate's `Metadata`, then against the file's real size ([`header`]). An index
+//! names its shards by plain relative paths ([`index`]). Nothing here allocates from an
+//! untrusted length before checking it against the file, or opens anything but a regular file
+//! (a fifo would block).
+
+mod header;
+mod index;
+mod select;
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use safetensors::Dtype;
+
+pub use header::FileIdentity;
+pub use select::{RowRange, Selection};
+
+use crate::error::{Error, Result};
+use header::{ParsedFile, read_header};
+
+/// The index file name Hugging Face uses for sharded checkpoints.
+pub const INDEX_FILE_NAME: &str = "model.safetensors.index.json";
+/// The single-file checkpoint name.
+pub const SINGLE_FILE_NAME: &str = "model.safetensors";
+/// The largest header the `safetensors` format allows, in bytes.
+pub const MAX_HEADER_SIZE: u64 = 100_000_000;
+/// The largest index file this library reads, in bytes (a million entries fit well inside).
+pub const MAX_INDEX_SIZE: u64 = 256 * 1024 * 1024;
+
+/// One tensor of a checkpoint: where its bytes are and what they mean.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// The tensor's name.
+    pub name: String,
+    /// Its element type.
+    pub dtype: Dtype,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// The file that holds it.
+    pub file: Arc<Path>,
+    /// The file's position in [`Checkpoint::files`].
+    pub file_index: usize,
+    /// Absolute byte offset of its first byte in the file.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub len: usize,
+    /// The rows of dimension 0 this tensor holds when only a range of them was asked for
+    /// ([`Selection::rows`]); `shape[0]` is then the range's length and `offset`/`len` cover
+    /// just those rows. `None` for the whole tensor.
+    pub row_range: Option<Range<usize>>,
+}
+
+impl TensorMeta {
+    /// The dtype's name as the safetensors format writes it ("BF16").
+    pub fn dtype_name(&self) -> String {
+        format!("{:?}", self.dtype)
+    }
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardFile {
+    /// The file's path.
+    pub path: Arc<Path>,
+    /// Its size in bytes when the header was checked.
+    pub size: u64,
+    /// Offset of the first data byte (8 + header length).
+    pub data_start: u64,
+    /// How many tensors it holds.
+    pub tensors: usize,
+    /// What the file was when its header was read; a load checks it is still that file.
+    pub identity: FileIdentity,
+    /// The header's `__metadata__` (free-form strings, such as `{"format": "pt"}`), if any.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// The validated table of contents of a checkpoint: its files and tensors, in load order (file
+/// order, then offset within each file).
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    files: Vec<ShardFile>,
+    tensors: Vec<TensorMeta>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint from a directory (its index, else its `model.safetensors`, else its
+    /// `*.safetensors` files in natural order), an index file (`*.json`), or one safetensors file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
+            return Self::open_dir(path);
+        }
+        if !meta.is_file() {
+            return Err(Error::NotAFile { path: path.into() });
+        }
+        if path.extension().is_some_and(|ext| ext == "json") {
+            Self::from_index(path)
+        } else {
+            Self::from_files([path])
+        }
+    }
+
+    /// Opens the listed safetensors files as one checkpoint, in the order given.
+    pub fn from_files<I, P>(paths: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<Path>,
+    {
+        let mut seen = HashSet::new();
+        let mut parsed = Vec::new();
+        for path in paths {
+            let path = path.as_ref();
+            let canonical = path.canonicalize().map_err(|e| Error::io(path, e))?;
+            if !seen.insert(canonical) {
+                return Err(Error::DuplicateFile { path: path.into() });
+            }
+            parsed.push(read_header(path)?);
+        }
+        Self::assemble(parsed)
+    }
+
+    fn open_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join(INDEX_FILE_NAME);
+        if index.symlink_metadata().is_ok() {
+            return Self::from_index(index);
+        }
+        let single = dir.join(SINGLE_FILE_NAME);
+        if single.symlink_metadata().is_ok() {
+            return Self::from_files([single]);
+        }
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let entry = entry.map_err(|e| Error::io(dir, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.ends_with(".safetensors") && !name.starts_with('.') {
+                found.push(name.to_owned());
+            }
+        }
+        if found.is_empty() {
+            return Err(Error::NoCheckpoint { path: dir.into() });
+        }
+        found.sort_by(|a, b| natural_cmp(a, b));
+        Self::from_files(found.iter().map(|name| dir.join(name)))
+    }
+
+    fn assemble(parsed: Vec<ParsedFile>) -> Result<Self> {
+        let mut owner: HashMap<String, usize> = HashMap::new();
+        let mut files: Vec<ShardFile> = Vec::with_capacity(parsed.len());
+        let mut tensors = Vec::new();
+        for (file_index, mut p) in parsed.into_iter().enumerate() {
+            for mut t in p.tensors.drain(..) {
+                if let Some(first) = owner.get(&t.name).and_then(|&i| tensors.get(i)) {
+                    let first: &TensorMeta = first;
+                    return Err(Error::DuplicateTensor {
+                        name: t.name,
+                        first: first.file.to_path_buf(),
+                        second: p.file.path.to_path_buf(),
+                    });
+                }
+                owner.insert(t.name.clone(), tensors.len());
+                t.file_index = file_index;
+                tensors.push(t);
+            }
+            files.push(p.file);
+        }
+        Ok(Self {
+            files,
+            tensors,
+            by_name: owner,
+        })
+    }
+
+    /// The files, in load order.
+    pub fn files(&self) -> &[ShardFile] {
+        &self.files
+    }
+
+    /// The tensors, in load order: file order, then offset.
+    pub fn tensors(&self) -> &[TensorMeta] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`, if the checkpoint has one.
+    pub fn tensor(&self, name: &str) -> Option<&TensorMeta> {
+        self.by_name.get(name).and_then(|&i| self.tensors.get(i))
+    }
+
+    /// A checkpoint of `files` and `tensors` (names unique, each tensor's `file_index` pointing
+    /// into `files`).
+    fn from_parts(files: Vec<ShardFile>, tensors: Vec<TensorMeta>) -> Self {
+        let by_name = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Self {
+            files,
+            tensors,
+            by_name,
+        }
+    }
+
+    /// Total tensor bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len as u64).sum()
+    }
+
+    /// The first file's `__metadata__` (like `safe_open(...).metadata()` on a single file;
+    /// sharded checkpoints usually carry the same in every shard, see [`ShardFile::metadata`]).
+    pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
+        self.files.first().and_then(|f| f.metadata.as_ref())
+    }
+}
+
+/// Compares names the way people count: "shard-2" before "shard-10".
+pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
+                let dx = x.iter().take_while(|c| c.is_ascii_digit()).count();
+                let dy = y.iter().take_while(|c| c.is_ascii_digit()).count();
+                let (nx, ny) = (&x[..dx], &y[..dy]);
+                let trim = |s: &'_ [u8]| -> usize { s.iter().take_while(|&&c| c == b'0').count() };
+                let (tx, ty) = (&nx[trim(nx)..], &ny[trim(ny)..]);
+                let ord = tx.len().cmp(&ty.len()).then_with(|| tx.cmp(ty));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+                x = &x[dx..];
+                y = &y[dy..];
+            }
+            (Some(c), Some(d)) => {
+                if c != d {
+                    return c.cmp(d);
+                }
+                x = &x[1..];
+                y = &y[1..];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("a-2", "a-10", Ordering::Less)]
+    #[case("model-00002-of-00003", "model-00010-of-00003", Ordering::Less)]
+    #[case("x10", "x9", Ordering::Greater)]
+    #[case("x010", "x10", Ordering::Less)]
+    #[case("abc", "abd", Ordering::Less)]
+    #[case("ab", "ab1", Ordering::Less)]
+    fn natural_order(#[case] a: &str, #[case] b: &str, #[case] expected: Ordering) {
+        assert_eq!(natural_cmp(a, b), expected);
+        assert_eq!(natural_cmp(b, a), expected.reverse());
+    }
+}

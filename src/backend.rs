@@ -1,0 +1,259 @@
+//! Choosing and opening a backend, once, for every door (Rust, C, the `stage` command, the
+//! benchmark). `auto` is decided here and nowhere else: cuFile when a CUDA driver and a device
+//! are there, else hipFile when a HIP runtime and a device are, else the host backend; each
+//! backend passed over is recorded with why.
+
+use staging_core::host::HostAllocator;
+
+use crate::error::{Error, Result};
+
+/// Which backend loads the tensors.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Backend {
+    /// cuFile when a CUDA driver and a device are there, else hipFile when a HIP runtime and a
+    /// device are, else the host backend, each with these options. The report's `passed_over`
+    /// says why each was skipped.
+    Auto(AutoOptions),
+    /// System memory standing for the device (a real loader for CPU inference).
+    Host(HostOptions),
+    /// NVIDIA GPUs through cuFile (GDS or its compatibility mode) or a POSIX path.
+    #[cfg(feature = "cufile")]
+    Cufile(backend_cufile::Options),
+    /// AMD GPUs through hipFile or a POSIX path (run against stub libraries only so far).
+    #[cfg(feature = "hipfile")]
+    Hipfile(backend_hipfile::Options),
+    /// The host backend behind the mock's ledger, which records every buffer handed out and
+    /// returned (for tests and leak checks).
+    #[cfg(feature = "mock")]
+    Mock,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self::Auto(AutoOptions::default())
+    }
+}
+
+/// The options each backend `auto` may choose runs with.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct AutoOptions {
+    /// For cuFile.
+    #[cfg(feature = "cufile")]
+    pub cufile: backend_cufile::Options,
+    /// For hipFile.
+    #[cfg(feature = "hipfile")]
+    pub hipfile: backend_hipfile::Options,
+    /// For the host backend.
+    pub host: HostOptions,
+}
+
+/// Options of the host backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostOptions {
+    /// Read with `O_DIRECT`, past the page cache (for a cold first load of a checkpoint larger
+    /// than memory).
+    pub direct_io: bool,
+}
+
+impl HostOptions {
+    /// With `O_DIRECT` reads or without.
+    pub fn direct_io(mut self, direct_io: bool) -> Self {
+        self.direct_io = direct_io;
+        self
+    }
+}
+
+impl Backend {
+    /// The backend called `name` (`auto`, `host`, `cufile`, `hipfile`, `mock`) with its default
+    /// options; a backend left out of this build is [`Error::NotBuilt`].
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "auto" => Ok(Self::default()),
+            "host" => Ok(Self::Host(HostOptions::default())),
+            #[cfg(feature = "cufile")]
+            "cufile" => Ok(Self::Cufile(backend_cufile::Options::default())),
+            #[cfg(not(feature = "cufile"))]
+            "cufile" => Err(Error::NotBuilt("cufile")),
+            #[cfg(feature = "hipfile")]
+            "hipfile" => Ok(Self::Hipfile(backend_hipfile::Options::default())),
+            #[cfg(not(feature = "hipfile"))]
+            "hipfile" => Err(Error::NotBuilt("hipfile")),
+            #[cfg(feature = "mock")]
+            "mock" => Ok(Self::Mock),
+            #[cfg(not(feature = "mock"))]
+            "mock" => Err(Error::NotBuilt("mock")),
+            other => Err(Error::UnknownBackend(other.to_owned())),
+        }
+    }
+
+    /// The backend's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Auto(_) => "auto",
+            Self::Host(_) => "host",
+            #[cfg(feature = "cufile")]
+            Self::Cufile(_) => "cufile",
+            #[cfg(feature = "hipfile")]
+            Self::Hipfile(_) => "hipfile",
+            #[cfg(feature = "mock")]
+            Self::Mock => "mock",
+        }
+    }
+}
+
+/// A backend, opened.
+pub(crate) enum Opened {
+    Host {
+        options: HostOptions,
+        allocator: HostAllocator,
+    },
+    #[cfg(feature = "cufile")]
+    Cufile(Box<backend_cufile::Backend>),
+    #[cfg(feature = "hipfile")]
+    Hipfile(Box<backend_hipfile::Backend>),
+    #[cfg(feature = "mock")]
+    Mock(Box<(backend_mock::MockReader, backend_mock::MockAllocator)>),
+}
+
+impl Opened {
+    /// Whether the backend's device is system memory (a cap is then its capacity, not a budget).
+    pub(crate) fn is_host(&self) -> bool {
+        match self {
+            Self::Host { .. } => true,
+            #[cfg(feature = "mock")]
+            Self::Mock(_) => true,
+            #[allow(unreachable_patterns)] // with no GPU backend built, there is nothing else
+            _ => false,
+        }
+    }
+}
+
+/// What [`open`] chose, and why.
+pub(crate) struct Chosen {
+    pub(crate) opened: Opened,
+    /// `"name: why"` for each backend `auto` passed over.
+    pub(crate) passed_over: Vec<String>,
+    /// Why the chosen backend runs its POSIX path, when `auto` mode made it do so.
+    pub(crate) mode_reason: Option<String>,
+}
+
+impl Chosen {
+    fn plain(opened: Opened) -> Self {
+        Self {
+            opened,
+            passed_over: Vec::new(),
+            mode_reason: None,
+        }
+    }
+}
+
+/// Opens `backend` on `device` (when set, it replaces the device in the backend's options); a
+/// host or mock device holds at most `host_capacity` bytes.
+pub(crate) fn open(
+    backend: &Backend,
+    device: Option<usize>,
+    host_capacity: Option<u64>,
+) -> Result<Chosen> {
+    let host = |options| {
+        Chosen::plain(Opened::Host {
+            options,
+            allocator: match host_capacity {
+                Some(cap) => HostAllocator::with_capacity(cap),
+                None => HostAllocator::new(),
+            },
+        })
+    };
+    match backend {
+        Backend::Host(options) => Ok(host(*options)),
+        #[cfg(feature = "mock")]
+        Backend::Mock => {
+            let (reader, allocator) = backend_mock::mock_backend();
+            let allocator = match host_capacity {
+                Some(cap) => allocator.with_capacity(cap),
+                None => allocator,
+            };
+            Ok(Chosen::plain(Opened::Mock(Box::new((reader, allocator)))))
+        }
+        #[cfg(feature = "cufile")]
+        Backend::Cufile(options) => {
+            open_cufile(options, device).map_err(|e| Error::backend("cufile", e))
+        }
+        #[cfg(feature = "hipfile")]
+        Backend::Hipfile(options) => {
+            open_hipfile(options, device).map_err(|e| Error::backend("hipfile", e))
+        }
+        Backend::Auto(auto) => {
+            let mut passed_over = Vec::new();
+            #[cfg(feature = "cufile")]
+            {
+                match open_cufile(&auto.cufile, device) {
+                    Ok(chosen) => return Ok(chosen),
+                    Err(
+                        e @ (backend_cufile::Error::NoCudaDriver | backend_cufile::Error::NoDevice),
+                    ) => passed_over.push(format!("cufile: {e}")),
+                    Err(e) => return Err(Error::backend("cufile", e)),
+                }
+            }
+            #[cfg(not(feature = "cufile"))]
+            passed_over.push(Error::NotBuilt("cufile").to_string());
+            #[cfg(feature = "hipfile")]
+            {
+                match open_hipfile(&auto.hipfile, device) {
+                    Ok(mut chosen) => {
+                        chosen.passed_over = passed_over;
+                        return Ok(chosen);
+                    }
+                    Err(
+                        e @ (backend_hipfile::Error::NoHipRuntime { .. }
+                        | backend_hipfile::Error::NoDevice),
+                    ) => passed_over.push(format!("hipfile: {e}")),
+                    Err(e) => return Err(Error::backend("hipfile", e)),
+                }
+            }
+            #[cfg(not(feature = "hipfile"))]
+            passed_over.push(Error::NotBuilt("hipfile").to_string());
+            let mut chosen = host(auto.host);
+            chosen.passed_over = passed_over;
+            Ok(chosen)
+        }
+    }
+}
+
+#[cfg(feature = "cufile")]
+fn open_cufile(
+    options: &backend_cufile::Options,
+    device: Option<usize>,
+) -> std::result::Result<Chosen, backend_cufile::Error> {
+    let mut options = options.clone();
+    if let Some(device) = device {
+        options.device = device;
+    }
+    let mut backend = backend_cufile::open(&options)?;
+    let mode_reason = backend.fallback_reason.take();
+    Ok(Chosen {
+        opened: Opened::Cufile(Box::new(backend)),
+        passed_over: Vec::new(),
+        mode_reason,
+    })
+}
+
+#[cfg(feature = "hipfile")]
+fn open_hipfile(
+    options: &backend_hipfile::Options,
+    device: Option<usize>,
+) -> std::result::Result<Chosen, backend_hipfile::Error> {
+    let mut options = options.clone();
+    if let Some(device) = device {
+        options.device = device;
+    }
+    let mut backend = backend_hipfile::open(&options)?;
+    let mode_reason = backend.fallback_reason.take();
+    Ok(Chosen {
+        opened: Opened::Hipfile(Box::new(backend)),
+        passed_over: Vec::new(),
+        mode_reason,
+    })
+}

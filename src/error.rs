@@ -1,0 +1,72 @@
+//! The facade's error: what opening a backend or a load, or using a loaded tensor, can fail with.
+
+use std::error::Error as StdError;
+
+/// Everything [`Loader`](crate::Loader) and [`Tensor`](crate::Tensor) can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The checkpoint or the load failed (bad input, a read error, an allocation error): the
+    /// message names the file, and the tensor and offset where there is one.
+    #[error(transparent)]
+    Load(#[from] staging_core::Error),
+    /// The backend asked for cannot run here (no driver, no device, no library, a mode that is
+    /// not available).
+    #[error("{backend} backend: {source}")]
+    Backend {
+        /// The backend (`cufile`, `hipfile`).
+        backend: &'static str,
+        /// Why, as the backend says it.
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
+    /// The backend was left out of this build.
+    #[error("the {0} backend is not built into this library (cargo feature `{0}`)")]
+    NotBuilt(&'static str),
+    /// A backend name that does not exist.
+    #[error("unknown backend {0:?}: expected auto, host, cufile, hipfile or mock")]
+    UnknownBackend(String),
+    /// The destination hands out memory of another kind than the backend loads into.
+    #[error(
+        "the destination gives {given} memory, but the {backend} backend loads into {expected} memory"
+    )]
+    DestinationSpace {
+        /// The backend chosen.
+        backend: String,
+        /// The memory it loads into.
+        expected: &'static str,
+        /// The memory the destination gives.
+        given: &'static str,
+    },
+    /// A tensor's bytes cannot be had this way (a caller destination's bytes are the caller's;
+    /// a device copy failed; a buffer is too short).
+    #[error("tensor {tensor:?}: {reason}")]
+    Tensor {
+        /// The tensor.
+        tensor: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn backend(
+        backend: &'static str,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Self::Backend {
+            backend,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn tensor(tensor: &str, reason: impl Into<String>) -> Self {
+        Self::Tensor {
+            tensor: tensor.to_owned(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

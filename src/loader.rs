@@ -1,0 +1,462 @@
+//! [`Loader`]: the one entry point. It takes the backend, the device, the policy, the selection
+//! and the destination, opens the backend (deciding `auto` once), and opens paths into a
+//! [`Load`]: an iterator of `Result<Tensor>` in file order, with its report.
+//!
+//! Whatever the backend, the load is the core's `Stager` over that backend's reader and its
+//! allocator behind a `SubAllocator` (small tensors carved from shared blocks: the default, not
+//! something each caller must remember), erased behind one type.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use staging_core::host::{DirectHostReader, HostReader};
+use staging_core::{
+    Checkpoint, Destination, DeviceAllocator, LoadReport, RawDestination, Reader, Selection,
+    Stager, StagingPolicy, SubAllocator,
+};
+
+use crate::backend::{self, Backend, Chosen, Opened};
+use crate::error::{Error, Result};
+use crate::space::sealed::Sealed;
+use crate::space::{AnyDestination, Boxed, KnownSpace};
+use crate::tensor::{Data, Held, Tensor};
+
+/// Blocks small tensors are carved from (`SubAllocator`).
+const BLOCK_SIZE: usize = 32 << 20;
+/// Tensors under this many bytes are carved from blocks.
+const CARVE_BELOW: usize = 1 << 20;
+
+/// Builds a load: backend, device, policy, memory cap, selection, destination; then
+/// [`open`](Self::open) a checkpoint.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+/// # let mut file = (header.len() as u64).to_le_bytes().to_vec();
+/// # file.extend_from_slice(header);
+/// # file.extend_from_slice(&[0, 0, 128, 63, 0, 0, 0, 64]);
+/// # std::fs::write(dir.path().join("model.safetensors"), file)?;
+/// use safetensors_staging::{Backend, Loader};
+///
+/// let mut load = Loader::new().backend(Backend::default()).open(dir.path())?;
+/// for tensor in load.by_ref() {
+///     let tensor = tensor?;
+///     println!("{} {:?} {:?}", tensor.name(), tensor.meta().shape, tensor.path());
+/// }
+/// println!("{} bytes read, backends passed over: {:?}", load.report().bytes_read, load.report().passed_over);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Loader<'d> {
+    backend: Backend,
+    device: Option<usize>,
+    policy: StagingPolicy,
+    memory_cap: Option<u64>,
+    suballocate: bool,
+    selection: Selection,
+    destination: AnyDestination<'d>,
+}
+
+impl fmt::Debug for Loader<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Loader")
+            .field("backend", &self.backend)
+            .field("device", &self.device)
+            .field("policy", &self.policy)
+            .field("memory_cap", &self.memory_cap)
+            .field("suballocate", &self.suballocate)
+            .field("selection", &self.selection)
+            .finish()
+    }
+}
+
+impl Default for Loader<'static> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Loader<'static> {
+    /// A loader with the defaults: backend `auto`, device 0, the default policy, no memory cap,
+    /// every tensor, no destination, small tensors sub-allocated.
+    pub fn new() -> Self {
+        Self {
+            backend: Backend::default(),
+            device: None,
+            policy: StagingPolicy::default(),
+            memory_cap: None,
+            suballocate: true,
+            selection: Selection::all(),
+            destination: AnyDestination::None,
+        }
+    }
+}
+
+impl<'d> Loader<'d> {
+    /// The backend (default `auto`: [`Backend::Auto`] with default options).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The GPU device index (default 0); it replaces the device in a GPU backend's options.
+    pub fn device(mut self, index: usize) -> Self {
+        self.device = Some(index);
+        self
+    }
+
+    /// The staging policy (headroom, chunk and staging sizes, I/O threads, coalescing).
+    pub fn policy(mut self, policy: StagingPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Caps device memory: the capacity of the host backend's "device", or on a GPU a budget
+    /// that replaces the device's free-memory figure (for example the minimum over ranks).
+    pub fn memory_cap(mut self, bytes: Option<u64>) -> Self {
+        self.memory_cap = bytes;
+        self
+    }
+
+    /// Whether tensors under 1 MiB are carved from shared 32 MiB blocks (default: yes; it
+    /// took a page-cached load of many small tensors from 2.3 to 5.3 GB/s on the host). Off,
+    /// every tensor has an allocation of its own (so each can become a `CudaSlice`), except
+    /// neighbours read together while coalescing is on in the policy.
+    pub fn suballocate(mut self, yes: bool) -> Self {
+        self.suballocate = yes;
+        self
+    }
+
+    /// Which tensors to load, and which rows of them (default: all, whole). Unselected bytes
+    /// are never read.
+    pub fn select(mut self, selection: Selection) -> Self {
+        self.selection = selection;
+        self
+    }
+
+    /// Reads tensors the destination accepts straight into its memory. Its memory space must
+    /// be the one the backend loads into (host memory for `host`, `CudaMemory` for `cufile`):
+    /// otherwise opening the load is [`Error::DestinationSpace`].
+    pub fn destination<'e, S, D>(self, destination: D) -> Loader<'e>
+    where
+        S: KnownSpace,
+        D: Destination<S> + Send + 'e,
+    {
+        self.with_destination(S::wrap(Box::new(destination)))
+    }
+
+    /// Reads tensors the destination accepts straight into the raw regions it gives, of
+    /// whatever space the backend loads into (for callers outside Rust).
+    pub fn raw_destination<'e, D>(self, destination: D) -> Loader<'e>
+    where
+        D: RawDestination + Send + 'e,
+    {
+        self.with_destination(AnyDestination::Raw(Box::new(destination)))
+    }
+
+    fn with_destination<'e>(self, destination: AnyDestination<'e>) -> Loader<'e> {
+        Loader {
+            backend: self.backend,
+            device: self.device,
+            policy: self.policy,
+            memory_cap: self.memory_cap,
+            suballocate: self.suballocate,
+            selection: self.selection,
+            destination,
+        }
+    }
+
+    /// Opens the backend (choosing it, for `auto`) without opening a checkpoint: a machine that
+    /// cannot run it fails here.
+    pub fn prepare(self) -> Result<Prepared<'d>> {
+        let chosen = backend::open(&self.backend, self.device, self.memory_cap)?;
+        let policy = if chosen.opened.is_host() {
+            self.policy
+        } else {
+            self.policy
+                .to_builder()
+                .memory_budget(self.memory_cap.or(self.policy.memory_budget()))
+                .build()?
+        };
+        Ok(Prepared {
+            chosen,
+            policy,
+            suballocate: self.suballocate,
+            selection: self.selection,
+            destination: self.destination,
+        })
+    }
+
+    /// Opens the backend and the checkpoint at `path` (a directory, an index file, or one
+    /// `.safetensors` file) into a load.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Load<'d>> {
+        self.prepare()?.open(path)
+    }
+
+    /// Opens the backend and these `.safetensors` files, as one checkpoint, into a load.
+    pub fn open_files<I, P>(self, files: I) -> Result<Load<'d>>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<Path>,
+    {
+        self.prepare()?.open_files(files)
+    }
+}
+
+/// A loader whose backend is open ([`Loader::prepare`]).
+pub struct Prepared<'d> {
+    chosen: Chosen,
+    policy: StagingPolicy,
+    suballocate: bool,
+    selection: Selection,
+    destination: AnyDestination<'d>,
+}
+
+impl fmt::Debug for Prepared<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("backend", &self.backend_name())
+            .field("passed_over", &self.chosen.passed_over)
+            .finish()
+    }
+}
+
+impl<'d> Prepared<'d> {
+    /// The backend chosen: `host`, `cufile`, `hipfile` or `mock`.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.chosen.opened {
+            Opened::Host { .. } => "host",
+            #[cfg(feature = "cufile")]
+            Opened::Cufile(_) => "cufile",
+            #[cfg(feature = "hipfile")]
+            Opened::Hipfile(_) => "hipfile",
+            #[cfg(feature = "mock")]
+            Opened::Mock(_) => "mock",
+        }
+    }
+
+    /// Each backend `auto` passed over, with why (`"cufile: no CUDA driver: ..."`).
+    pub fn passed_over(&self) -> &[String] {
+        &self.chosen.passed_over
+    }
+
+    /// Why the backend runs its POSIX path, when `auto` mode made it do so (no usable
+    /// `libcufile`, for example).
+    pub fn mode_reason(&self) -> Option<&str> {
+        self.chosen.mode_reason.as_deref()
+    }
+
+    /// Opens the checkpoint at `path` (a directory, an index file, or one `.safetensors` file).
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Load<'d>> {
+        let checkpoint = Checkpoint::open(path)?;
+        self.open_checkpoint(checkpoint)
+    }
+
+    /// Opens these `.safetensors` files as one checkpoint.
+    pub fn open_files<I, P>(self, files: I) -> Result<Load<'d>>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<Path>,
+    {
+        let checkpoint = Checkpoint::from_files(files)?;
+        self.open_checkpoint(checkpoint)
+    }
+
+    /// Loads a checkpoint already opened.
+    pub fn open_checkpoint(self, checkpoint: Checkpoint) -> Result<Load<'d>> {
+        let checkpoint = checkpoint.select(&self.selection)?;
+        let Chosen {
+            opened,
+            passed_over,
+            mode_reason,
+        } = self.chosen;
+        let setup = Setup {
+            checkpoint,
+            policy: self.policy,
+            suballocate: self.suballocate,
+            destination: self.destination,
+        };
+        #[cfg(feature = "mock")]
+        let mut ledger = None;
+        let inner = match opened {
+            Opened::Host { options, allocator } if options.direct_io => {
+                setup.start(DirectHostReader::default(), allocator, "host", erased)?
+            }
+            Opened::Host { allocator, .. } => setup.start(HostReader, allocator, "host", erased)?,
+            #[cfg(feature = "cufile")]
+            Opened::Cufile(backend) => {
+                let backend = *backend;
+                setup.start(backend.reader, backend.allocator, "cufile", cuda)?
+            }
+            #[cfg(feature = "hipfile")]
+            Opened::Hipfile(backend) => {
+                let backend = *backend;
+                setup.start(backend.reader, backend.allocator, "hipfile", erased)?
+            }
+            #[cfg(feature = "mock")]
+            Opened::Mock(backend) => {
+                let (reader, allocator) = *backend;
+                ledger = Some(allocator.ledger());
+                setup.start(reader, allocator, "mock", erased)?
+            }
+        };
+        Ok(Load {
+            inner,
+            passed_over,
+            mode_reason,
+            #[cfg(feature = "mock")]
+            ledger,
+        })
+    }
+}
+
+/// A device tensor kept erased.
+fn erased<A>(held: Box<Held<A>>) -> Data
+where
+    A: DeviceAllocator + 'static,
+    A::Space: KnownSpace,
+    A::Buffer: 'static,
+{
+    Data::Device(held)
+}
+
+/// A CUDA tensor kept typed, for [`Tensor::into_cuda`].
+#[cfg(feature = "cufile")]
+fn cuda(held: Box<Held<crate::cuda::CudaAlloc>>) -> Data {
+    Data::Cuda(held)
+}
+
+/// What every load is made of, whatever the backend.
+struct Setup<'d> {
+    checkpoint: Checkpoint,
+    policy: StagingPolicy,
+    suballocate: bool,
+    destination: AnyDestination<'d>,
+}
+
+impl<'d> Setup<'d> {
+    fn start<R, A>(
+        self,
+        reader: R,
+        allocator: A,
+        backend: &str,
+        device: fn(Box<Held<SubAllocator<A>>>) -> Data,
+    ) -> Result<Box<dyn ErasedLoad + 'd>>
+    where
+        R: Reader + 'd,
+        R::Space: KnownSpace,
+        A: DeviceAllocator<Space = R::Space> + 'static,
+        A::Buffer: Sync + 'static,
+    {
+        let destination = <R::Space as Sealed>::unwrap(self.destination, backend)?;
+        let carve_below = if self.suballocate { CARVE_BELOW } else { 0 };
+        let allocator = Arc::new(SubAllocator::new(allocator, BLOCK_SIZE, carve_below));
+        let stager = Stager::new(self.checkpoint, reader, Arc::clone(&allocator), self.policy)?
+            .with_destination(destination);
+        Ok(Box::new(Typed {
+            stager,
+            allocator,
+            device,
+        }))
+    }
+}
+
+/// A load of any backend.
+trait ErasedLoad: Send {
+    fn next_tensor(&mut self) -> Option<staging_core::Result<Tensor>>;
+    fn report(&self) -> LoadReport;
+    fn checkpoint(&self) -> &Checkpoint;
+}
+
+struct Typed<'d, R, A>
+where
+    R: Reader,
+    A: DeviceAllocator<Space = R::Space>,
+    A::Buffer: Sync,
+{
+    stager: Stager<R, Arc<SubAllocator<A>>, Boxed<'d, R::Space>>,
+    allocator: Arc<SubAllocator<A>>,
+    device: fn(Box<Held<SubAllocator<A>>>) -> Data,
+}
+
+impl<R, A> ErasedLoad for Typed<'_, R, A>
+where
+    R: Reader,
+    R::Space: KnownSpace,
+    A: DeviceAllocator<Space = R::Space> + 'static,
+    A::Buffer: Sync + 'static,
+{
+    fn next_tensor(&mut self) -> Option<staging_core::Result<Tensor>> {
+        let item = self.stager.next();
+        if !matches!(item, Some(Ok(_))) {
+            // The load is over: the current block goes with the last tensor carved from it.
+            self.allocator.retire_block();
+        }
+        Some(item?.map(|staged| Tensor::new(staged, &self.allocator, self.device)))
+    }
+
+    fn report(&self) -> LoadReport {
+        self.stager.report()
+    }
+
+    fn checkpoint(&self) -> &Checkpoint {
+        self.stager.checkpoint()
+    }
+}
+
+/// A load in progress: an iterator of `Result<Tensor>` in file order. After an error it yields
+/// nothing more; dropping it early frees everything it still holds.
+pub struct Load<'d> {
+    inner: Box<dyn ErasedLoad + 'd>,
+    passed_over: Vec<String>,
+    mode_reason: Option<String>,
+    #[cfg(feature = "mock")]
+    ledger: Option<backend_mock::Ledger>,
+}
+
+impl fmt::Debug for Load<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let report = self.inner.report();
+        f.debug_struct("Load")
+            .field("backend", &report.backend)
+            .field("mode", &report.mode)
+            .field("tensors", &report.tensors)
+            .finish()
+    }
+}
+
+impl Load<'_> {
+    /// The report so far; final once the iterator has returned `None` or an error.
+    pub fn report(&self) -> LoadReport {
+        let mut report = self.inner.report();
+        report.passed_over.clone_from(&self.passed_over);
+        report.mode_reason.clone_from(&self.mode_reason);
+        report
+    }
+
+    /// The checkpoint being loaded, narrowed to the selection.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        self.inner.checkpoint()
+    }
+
+    /// Why the backend runs its POSIX path, when `auto` mode made it do so.
+    pub fn mode_reason(&self) -> Option<&str> {
+        self.mode_reason.as_deref()
+    }
+
+    /// The mock backend's ledger of every buffer handed out and returned (mock loads only).
+    #[cfg(feature = "mock")]
+    pub fn ledger(&self) -> Option<&backend_mock::Ledger> {
+        self.ledger.as_ref()
+    }
+}
+
+impl Iterator for Load<'_> {
+    type Item = Result<Tensor>;
+
+    fn next(&mut self) -> Option<Result<Tensor>> {
+        Some(self.inner.next_tensor()?.map_err(Error::from))
+    }
+}

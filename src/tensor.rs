@@ -1,0 +1,377 @@
+//! [`Tensor`]: one loaded tensor, whatever backend loaded it, with its bytes where the policy put
+//! them; and [`DeviceMemory`], device memory a caller took from a load.
+
+use std::fmt;
+use std::sync::Arc;
+
+use staging_core::{
+    DeviceAllocator, DeviceError, DeviceTensor, FallbackCause, HostBytes, HostTensor, StagedTensor,
+    StagingPath, TakenBuffer, TensorData, TensorMeta,
+};
+
+use crate::error::{Error, Result};
+use crate::space::KnownSpace;
+use crate::space::sealed::Sealed;
+
+/// A device buffer of some backend, with the allocator that copies it back.
+pub(crate) struct Held<A: DeviceAllocator> {
+    pub(crate) tensor: DeviceTensor<A::Buffer>,
+    pub(crate) allocator: Arc<A>,
+}
+
+/// A device buffer a caller took, with the allocator that copies it back.
+pub(crate) struct Taken<A: DeviceAllocator> {
+    pub(crate) buffer: TakenBuffer<A::Buffer>,
+    pub(crate) allocator: Arc<A>,
+}
+
+/// Device memory of any backend: what [`Tensor`] and [`DeviceMemory`] need of it.
+pub(crate) trait ErasedDevice: Send {
+    fn addr(&self) -> usize;
+    fn len(&self) -> usize;
+    fn space(&self) -> &'static str;
+    fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> std::result::Result<(), DeviceError>;
+    fn host_bytes(&self) -> Option<&[u8]>;
+    /// Moves the bytes to the caller's account ([`DeviceTensor::take`]); memory already taken
+    /// stays as it is.
+    fn take(self: Box<Self>) -> Box<dyn ErasedDevice>;
+}
+
+macro_rules! erased_device {
+    ($ty:ident, $buffer:ident, $take:expr) => {
+        impl<A> ErasedDevice for $ty<A>
+        where
+            A: DeviceAllocator + 'static,
+            A::Space: KnownSpace,
+            A::Buffer: 'static,
+        {
+            fn addr(&self) -> usize {
+                staging_core::DeviceBuffer::addr(self.$buffer.buffer())
+            }
+            fn len(&self) -> usize {
+                staging_core::DeviceBuffer::len(self.$buffer.buffer())
+            }
+            fn space(&self) -> &'static str {
+                <A::Space as staging_core::MemorySpace>::NAME
+            }
+            fn copy_to_host(
+                &self,
+                offset: usize,
+                dst: &mut [u8],
+            ) -> std::result::Result<(), DeviceError> {
+                self.allocator
+                    .copy_to_host(self.$buffer.buffer(), offset, dst)
+            }
+            fn host_bytes(&self) -> Option<&[u8]> {
+                <A::Space as Sealed>::host_view(self.$buffer.buffer())
+            }
+            fn take(self: Box<Self>) -> Box<dyn ErasedDevice> {
+                #[allow(clippy::redundant_closure_call)]
+                ($take)(self)
+            }
+        }
+    };
+}
+
+erased_device!(
+    Held,
+    tensor,
+    |held: Box<Held<A>>| -> Box<dyn ErasedDevice> {
+        let Held { tensor, allocator } = *held;
+        Box::new(Taken {
+            buffer: tensor.take(),
+            allocator,
+        })
+    }
+);
+erased_device!(
+    Taken,
+    buffer,
+    |taken: Box<Taken<A>>| -> Box<dyn ErasedDevice> { taken }
+);
+
+/// Where a [`Tensor`]'s bytes are.
+pub(crate) enum Data {
+    /// In the caller's destination.
+    Destination { addr: usize, space: &'static str },
+    /// In a device buffer of its own.
+    Device(Box<dyn ErasedDevice>),
+    /// In a CUDA buffer of its own, kept typed for [`Tensor::into_cuda`](crate::Tensor).
+    #[cfg(feature = "cufile")]
+    Cuda(Box<Held<crate::cuda::CudaAlloc>>),
+    /// In host memory.
+    Host(HostTensor),
+}
+
+/// One loaded tensor, whole (or the rows of it that were asked for), with where it landed.
+///
+/// Its bytes are counted as the load's (`peak_device_bytes`, `peak_host_bytes`) until it is
+/// dropped, or until the caller takes its device memory ([`take_device`](Self::take_device), or
+/// `into_cuda` for cuFile loads), from which point they are the caller's.
+pub struct Tensor {
+    pub(crate) meta: Box<TensorMeta>,
+    pub(crate) data: Data,
+    pub(crate) fallback: Option<FallbackCause>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("name", &self.meta.name)
+            .field("dtype", &self.meta.dtype)
+            .field("shape", &self.meta.shape)
+            .field("path", &self.path())
+            .field("space", &self.space())
+            .finish()
+    }
+}
+
+impl Tensor {
+    /// A staged tensor of a load whose allocator is `allocator`; `device` keeps a device
+    /// buffer (typed, for backends with a hand-over of their own, or erased).
+    pub(crate) fn new<A>(
+        staged: StagedTensor<A::Buffer>,
+        allocator: &Arc<A>,
+        device: fn(Box<Held<A>>) -> Data,
+    ) -> Self
+    where
+        A: DeviceAllocator + 'static,
+        A::Space: KnownSpace,
+        A::Buffer: 'static,
+    {
+        let fallback = staged.fallback();
+        let (meta, data) = staged.into_parts();
+        let meta = Box::new(meta);
+        let data = match data {
+            TensorData::Destination { addr, .. } => Data::Destination {
+                addr,
+                space: <A::Space as staging_core::MemorySpace>::NAME,
+            },
+            TensorData::Device(tensor) => device(Box::new(Held {
+                tensor,
+                allocator: Arc::clone(allocator),
+            })),
+            TensorData::Host(host) => Data::Host(host),
+        };
+        Self {
+            meta,
+            data,
+            fallback,
+        }
+    }
+
+    /// The device buffer, whichever way it is kept.
+    fn device(&self) -> Option<&dyn ErasedDevice> {
+        match &self.data {
+            Data::Device(device) => Some(device.as_ref()),
+            #[cfg(feature = "cufile")]
+            Data::Cuda(held) => Some(held.as_ref()),
+            Data::Destination { .. } | Data::Host(_) => None,
+        }
+    }
+
+    /// Its metadata: name, dtype, shape (narrowed for a row range), file, offset and length.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.meta.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.meta.len == 0
+    }
+
+    /// The path it took.
+    pub fn path(&self) -> StagingPath {
+        match (&self.data, self.device()) {
+            (Data::Destination { .. }, _) => StagingPath::Destination,
+            (Data::Host(_), _) => StagingPath::Host,
+            (_, _) => StagingPath::Device,
+        }
+    }
+
+    /// Why it took the host path, when it did.
+    pub fn fallback(&self) -> Option<FallbackCause> {
+        self.fallback
+    }
+
+    /// The memory space its bytes are in: `"host"` (host path, or the host backend's device),
+    /// `"cuda"`, `"hip"`.
+    pub fn space(&self) -> &'static str {
+        match (&self.data, self.device()) {
+            (Data::Destination { space, .. }, _) => space,
+            (_, Some(device)) => device.space(),
+            (_, None) => <staging_core::HostMemory as staging_core::MemorySpace>::NAME,
+        }
+    }
+
+    /// The address of its first byte in its memory space (a device pointer on a GPU), on the
+    /// device and destination paths; `None` on the host path (see [`host_bytes`](Self::host_bytes)).
+    pub fn device_ptr(&self) -> Option<usize> {
+        match (&self.data, self.device()) {
+            (Data::Destination { addr, .. }, _) => Some(*addr),
+            (_, device) => device.map(|d| d.addr()),
+        }
+    }
+
+    /// Its bytes, when the CPU can address them where they are: the host path, or the device
+    /// path of the host backend. `None` on a GPU, and for a caller's destination (whose bytes
+    /// are the caller's).
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        match (&self.data, self.device()) {
+            (Data::Host(host), _) => Some(host),
+            (_, device) => device.and_then(|d| d.host_bytes()),
+        }
+    }
+
+    /// Copies its bytes into `dst` (exactly its length), from the device when they are there.
+    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != self.meta.len {
+            return Err(Error::tensor(
+                &self.meta.name,
+                format!(
+                    "{} bytes asked for, the tensor has {}",
+                    dst.len(),
+                    self.meta.len
+                ),
+            ));
+        }
+        self.copy_to_host_at(0, dst)
+    }
+
+    /// Copies `dst.len()` of its bytes, from `offset`, into `dst` (for reading a large device
+    /// tensor back in pieces).
+    pub fn copy_to_host_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let range = offset
+            .checked_add(dst.len())
+            .filter(|&end| end <= self.meta.len)
+            .map(|end| offset..end)
+            .ok_or_else(|| {
+                Error::tensor(
+                    &self.meta.name,
+                    format!(
+                        "{} bytes at {offset} are outside its {} bytes",
+                        dst.len(),
+                        self.meta.len
+                    ),
+                )
+            })?;
+        match (&self.data, self.device()) {
+            (Data::Host(host), _) => {
+                dst.copy_from_slice(&host[range]);
+                Ok(())
+            }
+            (_, Some(device)) => device
+                .copy_to_host(offset, dst)
+                .map_err(|e| Error::tensor(&self.meta.name, e.to_string())),
+            (_, None) => Err(Error::tensor(
+                &self.meta.name,
+                "its bytes are in the caller's destination",
+            )),
+        }
+    }
+
+    /// Its bytes in a new vector (copied from the device when they are there).
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        if let Some(bytes) = self.host_bytes() {
+            return Ok(bytes.to_vec());
+        }
+        let mut out = vec![0u8; self.meta.len];
+        self.copy_to_host(&mut out)?;
+        Ok(out)
+    }
+
+    /// Takes its device memory (device path): the caller's from now on, counted against the
+    /// load's memory budget until the [`DeviceMemory`] is dropped. Any other tensor comes back.
+    pub fn take_device(self) -> std::result::Result<(TensorMeta, DeviceMemory), Self> {
+        let device: Box<dyn ErasedDevice> = match self.data {
+            Data::Device(device) => device,
+            #[cfg(feature = "cufile")]
+            Data::Cuda(held) => held,
+            data => return Err(Self { data, ..self }),
+        };
+        Ok((
+            *self.meta,
+            DeviceMemory {
+                inner: device.take(),
+            },
+        ))
+    }
+
+    /// Takes its host bytes (host path); any other tensor comes back.
+    pub fn into_host_bytes(self) -> std::result::Result<(TensorMeta, HostBytes), Self> {
+        match self.data {
+            Data::Host(host) => Ok((*self.meta, host.into_bytes())),
+            data => Err(Self { data, ..self }),
+        }
+    }
+
+    /// A host pointer with write permission, for callers outside Rust (host path only).
+    pub fn host_mut_ptr(&self) -> Option<*mut u8> {
+        match &self.data {
+            Data::Host(host) => Some(host.as_mut_ptr()),
+            _ => None,
+        }
+    }
+}
+
+/// Device memory a caller took from a load ([`Tensor::take_device`]). Dropping it frees it; until
+/// then the load's memory budget counts it as used.
+pub struct DeviceMemory {
+    inner: Box<dyn ErasedDevice>,
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("space", &self.inner.space())
+            .field("addr", &format_args!("{:#x}", self.inner.addr()))
+            .field("len", &self.inner.len())
+            .finish()
+    }
+}
+
+impl DeviceMemory {
+    /// The address of the first byte in its memory space (a device pointer on a GPU).
+    pub fn addr(&self) -> usize {
+        self.inner.addr()
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len() == 0
+    }
+
+    /// Its memory space (`"host"`, `"cuda"`, `"hip"`).
+    pub fn space(&self) -> &'static str {
+        self.inner.space()
+    }
+
+    /// Its bytes, when they are host memory.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        self.inner.host_bytes()
+    }
+
+    /// Copies `dst.len()` bytes from `offset` into `dst`.
+    pub fn copy_to_host(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), DeviceError> {
+        self.inner.copy_to_host(offset, dst)
+    }
+}
