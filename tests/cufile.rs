@@ -126,8 +126,189 @@ mod posix_small_bounce {
 }
 
 #[test]
+fn pinned_bytes_are_handed_out_only_after_their_copy_finished() {
+    let backend = open(RequestedMode::Posix);
+    common::pinned_bytes_wait_for_their_copy(backend.allocator.device(), &backend.allocator);
+}
+
+#[test]
 fn the_posix_path_copies_with_cumemcpyhtodasync() {
     let counter = || common::stub_counter(&stubs().cuda, b"stub_cuda_async_copies");
     // 64 KiB through 4 KiB pinned halves: at least 16 asynchronous copies.
     assert!(common::counted_load(&CuFilePosixSmallBounce, counter) >= 16);
+}
+
+// ---- Hand-over: a loaded tensor becomes memory the caller owns, a caller's `cudarc` slice a
+// ---- destination; the budget keeps counting what the caller took.
+
+use backend_cufile::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use backend_cufile::{CudaMemory, HandoverError, cuda_region};
+use backend_mock::fixtures::{Contents, TensorSpec, write_file};
+use safetensors_staging::{
+    Backend, Destination, DestinationError, DeviceRegion, Loader, StagingPath, StagingPolicy,
+    TensorMeta,
+};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+/// The default stream of the stub device's primary context, through `cudarc` (the stub libcuda
+/// loaded first, so that `cudarc` finds it).
+fn cuda_stream() -> Arc<CudaStream> {
+    stubs();
+    CudaContext::new(0).unwrap().default_stream()
+}
+
+/// Device bytes the stub libcuda has handed out and not had back.
+fn device_bytes_in_use() -> usize {
+    common::stub_counter(&stubs().cuda, b"stub_cuda_used_bytes")
+}
+
+/// `a` (3 MiB), `b` (2 MiB) and `c` (4 KiB), back to back.
+fn three_tensors(dir: &std::path::Path) -> (std::path::PathBuf, Contents) {
+    let path = dir.join("model.safetensors");
+    let specs = [
+        TensorSpec::bytes("a", 3 * MIB),
+        TensorSpec::bytes("b", 2 * MIB),
+        TensorSpec::bytes("c", 4096),
+    ];
+    let contents = write_file(&path, &specs, 9).unwrap();
+    (path, contents)
+}
+
+/// A cuFile loader on the stubs with a 4 MiB budget and no headroom: a tensor goes to the
+/// device when the budget less what the load (and its caller) holds covers it.
+fn budget_loader() -> Loader<'static> {
+    let options = Options {
+        library: Some(stubs().cufile.clone()),
+        ..Options::default()
+    };
+    let policy = StagingPolicy::builder()
+        .headroom(0, u64::MAX)
+        .chunk_size(MIB)
+        .staging_size(MIB)
+        .io_threads(1)
+        .build()
+        .unwrap();
+    Loader::new()
+        .backend(Backend::Cufile(options))
+        .policy(policy)
+        .memory_cap(Some(4 * MIB as u64))
+}
+
+#[test]
+fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    let stream = cuda_stream();
+
+    // Dropped by the caller: `a`'s 3 MiB are free again, and `b` fits the budget.
+    let mut load = budget_loader().open(&path).unwrap();
+    drop(load.next().unwrap().unwrap());
+    assert_eq!(load.next().unwrap().unwrap().path(), StagingPath::Device);
+
+    // Kept by the library: `b` does not fit beside `a`.
+    let mut load = budget_loader().open(&path).unwrap();
+    let kept = load.next().unwrap().unwrap();
+    assert_eq!(load.next().unwrap().unwrap().path(), StagingPath::Host);
+    drop(kept);
+
+    // Taken by the caller as a `CudaSlice`: the library no longer holds it, but its 3 MiB are
+    // still in use, so `b` still does not fit; the report says who holds what.
+    let before = device_bytes_in_use();
+    let mut load = budget_loader().open(&path).unwrap();
+    let a = load.next().unwrap().unwrap();
+    assert_eq!(a.path(), StagingPath::Device);
+    let (meta, memory) = a.into_cuda().unwrap();
+    assert_eq!((meta.name.as_str(), memory.len()), ("a", 3 * MIB));
+    assert!(
+        !memory.is_shared(),
+        "a 3 MiB tensor has an allocation of its own"
+    );
+    let slice: CudaSlice<u8> = memory.into_cuda_slice(&stream).unwrap();
+    assert_eq!(stream.clone_dtoh(&slice).unwrap(), contents["a"]);
+    let b = load.next().unwrap().unwrap();
+    assert_eq!(b.path(), StagingPath::Host, "the taken 3 MiB still count");
+    assert_eq!(b.to_vec().unwrap(), contents["b"]);
+    let rest: Vec<_> = load.by_ref().map(Result::unwrap).collect();
+    let report = load.report();
+    assert_eq!(report.taken_device_bytes, 3 * MIB as u64);
+    assert!(
+        report.peak_device_bytes < 3 * MIB as u64 + MIB as u64,
+        "after the hand-over the library held at most the staging buffer and `c`: {}",
+        report.peak_device_bytes
+    );
+    drop((b, rest, load));
+    // The slice is the caller's: it holds its device memory until `cudarc` frees it.
+    assert_eq!(device_bytes_in_use() - before, 3 * MIB);
+    drop(slice);
+    assert_eq!(device_bytes_in_use(), before, "cudarc freed the allocation");
+}
+
+#[test]
+fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    let stream = cuda_stream();
+    let load = budget_loader()
+        .memory_cap(None)
+        .select(safetensors_staging::Selection::names(["c"]))
+        .open(&path)
+        .unwrap();
+    let c = load.into_iter().next().unwrap().unwrap();
+    let (_, memory) = c.into_cuda().unwrap();
+    assert!(memory.is_shared(), "4 KiB is carved from a shared block");
+    let (memory, error) = memory.into_cuda_slice(&stream).unwrap_err();
+    assert!(matches!(error, HandoverError::Shared), "{error}");
+    // Still the caller's, and still readable.
+    let mut back = vec![0u8; memory.len()];
+    memory.copy_to_host(0, &mut back).unwrap();
+    assert_eq!(back, contents["c"]);
+}
+
+/// Reads tensor `b` into a slice the caller allocated with `cudarc`.
+struct IntoSlice<'a> {
+    slice: &'a mut CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+}
+
+impl Destination<CudaMemory> for IntoSlice<'_> {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+    ) -> Result<Option<DeviceRegion<'_, CudaMemory>>, DestinationError> {
+        if tensor.name != "b" {
+            return Ok(None);
+        }
+        Ok(Some(cuda_region(self.slice, &self.stream)?))
+    }
+}
+
+#[test]
+fn a_cudarc_slice_is_a_destination_without_unsafe() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    let stream = cuda_stream();
+    let mut mine = stream.clone_htod(&vec![0u8; 2 * MIB]).unwrap();
+    {
+        let destination = IntoSlice {
+            slice: &mut mine,
+            stream: Arc::clone(&stream),
+        };
+        let load = budget_loader()
+            .memory_cap(None)
+            .destination(destination)
+            .open(&path)
+            .unwrap();
+        let paths: Vec<_> = load.map(|t| t.unwrap().path()).collect();
+        assert_eq!(
+            paths,
+            [
+                StagingPath::Device,
+                StagingPath::Destination,
+                StagingPath::Device
+            ]
+        );
+    }
+    assert_eq!(stream.clone_dtoh(&mine).unwrap(), contents["b"]);
 }

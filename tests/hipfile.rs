@@ -113,6 +113,16 @@ mod posix_small_bounce {
 }
 
 #[test]
+fn pinned_bytes_are_handed_out_only_after_their_copy_finished() {
+    let backend = open(
+        RequestedMode::Posix,
+        &stubs().hipfile,
+        backend_hipfile::MAX_READ,
+    );
+    common::pinned_bytes_wait_for_their_copy(backend.allocator.device(), &backend.allocator);
+}
+
+#[test]
 fn the_posix_path_copies_with_hipmemcpyasync() {
     let counter = || common::stub_counter(&stubs().hip, b"stub_hip_async_copies");
     // 64 KiB through 4 KiB pinned halves: at least 16 asynchronous copies.

@@ -56,3 +56,30 @@ pub(crate) fn counted_load<H: backend_mock::conformance::Harness>(
     assert_eq!(bytes, contents["w"]);
     grew
 }
+
+/// A pinned buffer hands out its bytes only once the asynchronous copy reading them has
+/// finished: it is filled with 1s and copied to the device, then (at once) refilled with 2s.
+/// The stub runtimes perform an asynchronous copy only when its stream is synchronized, so a
+/// `bytes_mut` that did not wait would let the 2s, or nothing, land; the device must hold 1s.
+pub(crate) fn pinned_bytes_wait_for_their_copy<G, A>(gpu: &std::sync::Arc<G>, allocator: &A)
+where
+    G: backend_gds::Gpu,
+    A: staging_core::DeviceAllocator<Space = G::Space>,
+{
+    use backend_gds::Pinned;
+    use staging_core::DeviceBuffer;
+    let mut pinned = G::pinned(gpu, 4096).unwrap();
+    pinned.bytes_mut().unwrap().fill(1);
+    let mut target = allocator.allocate(4096).unwrap();
+    // SAFETY: `target` stays allocated and unused until the copy is waited for below, and the
+    // pinned bytes are only rewritten through `bytes_mut`, which waits first: what is tested.
+    unsafe { gpu.copy_to_device(&mut pinned, target.region()) }.unwrap();
+    pinned.bytes_mut().unwrap().fill(2);
+    let mut back = vec![0u8; 4096];
+    allocator.copy_to_host(&target, 0, &mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 1),
+        "the device holds {:?}",
+        &back[..4]
+    );
+}

@@ -80,4 +80,19 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 }
 CUresult cuStreamSynchronize(CUstream s) { return stub_stream_sync(s); }
 CUresult cuStreamDestroy_v2(CUstream s) { return stub_stream_destroy(s); }
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    return stub_stream_enqueue(s, dst, (const void *)(uintptr_t)src, n);
+}
+/* What cudarc's CudaContext, CudaStream and CudaSlice call besides: attributes (all 0: no memory
+ * pools, so slices are freed with cuMemFree), the current context, and events (tokens). */
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) { (void)attribute; (void)dev; *value = 0; return 0; }
+CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = &context_token; return 0; }
+typedef struct stub_event *CUevent;
+CUresult cuEventCreate(CUevent *ev, unsigned flags) { (void)flags; *ev = malloc(1); return *ev ? 0 : 2; }
+CUresult cuEventDestroy_v2(CUevent ev) { free(ev); return 0; }
+CUresult cuEventRecord(CUevent ev, CUstream s) { (void)ev; return stub_stream_sync(s); }
+CUresult cuEventSynchronize(CUevent ev) { (void)ev; return 0; }
+CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned flags) { (void)s; (void)ev; (void)flags; return 0; }
+/* Outstanding device bytes, for tests that check what was freed. */
+size_t stub_cuda_used_bytes(void) { pthread_mutex_lock(&mu); size_t n = used; pthread_mutex_unlock(&mu); return n; }
 size_t stub_cuda_async_copies(void) { return __atomic_load_n(&stub_async_copies, __ATOMIC_RELAXED); }

@@ -1,7 +1,8 @@
 /* Deferred asynchronous copies for the stub GPU runtimes (libcuda, libamdhip64): a copy queued on
  * a stream moves its bytes only when the stream is synchronized or destroyed. A caller that
  * rewrites the source, or hands the destination out, before synchronizing gets wrong bytes,
- * which the tests see. Error codes: 2 out of memory, 400 invalid handle (the same in CUDA and
+ * which the tests see. The null stream (the legacy default stream, which callers such as cudarc
+ * use) copies at once. Error codes: 2 out of memory, 400 invalid handle (the same in CUDA and
  * HIP). Streams are used by one thread at a time, as the backends use them. */
 #ifndef STAGING_DEFERRED_STREAM_H
 #define STAGING_DEFERRED_STREAM_H
@@ -21,7 +22,7 @@ static int stub_stream_create(struct stub_stream **out) {
 }
 
 static int stub_stream_enqueue(struct stub_stream *s, void *dst, const void *src, size_t n) {
-    if (!s) return 400; /* the stubs only queue on streams they created */
+    if (!s) { memcpy(dst, src, n); return 0; } /* the null stream: at once */
     if (s->len == s->cap) {
         size_t cap = s->cap ? 2 * s->cap : 4;
         struct stub_op *ops = realloc(s->ops, cap * sizeof *ops);
@@ -35,7 +36,7 @@ static int stub_stream_enqueue(struct stub_stream *s, void *dst, const void *src
 
 /* Performs the queued copies in order. */
 static int stub_stream_sync(struct stub_stream *s) {
-    if (!s) return 400;
+    if (!s) return 0; /* the null stream has nothing queued */
     for (size_t i = 0; i < s->len; i++) memcpy(s->ops[i].dst, s->ops[i].src, s->ops[i].n);
     __atomic_fetch_add(&stub_async_copies, s->len, __ATOMIC_RELAXED);
     s->len = 0;

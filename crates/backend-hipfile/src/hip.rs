@@ -232,6 +232,11 @@ impl HipAllocator {
     pub fn new(device: Arc<HipDevice>) -> Self {
         Self { device }
     }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<HipDevice> {
+        &self.device
+    }
 }
 
 impl DeviceAllocator for HipAllocator {

@@ -336,3 +336,165 @@ fn coalescing_makes_fewer_requests_for_the_same_bytes() {
         "40 back-to-back small tensors, one run"
     );
 }
+
+#[test]
+fn select_loads_exactly_the_matching_tensors_and_reads_only_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = vec![
+        vec![
+            TensorSpec::new("model.embed_tokens.weight", Dtype::BF16, &[256, 64]),
+            TensorSpec::new(
+                "model.layers.0.self_attn.q_proj.weight",
+                Dtype::BF16,
+                &[64, 64],
+            ),
+            TensorSpec::new("model.layers.0.mlp.up_proj.weight", Dtype::BF16, &[128, 64]),
+        ],
+        vec![
+            TensorSpec::new(
+                "model.layers.1.self_attn.q_proj.weight",
+                Dtype::BF16,
+                &[64, 64],
+            ),
+            TensorSpec::new(
+                "model.layers.10.mlp.up_proj.weight",
+                Dtype::BF16,
+                &[128, 64],
+            ),
+            TensorSpec::new("model.norm.weight", Dtype::F32, &[64]),
+        ],
+    ];
+    let fixture = write_sharded(dir.path(), &shards, 21).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let report = json(&stage(
+        &[d, "--select", "model.layers.0.*", "--json", "--checksums"],
+        dir.path(),
+    ));
+    let names: Vec<&str> = report["tensor_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.up_proj.weight"
+        ]
+    );
+    let selected: usize = names.iter().map(|n| fixture.contents[*n].len()).sum();
+    assert_eq!(report["bytes"], selected as u64);
+    assert_eq!(report["bytes_read"], selected as u64);
+    assert_eq!(common::assert_checksums(&report), 2);
+    // Any of several globs; a glob that matches nothing is an error, not an empty load.
+    let report = json(&stage(
+        &[d, "--select", "*.norm.*", "--select", "*embed*", "--json"],
+        dir.path(),
+    ));
+    assert_eq!(report["tensors"], 2);
+    let out = stage(&[d, "--select", "model.layer.*"], dir.path());
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("matches no tensor"), "{}", out.stderr);
+}
+
+#[test]
+fn rows_are_narrowed_in_the_report_and_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let contents = write_file(
+        &path,
+        &[
+            TensorSpec::new("w", Dtype::F16, &[100, 30]),
+            TensorSpec::new("v", Dtype::F32, &[10]),
+        ],
+        2,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let report = json(&stage(
+        &[
+            p,
+            "--rows",
+            "w=20:50",
+            "--rows",
+            "v=1/2",
+            "--json",
+            "--checksums",
+        ],
+        dir.path(),
+    ));
+    let list = report["tensor_list"].as_array().unwrap();
+    assert_eq!(list[0]["shape"], serde_json::json!([30, 30]));
+    assert_eq!(list[0]["rows"], serde_json::json!([20, 50]));
+    assert_eq!(list[1]["rows"], serde_json::json!([5, 10]));
+    let expected = 30 * 30 * 2 + 5 * 4;
+    assert_eq!(report["bytes_read"], expected);
+    use sha2::Digest;
+    let sha = |b: &[u8]| -> String {
+        sha2::Sha256::digest(b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect()
+    };
+    assert_eq!(list[0]["sha256"], sha(&contents["w"][20 * 60..50 * 60]));
+    assert_eq!(list[1]["sha256"], sha(&contents["v"][20..40]));
+    let out = stage(&[p, "--rows", "w=90:101"], dir.path());
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("is not inside its 100 rows"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_hub_cache_snapshot_loads_byte_exact() {
+    let cache = tempfile::tempdir().unwrap();
+    let shards = vec![
+        vec![TensorSpec::new(
+            "model.embed_tokens.weight",
+            Dtype::BF16,
+            &[300, 64],
+        )],
+        vec![TensorSpec::new("model.norm.weight", Dtype::F32, &[64])],
+    ];
+    let written =
+        backend_mock::fixtures::write_hub_cache(cache.path(), "org/name", "f00d", &shards, 6)
+            .unwrap();
+    let snapshot = written.dir.to_str().unwrap();
+    assert!(
+        snapshot.ends_with("models--org--name/snapshots/f00d"),
+        "{snapshot}"
+    );
+    let report = json(&stage(&[snapshot, "--json", "--checksums"], cache.path()));
+    assert_eq!(report["files"], 2);
+    assert_eq!(common::assert_checksums(&report), 2);
+}
+
+#[test]
+fn a_closed_stdout_ends_stage_quietly() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let specs: Vec<TensorSpec> = (0..2000)
+        .map(|i| TensorSpec::bytes(format!("tensor.with.a.long.name.{i}"), 8))
+        .collect();
+    write_file(&path, &specs, 1).unwrap();
+    for extra in [&[][..], &["--json"]] {
+        // The reader goes away before `stage` writes its table: `stage ... | head -0`.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stage"))
+            .arg(&path)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {stderr}");
+        assert!(stderr.is_empty(), "{extra:?}: {stderr}");
+    }
+}

@@ -406,4 +406,63 @@ mod tests {
         drop(a);
         assert_eq!(host.used(), 0);
     }
+
+    /// An allocator that hands out half of what is asked: a broken safe implementation.
+    #[derive(Debug)]
+    struct Halving(HostAllocator);
+
+    impl DeviceAllocator for Halving {
+        type Space = crate::HostMemory;
+        type Buffer = crate::host::HostBuffer;
+        fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+            self.0.memory_info()
+        }
+        fn allocate(&self, len: usize) -> Result<Self::Buffer, AllocError> {
+            self.0.allocate(len / 2)
+        }
+        fn copy_to_host(
+            &self,
+            src: &Self::Buffer,
+            offset: usize,
+            dst: &mut [u8],
+        ) -> Result<(), DeviceError> {
+            self.0.copy_to_host(src, offset, dst)
+        }
+    }
+
+    #[test]
+    fn a_short_buffer_from_the_inner_allocator_is_refused_not_carved() {
+        let sub = SubAllocator::new(Halving(HostAllocator::new()), 4096, 1024);
+        for len in [100, 2000] {
+            match sub.allocate(len) {
+                Err(AllocError::Failed { detail, .. }) => {
+                    assert!(detail.contains("returned a buffer of"), "{detail}")
+                }
+                other => panic!("{len}: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn copying_a_piece_reads_only_its_bytes_while_a_neighbour_is_written() {
+        // The host allocator copies exactly the piece's range through raw pointers: no
+        // reference covers the neighbour that another thread writes meanwhile.
+        let sub = SubAllocator::new(HostAllocator::new(), 1 << 16, 1 << 12);
+        let mut a = sub.allocate(1000).unwrap();
+        let mut b = sub.allocate(1000).unwrap();
+        assert_eq!(b.addr() - a.addr(), 1024, "neighbours in one block");
+        a.region().as_mut_slice().fill(7);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for i in 0..2000u32 {
+                    b.region().as_mut_slice().fill(i as u8);
+                }
+            });
+            for _ in 0..2000 {
+                let mut out = [0u8; 1000];
+                sub.copy_to_host(&a, 0, &mut out).unwrap();
+                assert!(out.iter().all(|&x| x == 7));
+            }
+        });
+    }
 }

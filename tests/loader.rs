@@ -1,0 +1,386 @@
+//! The one entry point, `Loader`, on the host backend: what `auto` chose and why, selection and
+//! row ranges (bytes, shapes, and only those bytes read), destinations of the right and the
+//! wrong memory space, hand-over of device memory, and Hugging Face hub-cache layouts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use backend_mock::fixtures::{Contents, TensorSpec, every_dtype, write_file, write_hub_cache};
+use backend_mock::{FaultyReader, ScriptedAllocator};
+use rstest::rstest;
+use safetensors_staging::{
+    Backend, Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, Error, HostMemory,
+    HostOptions, Loader, RowRange, Selection, StagingPath, StagingPolicy, TensorMeta,
+};
+use staging_core::host::{HostAllocator, HostReader};
+use staging_core::{Reader, Stager};
+
+fn host() -> Backend {
+    Backend::Host(HostOptions::default())
+}
+
+/// A file of a 2-D BF16 matrix, a 1-D norm, a 3-D F32 tensor and a scalar.
+fn matrix_file(dir: &Path) -> (std::path::PathBuf, Contents) {
+    let path = dir.join("model.safetensors");
+    let specs = [
+        TensorSpec::new("w", Dtype::BF16, &[96, 40]),
+        TensorSpec::new("norm", Dtype::F32, &[40]),
+        TensorSpec::new("cube", Dtype::F32, &[6, 3, 5]),
+        TensorSpec::new("scalar", Dtype::F64, &[]),
+    ];
+    let contents = write_file(&path, &specs, 17).unwrap();
+    (path, contents)
+}
+
+/// Every tensor of a load, by name: (bytes, shape, rows).
+type Loaded = BTreeMap<String, (Vec<u8>, Vec<usize>, Option<std::ops::Range<usize>>)>;
+
+fn load_all(loader: Loader<'_>, path: &Path) -> (Loaded, safetensors_staging::LoadReport) {
+    let mut load = loader.open(path).unwrap();
+    let mut out = BTreeMap::new();
+    for tensor in load.by_ref() {
+        let tensor = tensor.unwrap();
+        let meta = tensor.meta().clone();
+        out.insert(
+            meta.name.clone(),
+            (tensor.to_vec().unwrap(), meta.shape, meta.row_range),
+        );
+    }
+    (out, load.report())
+}
+
+#[test]
+fn auto_on_a_machine_without_a_gpu_loads_on_the_host_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    let (loaded, report) = load_all(Loader::new(), &path);
+    assert_eq!(report.backend, "host");
+    // This test process loads no stub library: neither GPU runtime is there.
+    assert_eq!(report.passed_over.len(), 2, "{:?}", report.passed_over);
+    assert!(
+        report.passed_over[0].starts_with("cufile: no CUDA driver"),
+        "{:?}",
+        report.passed_over
+    );
+    assert!(
+        report.passed_over[1].starts_with("hipfile: no HIP runtime"),
+        "{:?}",
+        report.passed_over
+    );
+    for (name, (bytes, _, rows)) in &loaded {
+        assert_eq!(bytes, &contents[name], "{name}");
+        assert!(rows.is_none());
+    }
+    assert_eq!(report.bytes_read, report.bytes);
+    // Chosen explicitly, nothing was passed over.
+    let (_, explicit) = load_all(Loader::new().backend(host()), &path);
+    assert!(explicit.passed_over.is_empty());
+}
+
+#[test]
+fn a_selection_loads_exactly_what_it_names_and_reads_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    let (loaded, report) = load_all(
+        Loader::new()
+            .backend(host())
+            .select(Selection::names(["norm", "scalar"])),
+        &path,
+    );
+    assert_eq!(loaded.keys().collect::<Vec<_>>(), ["norm", "scalar"]);
+    assert_eq!(loaded["norm"].0, contents["norm"]);
+    let selected = (contents["norm"].len() + contents["scalar"].len()) as u64;
+    assert_eq!((report.bytes, report.bytes_read), (selected, selected));
+
+    let (loaded, _) = load_all(
+        Loader::new()
+            .backend(host())
+            .select(Selection::matching(|name| name.starts_with('c'))),
+        &path,
+    );
+    assert_eq!(loaded.keys().collect::<Vec<_>>(), ["cube"]);
+
+    let unknown = Loader::new()
+        .backend(host())
+        .select(Selection::names(["norm", "nrom"]))
+        .open(&path)
+        .unwrap_err();
+    assert!(
+        matches!(&unknown, Error::Load(staging_core::Error::UnknownTensor { name }) if name == "nrom"),
+        "{unknown}"
+    );
+}
+
+#[rstest]
+#[case::rows(RowRange::Rows(10..37), 10..37)]
+#[case::first_part(RowRange::Part { rank: 0, parts: 3 }, 0..32)]
+#[case::last_part(RowRange::Part { rank: 2, parts: 3 }, 64..96)]
+#[case::no_rows(RowRange::Rows(5..5), 5..5)]
+fn a_row_range_holds_those_rows_and_reads_only_them(
+    #[case] rows: RowRange,
+    #[case] expected: std::ops::Range<usize>,
+    #[values(1, 2)] threads: usize,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = matrix_file(dir.path());
+    // The same rows as the safetensors crate reads them from the file.
+    let file = std::fs::read(&path).unwrap();
+    let reference = safetensors::SafeTensors::deserialize(&file).unwrap();
+    let w = reference.tensor("w").unwrap();
+    let row_bytes = 40 * 2;
+    let want = &w.data()[expected.start * row_bytes..expected.end * row_bytes];
+
+    let policy = StagingPolicy::builder()
+        .io_threads(threads)
+        .build()
+        .unwrap();
+    let selection = Selection::names(["w"]).rows("w", rows.clone());
+    let (loaded, report) = load_all(
+        Loader::new()
+            .backend(host())
+            .policy(policy.clone())
+            .select(selection.clone()),
+        &path,
+    );
+    let (bytes, shape, got_rows) = &loaded["w"];
+    assert_eq!(bytes.as_slice(), want);
+    assert_eq!(shape, &[expected.len(), 40]);
+    assert_eq!(got_rows.as_ref(), Some(&expected));
+    assert_eq!(report.bytes_read, want.len() as u64);
+
+    // Every read call of the same load lies inside those rows: the core's stager under a reader
+    // that logs its calls.
+    let checkpoint = Checkpoint::open(&path).unwrap().select(&selection).unwrap();
+    let meta = checkpoint.tensor("w").unwrap().clone();
+    let reader = FaultyReader::new(HostReader);
+    let log = reader.log();
+    let stager = Stager::new(
+        checkpoint,
+        reader,
+        ScriptedAllocator::new(HostAllocator::new()),
+        policy,
+    )
+    .unwrap();
+    assert_eq!(stager.count(), 1);
+    let (start, end) = (meta.offset, meta.offset + meta.len as u64);
+    for call in log.calls() {
+        assert!(
+            call.offset >= start && call.offset + call.requested as u64 <= end,
+            "a read at {} of {} bytes is outside rows {start}..{end}",
+            call.offset,
+            call.requested
+        );
+    }
+    let read: usize = log.calls().iter().map(|c| c.requested).sum();
+    assert_eq!(read, want.len());
+}
+
+#[test]
+fn rows_of_higher_rank_tensors_and_bad_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    let (loaded, _) = load_all(
+        Loader::new()
+            .backend(host())
+            .select(Selection::names(["cube"]).rows("cube", RowRange::Rows(2..4))),
+        &path,
+    );
+    assert_eq!(loaded["cube"].1, [2, 3, 5]);
+    assert_eq!(loaded["cube"].0, contents["cube"][2 * 60..4 * 60]);
+
+    for (name, rows, text) in [
+        ("scalar", RowRange::Rows(0..1), "a scalar has no rows"),
+        (
+            "w",
+            RowRange::Rows(90..97),
+            "rows 90..97 is not inside its 96 rows",
+        ),
+        ("w", RowRange::Part { rank: 3, parts: 3 }, "part 3 of 3"),
+        (
+            "ghost",
+            RowRange::Rows(0..1),
+            "\"ghost\" is not in the checkpoint",
+        ),
+    ] {
+        let error = Loader::new()
+            .backend(host())
+            .select(Selection::all().rows(name, rows))
+            .open(&path)
+            .unwrap_err();
+        assert!(error.to_string().contains(text), "{name}: {error}");
+    }
+
+    // Rows of sub-byte dtypes must be whole bytes: F4 [3, 8, 5] rows are 40 nibbles = 20 bytes,
+    // F6 rows are 240 bits = 30 bytes; both cut; BOOL too.
+    let every = dir.path().join("every.safetensors");
+    let contents = write_file(&every, &every_dtype(), 3).unwrap();
+    let (loaded, _) = load_all(
+        Loader::new()
+            .backend(host())
+            .select(Selection::all().rows_where(|_| Some(RowRange::Rows(1..2)))),
+        &every,
+    );
+    for (name, (bytes, shape, _)) in &loaded {
+        let whole = &contents[name];
+        let row = whole.len() / 3;
+        assert_eq!(bytes.as_slice(), &whole[row..2 * row], "{name}");
+        assert_eq!(shape, &[1, 8, 5], "{name}");
+    }
+    let odd = dir.path().join("odd.safetensors");
+    write_file(&odd, &[TensorSpec::new("f4", Dtype::F4, &[4, 3])], 3).unwrap();
+    let error = Loader::new()
+        .backend(host())
+        .select(Selection::all().rows("f4", RowRange::Rows(0..2)))
+        .open(&odd)
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("a row of 12 bits (F4) is not a whole number of bytes"),
+        "{error}"
+    );
+}
+
+/// Takes the tensor called `name` into a vector of the caller's, safely.
+struct IntoVec<'a> {
+    name: &'static str,
+    target: &'a mut Vec<u8>,
+}
+
+impl Destination<HostMemory> for IntoVec<'_> {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+    ) -> Result<Option<DeviceRegion<'_, HostMemory>>, DestinationError> {
+        if tensor.name != self.name {
+            return Ok(None);
+        }
+        self.target.resize(tensor.len, 0);
+        Ok(Some(DeviceRegion::from_slice(self.target)))
+    }
+}
+
+/// A destination for CUDA memory that declines everything.
+struct CudaDeclines;
+
+impl Destination<safetensors_staging::cufile::CudaMemory> for CudaDeclines {
+    fn region(
+        &mut self,
+        _: &TensorMeta,
+    ) -> Result<Option<DeviceRegion<'_, safetensors_staging::cufile::CudaMemory>>, DestinationError>
+    {
+        Ok(None)
+    }
+}
+
+#[test]
+fn a_destination_of_the_backends_memory_takes_its_tensor_and_another_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    let mut mine = Vec::new();
+    {
+        let mut load = Loader::new()
+            .backend(host())
+            .destination(IntoVec {
+                name: "w",
+                target: &mut mine,
+            })
+            .open(&path)
+            .unwrap();
+        let paths: Vec<_> = load
+            .by_ref()
+            .map(|t| {
+                let t = t.unwrap();
+                (t.name().to_owned(), t.path())
+            })
+            .collect();
+        assert_eq!(paths[0], ("w".to_owned(), StagingPath::Destination));
+        assert!(paths[1..].iter().all(|(_, p)| *p == StagingPath::Device));
+        assert_eq!(
+            load.report().paths.destination.bytes,
+            contents["w"].len() as u64
+        );
+    }
+    assert_eq!(mine, contents["w"]);
+
+    let error = Loader::new()
+        .backend(host())
+        .destination(CudaDeclines)
+        .open(&path)
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::DestinationSpace {
+                expected: "host",
+                given: "cuda",
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn taken_device_memory_is_the_callers_and_the_report_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    let mut load = Loader::new().backend(host()).open(&path).unwrap();
+    let first = load.next().unwrap().unwrap();
+    assert_eq!(first.name(), "w");
+    let (meta, memory) = first.take_device().unwrap();
+    assert_eq!(memory.len(), meta.len);
+    assert_eq!(memory.space(), "host");
+    assert_eq!(memory.host_bytes().unwrap(), contents["w"].as_slice());
+    let rest: Vec<_> = load.by_ref().map(Result::unwrap).collect();
+    // A host-path tensor has no device memory to take: it comes back.
+    let report = load.report();
+    assert_eq!(report.taken_device_bytes, meta.len as u64);
+    assert!(
+        report.peak_device_bytes >= (contents["norm"].len() + contents["cube"].len()) as u64,
+        "the tensors the library kept"
+    );
+    drop((rest, memory));
+}
+
+#[test]
+fn a_hub_cache_snapshot_loads_by_index_and_by_scan() {
+    let cache = tempfile::tempdir().unwrap();
+    let shards = vec![
+        vec![
+            TensorSpec::new("model.embed_tokens.weight", Dtype::BF16, &[512, 64]),
+            TensorSpec::new("model.layers.0.mlp.up_proj.weight", Dtype::BF16, &[128, 64]),
+        ],
+        vec![TensorSpec::new("model.norm.weight", Dtype::F32, &[64])],
+    ];
+    let written = write_hub_cache(cache.path(), "org/model", "0123abcd", &shards, 4).unwrap();
+    // Every file of the snapshot is a symlink into ../../blobs.
+    for file in written.files.iter().chain([&written.index]) {
+        let target = std::fs::read_link(file).unwrap();
+        assert!(target.starts_with("../../blobs"), "{}", target.display());
+    }
+    let (loaded, report) = load_all(Loader::new().backend(host()), &written.dir);
+    assert_eq!(report.files, 2);
+    assert_eq!(loaded.len(), 3);
+    for (name, (bytes, _, _)) in &loaded {
+        assert_eq!(bytes, &written.contents[name], "{name}");
+    }
+    // Without the index, the directory scan finds the same shards.
+    std::fs::remove_file(&written.index).unwrap();
+    let (scanned, _) = load_all(Loader::new().backend(host()), &written.dir);
+    assert_eq!(scanned, loaded);
+}
+
+/// The reader the stager reads with, seen through `Reader`: the mode is an enum.
+#[test]
+fn the_host_readers_modes_are_named() {
+    assert_eq!(HostReader.mode().as_str(), "posix");
+    assert_eq!(
+        staging_core::host::DirectHostReader::default()
+            .mode()
+            .as_str(),
+        "direct"
+    );
+}
