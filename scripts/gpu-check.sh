@@ -4,8 +4,8 @@
 # Prints one table and writes $OUT/gpu-check.{md,json}. See scripts/gpu_check.py.
 #
 # To prepare it from the development machine (no Rust on the GPU machine):
-#   cargo build --release --example stage
-#   mkdir -p gpu-carry && cp target/release/examples/stage gpu-carry/   # gpu-carry/ is git-excluded
+#   cargo build --release -p staging-cli --bin stage
+#   mkdir -p gpu-carry && cp target/release/stage gpu-carry/   # gpu-carry/ is git-excluded
 # then run `bash scripts/gpu-check.sh gpu-carry/stage 8` there with gpu-carry carried.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

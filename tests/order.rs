@@ -112,7 +112,10 @@ fn a_destination_that_takes_the_tensor_means_no_allocation() {
     // The allocator has no expectations: any call to it fails the test.
     alloc.expect_memory_info().never();
     alloc.expect_allocate().never();
-    let arena: &'static mut [u8] = Box::leak(vec![0u8; 96].into_boxed_slice());
+    // mockall wants a 'static closure: the arena is a raw allocation, taken back at the end.
+    let raw: *mut [u8] = Box::into_raw(vec![0u8; 96].into_boxed_slice());
+    // SAFETY: `raw` is a live allocation that only this borrow uses until it is freed below.
+    let arena: &'static mut [u8] = unsafe { &mut *raw };
     let mut arena = Some(arena);
     dest.expect_region().times(2).returning(move |t| {
         let whole = arena.take().unwrap_or_default();
@@ -130,6 +133,9 @@ fn a_destination_that_takes_the_tensor_means_no_allocation() {
     .with_destination(&mut dest);
     let paths: Vec<StagingPath> = stager.map(|t| t.unwrap().path()).collect();
     assert_eq!(paths, [StagingPath::Destination, StagingPath::Destination]);
+    drop(dest);
+    // SAFETY: the stager and the mock (whose closure held the last borrow) are gone.
+    drop(unsafe { Box::from_raw(raw) });
 }
 
 #[test]
