@@ -152,11 +152,15 @@ impl Chosen {
 
 /// Opens `backend` on `device` (when set, it replaces the device in the backend's options); a
 /// host or mock device holds at most `host_capacity` bytes.
+// With no GPU backend built, `auto`'s two "not built" reasons are pushed one after the other.
+#[allow(clippy::vec_init_then_push)]
 pub(crate) fn open(
     backend: &Backend,
     device: Option<usize>,
     host_capacity: Option<u64>,
 ) -> Result<Chosen> {
+    #[cfg(not(any(feature = "cufile", feature = "hipfile")))]
+    let _ = device; // no GPU backend in this build
     let host = |options| {
         Chosen::plain(Opened::Host {
             options,

@@ -50,6 +50,7 @@ pub enum Error {
 }
 
 impl Error {
+    #[cfg(any(feature = "cufile", feature = "hipfile"))]
     pub(crate) fn backend(
         backend: &'static str,
         source: impl StdError + Send + Sync + 'static,

@@ -95,38 +95,31 @@ impl sealed::Sealed for HostMemory {
     }
 }
 
-#[cfg(feature = "cufile")]
-impl sealed::Sealed for backend_cufile::CudaMemory {
-    fn wrap<'d>(destination: Boxed<'d, Self>) -> AnyDestination<'d> {
-        AnyDestination::Cuda(destination)
-    }
+/// A GPU's device memory: its destinations are its own variant, and the CPU cannot read it.
+macro_rules! gpu_space {
+    ($feature:literal, $space:ty, $variant:ident) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $space {
+            fn wrap<'d>(destination: Boxed<'d, Self>) -> AnyDestination<'d> {
+                AnyDestination::$variant(destination)
+            }
 
-    fn unwrap<'d>(destination: AnyDestination<'d>, backend: &str) -> Result<Boxed<'d, Self>> {
-        match destination {
-            AnyDestination::Cuda(d) => Ok(d),
-            other => common(other, backend),
+            fn unwrap<'d>(
+                destination: AnyDestination<'d>,
+                backend: &str,
+            ) -> Result<Boxed<'d, Self>> {
+                match destination {
+                    AnyDestination::$variant(d) => Ok(d),
+                    other => common(other, backend),
+                }
+            }
+
+            fn host_view<B: DeviceBuffer<Space = Self>>(_: &B) -> Option<&[u8]> {
+                None
+            }
         }
-    }
-
-    fn host_view<B: DeviceBuffer<Space = Self>>(_: &B) -> Option<&[u8]> {
-        None
-    }
+    };
 }
 
-#[cfg(feature = "hipfile")]
-impl sealed::Sealed for backend_hipfile::HipMemory {
-    fn wrap<'d>(destination: Boxed<'d, Self>) -> AnyDestination<'d> {
-        AnyDestination::Hip(destination)
-    }
-
-    fn unwrap<'d>(destination: AnyDestination<'d>, backend: &str) -> Result<Boxed<'d, Self>> {
-        match destination {
-            AnyDestination::Hip(d) => Ok(d),
-            other => common(other, backend),
-        }
-    }
-
-    fn host_view<B: DeviceBuffer<Space = Self>>(_: &B) -> Option<&[u8]> {
-        None
-    }
-}
+gpu_space!("cufile", backend_cufile::CudaMemory, Cuda);
+gpu_space!("hipfile", backend_hipfile::HipMemory, Hip);

@@ -373,6 +373,26 @@ fn a_hub_cache_snapshot_loads_by_index_and_by_scan() {
     assert_eq!(scanned, loaded);
 }
 
+#[test]
+fn metadata_without_loading_includes_the_headers_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let header = br#"{"__metadata__":{"format":"pt","source":"test"},"w":{"dtype":"F32","shape":[2,1],"data_offsets":[0,8]}}"#;
+    backend_mock::fixtures::write_raw(&path, header.len() as u64, header, &[0; 8]).unwrap();
+    let checkpoint = Checkpoint::open(&path).unwrap();
+    let metadata = checkpoint.metadata().unwrap();
+    assert_eq!(metadata.get("format").map(String::as_str), Some("pt"));
+    assert_eq!(metadata.get("source").map(String::as_str), Some("test"));
+    let w = checkpoint.tensor("w").unwrap();
+    assert_eq!(
+        (w.dtype, w.shape.as_slice(), w.len),
+        (Dtype::F32, &[2, 1][..], 8)
+    );
+    assert_eq!(checkpoint.files()[0].metadata.as_ref(), Some(metadata));
+    let (path, _) = matrix_file(dir.path());
+    assert_eq!(Checkpoint::open(&path).unwrap().metadata(), None);
+}
+
 /// The reader the stager reads with, seen through `Reader`: the mode is an enum.
 #[test]
 fn the_host_readers_modes_are_named() {

@@ -403,7 +403,7 @@ fn a_too_small_or_failing_destination_ends_the_load_with_a_status() {
 }
 
 #[test]
-fn cufile_without_a_cuda_driver_is_unavailable_and_auto_falls_back() {
+fn gpu_backends_without_their_runtime_are_unavailable_and_auto_falls_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = checkpoint(dir.path());
     let c = config();
@@ -420,6 +420,17 @@ fn cufile_without_a_cuda_driver_is_unavailable_and_auto_falls_back() {
             "{}",
             config_error(c)
         );
+        assert_eq!(stg_config_set_backend(c, c"hipfile".as_ptr()), STG_OK);
+        assert_eq!(
+            stg_load_new(c, path.as_ptr(), &mut load),
+            STG_BACKEND_UNAVAILABLE
+        );
+        assert!(
+            config_error(c).contains("hipfile backend: no HIP runtime"),
+            "{}",
+            config_error(c)
+        );
+        assert_eq!(load, sentinel(), "out written on failure");
         assert_eq!(stg_config_set_backend(c, c"auto".as_ptr()), STG_OK);
         let mut load = null_mut();
         assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
