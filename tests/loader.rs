@@ -195,9 +195,13 @@ fn rows_of_higher_rank_tensors_and_bad_rows() {
         (
             "w",
             RowRange::Rows(90..97),
-            "rows 90..97 is not inside its 96 rows",
+            "cannot read rows 90..97: they are not inside its 96 rows",
         ),
-        ("w", RowRange::Part { rank: 3, parts: 3 }, "part 3 of 3"),
+        (
+            "w",
+            RowRange::Part { rank: 3, parts: 3 },
+            "cannot read part 3 of 3: they are not",
+        ),
         (
             "ghost",
             RowRange::Rows(0..1),

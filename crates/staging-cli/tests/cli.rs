@@ -442,7 +442,8 @@ fn rows_are_narrowed_in_the_report_and_byte_exact() {
     let out = stage(&[p, "--rows", "w=90:101"], dir.path());
     assert_eq!(out.code, Some(1));
     assert!(
-        out.stderr.contains("is not inside its 100 rows"),
+        out.stderr
+            .contains("cannot read rows 90..101: they are not inside its 100 rows"),
         "{}",
         out.stderr
     );

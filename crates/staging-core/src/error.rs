@@ -289,16 +289,14 @@ pub enum Error {
     },
     /// A row range cannot be cut from a tensor (out of range, a scalar, rows that are not whole
     /// bytes).
-    #[error("{}: tensor {tensor:?}: cannot read rows {start}..{end}: {reason}", file.display())]
+    #[error("{}: tensor {tensor:?}: cannot read {rows}: {reason}", file.display())]
     Rows {
         /// The tensor.
         tensor: String,
         /// Its file.
         file: PathBuf,
-        /// First row asked for.
-        start: usize,
-        /// One past the last row asked for.
-        end: usize,
+        /// The rows asked for, as words (`rows 2..5`, `part 1 of 4`).
+        rows: String,
         /// Why not.
         reason: String,
     },

@@ -167,58 +167,40 @@ impl Checkpoint {
 
 /// `meta` cut to the rows `rows` means for it.
 fn narrow(meta: &TensorMeta, rows: &RowRange) -> Result<TensorMeta> {
-    let refuse = |start: usize, end: usize, reason: String| Error::Rows {
+    let refuse = |reason: String| Error::Rows {
         tensor: meta.name.clone(),
         file: meta.file.to_path_buf(),
-        start,
-        end,
+        rows: rows.to_string(),
         reason,
     };
-    let (start_hint, end_hint) = match rows {
-        RowRange::Rows(r) => (r.start, r.end),
-        RowRange::Part { .. } => (0, 0),
-    };
     let Some((&dim0, rest)) = meta.shape.split_first() else {
-        return Err(refuse(start_hint, end_hint, "a scalar has no rows".into()));
+        return Err(refuse("a scalar has no rows".into()));
     };
     let Some(range) = rows.resolve(dim0) else {
-        return Err(refuse(
-            start_hint,
-            end_hint,
-            format!("{rows} is not inside its {dim0} rows"),
-        ));
+        return Err(refuse(format!("they are not inside its {dim0} rows")));
     };
     let row_bits = rest
         .iter()
         .try_fold(meta.dtype.bitsize(), |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| refuse(range.start, range.end, "its row size overflows".into()))?;
+        .ok_or_else(|| refuse("its row size overflows".into()))?;
     if row_bits % 8 != 0 {
-        return Err(refuse(
-            range.start,
-            range.end,
-            format!(
-                "a row of {row_bits} bits ({:?}) is not a whole number of bytes",
-                meta.dtype
-            ),
-        ));
+        return Err(refuse(format!(
+            "a row of {row_bits} bits ({:?}) is not a whole number of bytes",
+            meta.dtype
+        )));
     }
     let row_bytes = row_bits / 8;
     let (Some(skip), Some(len)) = (
         range.start.checked_mul(row_bytes),
         range.len().checked_mul(row_bytes),
     ) else {
-        return Err(refuse(
-            range.start,
-            range.end,
-            "its byte range overflows".into(),
-        ));
+        return Err(refuse("its byte range overflows".into()));
     };
     if skip.checked_add(len).is_none_or(|end| end > meta.len) {
-        return Err(refuse(
-            range.start,
-            range.end,
-            format!("the rows do not lie inside its {} bytes", meta.len),
-        ));
+        return Err(refuse(format!(
+            "the rows do not lie inside its {} bytes",
+            meta.len
+        )));
     }
     let mut narrowed = meta.clone();
     narrowed.offset += skip as u64;
