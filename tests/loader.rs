@@ -408,3 +408,15 @@ fn the_host_readers_modes_are_named() {
         "direct"
     );
 }
+
+/// A load, its tensors and taken memory may move to another thread (a Python loader's worker, a
+/// C++ engine's loading thread).
+#[test]
+fn loads_tensors_and_taken_memory_are_send() {
+    fn send<T: Send>() {}
+    send::<safetensors_staging::Load<'static>>();
+    send::<safetensors_staging::Tensor>();
+    send::<safetensors_staging::DeviceMemory>();
+    send::<safetensors_staging::cuda::CudaTensorMemory>();
+    send::<Loader<'static>>();
+}
