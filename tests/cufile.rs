@@ -159,9 +159,16 @@ fn cuda_stream() -> Arc<CudaStream> {
     CudaContext::new(0).unwrap().default_stream()
 }
 
-/// Device bytes the stub libcuda has handed out and not had back.
-fn device_bytes_in_use() -> usize {
-    common::stub_counter(&stubs().cuda, b"stub_cuda_used_bytes")
+/// The size of the stub device's live allocation at `ptr`, or 0 when it was freed.
+fn live_allocation(ptr: u64) -> usize {
+    stubs();
+    // SAFETY: the stub is loaded (above) and this is its `size_t (CUdeviceptr)` function.
+    unsafe {
+        let lib = libloading::Library::new(&stubs().cuda).unwrap();
+        let live: libloading::Symbol<unsafe extern "C" fn(u64) -> usize> =
+            lib.get(b"stub_cuda_live_allocation").unwrap();
+        live(ptr)
+    }
 }
 
 /// `a` (3 MiB), `b` (2 MiB) and `c` (4 KiB), back to back.
@@ -215,7 +222,6 @@ fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() 
 
     // Taken by the caller as a `CudaSlice`: the library no longer holds it, but its 3 MiB are
     // still in use, so `b` still does not fit; the report says who holds what.
-    let before = device_bytes_in_use();
     let mut load = budget_loader().open(&path).unwrap();
     let a = load.next().unwrap().unwrap();
     assert_eq!(a.path(), StagingPath::Device);
@@ -225,6 +231,7 @@ fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() 
         !memory.is_shared(),
         "a 3 MiB tensor has an allocation of its own"
     );
+    let ptr = memory.device_ptr();
     let slice: CudaSlice<u8> = memory.into_cuda_slice(&stream).unwrap();
     assert_eq!(stream.clone_dtoh(&slice).unwrap(), contents["a"]);
     let b = load.next().unwrap().unwrap();
@@ -240,9 +247,13 @@ fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() 
     );
     drop((b, rest, load));
     // The slice is the caller's: it holds its device memory until `cudarc` frees it.
-    assert_eq!(device_bytes_in_use() - before, 3 * MIB);
+    assert_eq!(
+        live_allocation(ptr),
+        3 * MIB,
+        "the load is gone, the slice holds it"
+    );
     drop(slice);
-    assert_eq!(device_bytes_in_use(), before, "cudarc freed the allocation");
+    assert_eq!(live_allocation(ptr), 0, "cudarc freed the allocation");
 }
 
 #[test]

@@ -46,12 +46,17 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     pthread_mutex_unlock(&mu);
     return 0;
 }
+/* Every live allocation has a 64-byte header: its size and links in a list of live ones. */
+struct stub_alloc { size_t n; struct stub_alloc *prev, *next; };
+static struct stub_alloc live = {0, &live, &live};
 CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t n) {
     pthread_mutex_lock(&mu);
     if (used + n > total_bytes()) { pthread_mutex_unlock(&mu); return 2; /* OUT_OF_MEMORY */ }
     char *raw = malloc(n + 64);
     if (!raw) { pthread_mutex_unlock(&mu); return 2; }
-    *(size_t *)raw = n;
+    struct stub_alloc *a = (struct stub_alloc *)raw;
+    a->n = n;
+    a->prev = &live; a->next = live.next; live.next->prev = a; live.next = a;
     used += n;
     pthread_mutex_unlock(&mu);
     *ptr = (CUdeviceptr)(uintptr_t)(raw + 64);
@@ -59,12 +64,23 @@ CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t n) {
 }
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
     if (!ptr) return 0;
-    char *raw = (char *)(uintptr_t)ptr - 64;
+    struct stub_alloc *a = (struct stub_alloc *)((char *)(uintptr_t)ptr - 64);
     pthread_mutex_lock(&mu);
-    used -= *(size_t *)raw;
+    used -= a->n;
+    a->prev->next = a->next; a->next->prev = a->prev;
     pthread_mutex_unlock(&mu);
-    free(raw);
+    free(a);
     return 0;
+}
+/* The size of the live allocation starting at `ptr`, or 0 when there is none (for tests that
+ * check what was freed, whatever other tests allocate meanwhile). */
+size_t stub_cuda_live_allocation(CUdeviceptr ptr) {
+    size_t n = 0;
+    pthread_mutex_lock(&mu);
+    for (struct stub_alloc *a = live.next; a != &live; a = a->next)
+        if ((CUdeviceptr)(uintptr_t)((char *)a + 64) == ptr) { n = a->n; break; }
+    pthread_mutex_unlock(&mu);
+    return n;
 }
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return 0; }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { memcpy((void *)(uintptr_t)dst, src, n); return 0; }
@@ -93,6 +109,5 @@ CUresult cuEventDestroy_v2(CUevent ev) { free(ev); return 0; }
 CUresult cuEventRecord(CUevent ev, CUstream s) { (void)ev; return stub_stream_sync(s); }
 CUresult cuEventSynchronize(CUevent ev) { (void)ev; return 0; }
 CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned flags) { (void)s; (void)ev; (void)flags; return 0; }
-/* Outstanding device bytes, for tests that check what was freed. */
-size_t stub_cuda_used_bytes(void) { pthread_mutex_lock(&mu); size_t n = used; pthread_mutex_unlock(&mu); return n; }
+
 size_t stub_cuda_async_copies(void) { return __atomic_load_n(&stub_async_copies, __ATOMIC_RELAXED); }
