@@ -56,19 +56,28 @@ fn auto_on_a_machine_without_a_gpu_loads_on_the_host_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = matrix_file(dir.path());
     let (loaded, report) = load_all(Loader::new(), &path);
-    assert_eq!(report.backend, "host");
-    // This test process loads no stub library: neither GPU runtime is there.
-    assert_eq!(report.passed_over.len(), 2, "{:?}", report.passed_over);
-    assert!(
-        report.passed_over[0].starts_with("cufile: no CUDA driver"),
-        "{:?}",
-        report.passed_over
-    );
-    assert!(
-        report.passed_over[1].starts_with("hipfile: no HIP runtime"),
-        "{:?}",
-        report.passed_over
-    );
+    // This test process loads no stub library: on a machine without a GPU neither runtime is
+    // there, and `auto` says so for each. (On a GPU machine, the first that opens is chosen.)
+    match report.backend.as_str() {
+        "host" => {
+            assert_eq!(report.passed_over.len(), 2, "{:?}", report.passed_over);
+            assert!(
+                report.passed_over[0].starts_with("cufile: no CUDA driver")
+                    || report.passed_over[0].starts_with("cufile: no CUDA device"),
+                "{:?}",
+                report.passed_over
+            );
+            assert!(
+                report.passed_over[1].starts_with("hipfile: no HIP runtime")
+                    || report.passed_over[1].starts_with("hipfile: no HIP device"),
+                "{:?}",
+                report.passed_over
+            );
+        }
+        "cufile" => assert!(report.passed_over.is_empty()),
+        "hipfile" => assert_eq!(report.passed_over.len(), 1, "{:?}", report.passed_over),
+        other => panic!("auto chose {other}"),
+    }
     for (name, (bytes, _, rows)) in &loaded {
         assert_eq!(bytes, &contents[name], "{name}");
         assert!(rows.is_none());
