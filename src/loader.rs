@@ -266,7 +266,12 @@ impl<'d> Prepared<'d> {
 
     /// Loads a checkpoint already opened.
     pub fn open_checkpoint(self, checkpoint: Checkpoint) -> Result<Load<'d>> {
-        let checkpoint = checkpoint.select(&self.selection)?;
+        // Narrowing copies every tensor's metadata: only when there is something to narrow.
+        let checkpoint = if self.selection.is_all() {
+            checkpoint
+        } else {
+            checkpoint.select(&self.selection)?
+        };
         let Chosen {
             opened,
             passed_over,
