@@ -29,8 +29,9 @@ pub use tensor::{DeviceMemory, Tensor};
 
 pub use staging_core::{
     Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, FallbackCause, Fallbacks,
-    HostBytes, HostMemory, IoMode, LoadReport, MemorySpace, PathCount, PathTotals, PolicyBuilder,
-    RawDestination, RowRange, Selection, ShardFile, StagingPath, StagingPolicy, TensorMeta,
+    HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, LoadReport, MemorySpace, PathCount,
+    PathTotals, PolicyBuilder, RawDestination, RowRange, Selection, ShardFile, StagingPath,
+    StagingPolicy, TensorMeta, TensorRecord,
 };
 
 /// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices, and `cudarc`.

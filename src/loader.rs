@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use staging_core::host::{DirectHostReader, HostReader};
 use staging_core::{
-    Checkpoint, Destination, DeviceAllocator, LoadReport, RawDestination, Reader, Selection,
-    Stager, StagingPolicy, SubAllocator,
+    Checkpoint, Destination, DeviceAllocator, HeldMemory, LoadReport, RawDestination, Reader,
+    Selection, Stager, StagingPolicy, SubAllocator,
 };
 
 use crate::backend::{self, Backend, Chosen, Opened};
@@ -372,6 +372,7 @@ impl<'d> Setup<'d> {
 trait ErasedLoad: Send {
     fn next_tensor(&mut self) -> Option<staging_core::Result<Tensor>>;
     fn report(&self) -> LoadReport;
+    fn held_memory(&self) -> HeldMemory;
     fn checkpoint(&self) -> &Checkpoint;
 }
 
@@ -404,6 +405,10 @@ where
 
     fn report(&self) -> LoadReport {
         self.stager.report()
+    }
+
+    fn held_memory(&self) -> HeldMemory {
+        self.stager.held_memory()
     }
 
     fn checkpoint(&self) -> &Checkpoint {
@@ -444,6 +449,12 @@ impl Load<'_> {
     /// The checkpoint being loaded, narrowed to the selection.
     pub fn checkpoint(&self) -> &Checkpoint {
         self.inner.checkpoint()
+    }
+
+    /// What the load's buffers hold now, as a handle that stays valid after the load and its
+    /// tensors are dropped (every count then reads 0).
+    pub fn held_memory(&self) -> HeldMemory {
+        self.inner.held_memory()
     }
 
     /// Why the backend runs its POSIX path, when `auto` mode made it do so.

@@ -359,6 +359,50 @@ fn taken_device_memory_is_the_callers_and_the_report_says_so() {
 }
 
 #[test]
+fn held_memory_outlives_the_load_and_reaches_zero_when_everything_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    // A cap under the headroom: every tensor takes the host path, through the staging buffer.
+    for cap in [None, Some(1 << 20)] {
+        let mut load = Loader::new()
+            .backend(host())
+            .memory_cap(cap)
+            .open(&path)
+            .unwrap();
+        let held = load.held_memory();
+        let mut tensors: Vec<_> = load.by_ref().map(Result::unwrap).collect();
+        let total: u64 = contents.values().map(|b| b.len() as u64).sum();
+        let taken = tensors.remove(0).take_device();
+        let in_tensors = held.device_bytes() + held.host_bytes() + held.caller_bytes();
+        assert!(in_tensors >= total, "{cap:?}: {in_tensors} < {total}");
+        if cap.is_some() {
+            assert_eq!(
+                held.device_bytes(),
+                0,
+                "host path only: no device bytes kept"
+            );
+            assert!(
+                taken.is_err(),
+                "a host-path tensor has no device memory to take"
+            );
+        } else {
+            assert_eq!(held.caller_bytes(), contents["w"].len() as u64);
+        }
+        drop(load);
+        assert!(
+            held.host_bytes() + held.device_bytes() > 0,
+            "the tensors keep theirs"
+        );
+        drop((tensors, taken));
+        assert_eq!(
+            (held.device_bytes(), held.host_bytes(), held.caller_bytes()),
+            (0, 0, 0),
+            "{cap:?}"
+        );
+    }
+}
+
+#[test]
 fn a_hub_cache_snapshot_loads_by_index_and_by_scan() {
     let cache = tempfile::tempdir().unwrap();
     let shards = vec![

@@ -23,23 +23,9 @@ pub fn parse_rows(text: &str) -> Result<(String, RowRange), String> {
     let (pattern, spec) = text
         .rsplit_once('=')
         .ok_or_else(|| format!("{text:?} is not PATTERN=START:END or PATTERN=RANK/PARTS"))?;
-    let number = |s: &str| {
-        s.trim()
-            .parse::<usize>()
-            .map_err(|_| format!("{s:?} in {text:?} is not a row number"))
-    };
-    let rows = if let Some((start, end)) = spec.split_once(':') {
-        RowRange::Rows(number(start)?..number(end)?)
-    } else if let Some((rank, parts)) = spec.split_once('/') {
-        RowRange::Part {
-            rank: number(rank)?,
-            parts: number(parts)?,
-        }
-    } else {
-        return Err(format!(
-            "{spec:?} in {text:?} is not START:END or RANK/PARTS"
-        ));
-    };
+    let rows = spec
+        .parse::<RowRange>()
+        .map_err(|e| format!("{e} (in {text:?})"))?;
     Ok((pattern.to_owned(), rows))
 }
 

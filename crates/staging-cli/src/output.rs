@@ -5,8 +5,7 @@ use std::fmt;
 use std::io::{self, Write};
 
 use indicatif::HumanBytes;
-use safetensors_staging::{LoadReport, StagingPath, Tensor};
-use serde::Serialize;
+use safetensors_staging::{JsonReport, LoadReport, Tensor, TensorRecord};
 use sha2::{Digest, Sha256};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -31,31 +30,10 @@ fn written(result: io::Result<()>) -> Result<(), BoxError> {
     }
 }
 
-#[derive(Serialize)]
-struct TensorEntry {
-    name: String,
-    file: String,
-    dtype: String,
-    shape: Vec<usize>,
-    bytes: usize,
-    path: StagingPath,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rows: Option<[usize; 2]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sha256: Option<String>,
-}
-
-#[derive(Serialize)]
-struct JsonReport {
-    #[serde(flatten)]
-    report: LoadReport,
-    tensor_list: Vec<TensorEntry>,
-}
-
 /// Collects what is printed about each tensor, then prints it all.
 pub(crate) struct Printer {
     checksums: bool,
-    entries: Vec<TensorEntry>,
+    entries: Vec<TensorRecord>,
 }
 
 impl Printer {
@@ -74,15 +52,9 @@ impl Printer {
         } else {
             None
         };
-        self.entries.push(TensorEntry {
-            name: meta.name.clone(),
-            file: meta.file.display().to_string(),
-            dtype: meta.dtype_name(),
-            shape: meta.shape.clone(),
-            bytes: meta.len,
-            path: tensor.path(),
-            rows: meta.row_range.as_ref().map(|r| [r.start, r.end]),
+        self.entries.push(TensorRecord {
             sha256,
+            ..TensorRecord::new(meta, tensor.path())
         });
         Ok(())
     }
@@ -133,7 +105,7 @@ fn checksum(tensor: &Tensor) -> Result<String, BoxError> {
 fn print_human(
     out: &mut impl Write,
     report: &LoadReport,
-    tensors: &[TensorEntry],
+    tensors: &[TensorRecord],
 ) -> io::Result<()> {
     let name_width = tensors
         .iter()

@@ -68,7 +68,9 @@ pub use policy::{
     COALESCE_ALIGN, FallbackCause, MIB, PolicyBuilder, StagingPath, StagingPolicy,
     default_io_threads,
 };
-pub use report::{Fallbacks, LoadReport, PathCount, PathTotals};
+pub use report::{
+    Fallbacks, HeldMemory, JsonReport, LoadReport, PathCount, PathTotals, TensorRecord,
+};
 pub use stager::{
     DeviceTensor, HostTensor, MIN_STAGING_SIZE, StagedTensor, Stager, TakenBuffer, TensorData,
 };

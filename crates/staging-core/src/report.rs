@@ -109,6 +109,78 @@ pub struct LoadReport {
     pub bytes_read: u64,
 }
 
+/// One tensor as the JSON report lists it (`stage --json`'s `tensor_list`, and the Python
+/// package's `report()`): one definition, so every door reports the same keys.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TensorRecord {
+    /// The tensor's name.
+    pub name: String,
+    /// Its file.
+    pub file: String,
+    /// Its dtype as the format writes it (`"BF16"`).
+    pub dtype: String,
+    /// Its shape (narrowed for a row range).
+    pub shape: Vec<usize>,
+    /// Its length in bytes.
+    pub bytes: usize,
+    /// The path it took.
+    pub path: StagingPath,
+    /// The rows of dimension 0 it holds, when a row range was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows: Option<[usize; 2]>,
+    /// The SHA-256 of its bytes, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+impl TensorRecord {
+    /// The record of a tensor loaded by `path`, without a checksum.
+    pub fn new(meta: &crate::TensorMeta, path: StagingPath) -> Self {
+        Self {
+            name: meta.name.clone(),
+            file: meta.file.display().to_string(),
+            dtype: meta.dtype_name(),
+            shape: meta.shape.clone(),
+            bytes: meta.len,
+            path,
+            rows: meta.row_range.as_ref().map(|r| [r.start, r.end]),
+            sha256: None,
+        }
+    }
+}
+
+/// The JSON report: the [`LoadReport`]'s keys, then `tensor_list`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JsonReport {
+    /// What the load did.
+    #[serde(flatten)]
+    pub report: LoadReport,
+    /// Every tensor loaded, in order.
+    pub tensor_list: Vec<TensorRecord>,
+}
+
+/// The bytes a load's buffers hold right now, readable after the load itself is gone (tensors
+/// handed out keep their share): for checking that everything came back.
+#[derive(Debug, Clone)]
+pub struct HeldMemory(pub(crate) std::sync::Arc<Accounting>);
+
+impl HeldMemory {
+    /// Device bytes the library's buffers hold (staging buffers, tensors not yet dropped).
+    pub fn device_bytes(&self) -> u64 {
+        self.0.device_now.load(Ordering::Acquire)
+    }
+
+    /// Host bytes the library's buffers hold (host-assembled tensors not yet dropped).
+    pub fn host_bytes(&self) -> u64 {
+        self.0.host_now.load(Ordering::Acquire)
+    }
+
+    /// Device bytes callers took from the load and have not dropped.
+    pub fn caller_bytes(&self) -> u64 {
+        self.0.caller_now.load(Ordering::Acquire)
+    }
+}
+
 /// Live and peak bytes, shared by the stager and the buffers it hands out.
 #[derive(Debug, Default)]
 pub(crate) struct Accounting {

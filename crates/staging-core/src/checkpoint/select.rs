@@ -63,6 +63,30 @@ impl fmt::Display for RowRange {
     }
 }
 
+/// Parses `START:END` (rows `START..END`) or `RANK/PARTS` (part `RANK` of `PARTS`): the spelling
+/// of `stage --rows` and of the Python package's `rows=`.
+impl std::str::FromStr for RowRange {
+    type Err = String;
+
+    fn from_str(spec: &str) -> std::result::Result<Self, String> {
+        let number = |s: &str| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{s:?} in {spec:?} is not a row number"))
+        };
+        if let Some((start, end)) = spec.split_once(':') {
+            Ok(Self::Rows(number(start)?..number(end)?))
+        } else if let Some((rank, parts)) = spec.split_once('/') {
+            Ok(Self::Part {
+                rank: number(rank)?,
+                parts: number(parts)?,
+            })
+        } else {
+            Err(format!("{spec:?} is not START:END or RANK/PARTS"))
+        }
+    }
+}
+
 /// Which tensors to load, and which rows of them. The default loads everything, whole.
 #[derive(Clone, Default)]
 pub struct Selection {
@@ -216,6 +240,19 @@ fn narrow(meta: &TensorMeta, rows: &RowRange) -> Result<TensorMeta> {
 mod tests {
     use super::*;
     use rstest::rstest;
+
+    #[rstest]
+    #[case("2:5", Ok(RowRange::Rows(2..5)))]
+    #[case(" 0 : 7 ", Ok(RowRange::Rows(0..7)))]
+    #[case("1/4", Ok(RowRange::Part { rank: 1, parts: 4 }))]
+    #[case("lots", Err(()))]
+    #[case("1:x", Err(()))]
+    #[case("-1:2", Err(()))]
+    #[case("1/", Err(()))]
+    #[case("", Err(()))]
+    fn row_ranges_parse(#[case] text: &str, #[case] expected: Result<RowRange, ()>) {
+        assert_eq!(text.parse::<RowRange>().map_err(|_| ()), expected);
+    }
 
     #[rstest]
     #[case::rows(RowRange::Rows(2..5), 10, Some(2..5))]

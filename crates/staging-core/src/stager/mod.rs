@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::{Checkpoint, TensorMeta};
 use crate::error::{Error, Result};
 use crate::policy::StagingPolicy;
-use crate::report::{Accounting, Fallbacks, LoadReport, PathTotals};
+use crate::report::{Accounting, Fallbacks, HeldMemory, LoadReport, PathTotals};
 use crate::traits::{Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader};
 use crate::write_loop::fill_region;
 
@@ -175,6 +175,11 @@ where
     /// The policy in force.
     pub fn policy(&self) -> &StagingPolicy {
         &self.policy
+    }
+
+    /// What this load's buffers hold now; the handle outlives the stager.
+    pub fn held_memory(&self) -> HeldMemory {
+        HeldMemory(Arc::clone(&self.accounting))
     }
 
     /// The report so far; final once the iterator has returned `None` or an error.
