@@ -4,8 +4,7 @@
 # Prints one table and writes $OUT/gpu-check.{md,json}. See scripts/gpu_check.py.
 #
 # To prepare it from the development machine (no Rust on the GPU machine):
-#   cargo build --release -p staging-cli --bin stage
-#   mkdir -p gpu-carry && cp target/release/stage gpu-carry/   # gpu-carry/ is git-excluded
+#   scripts/gpu-prepare.sh target/pyvenv/bin/python   # fills the git-excluded gpu-carry/
 # then run `bash scripts/gpu-check.sh gpu-carry/stage 8` there with gpu-carry carried.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,5 +12,10 @@ stage=${1:-gpu-carry/stage}
 size=${2:-8}
 out=${OUT:-gpu-check-out}
 nvidia-smi -L || true
+# The carried wheels: this package (abi3) and fastsafetensors; no network there, no deps.
+carry=$(dirname "$stage")
+if compgen -G "$carry/*.whl" >/dev/null; then
+  python3 -m pip install --quiet --no-deps --no-index "$carry"/*.whl || echo "!! carried wheels did not install"
+fi
 python3 -c "import torch, safetensors; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'safetensors', safetensors.__version__)" || true
 exec python3 "$here/gpu_check.py" --stage "$stage" --size-gib "$size" --out "$out"

@@ -13,6 +13,15 @@ usage: gpu_check.py --stage PATH [--size-gib 8] [--dir /dev/shm/staging-gpu-chec
 4. Times safetensors.torch.load_file(shard, device="cuda:0") over the same shards in the same run
    (and fastsafetensors when it is installed).
 5. Forces the low-memory path with a budget (--device-memory) and checks bytes there too.
+6. The Python package (`safetensors_staging`, its abi3 wheel carried over and installed by
+   gpu-check.sh): `load_file(dir, device="cuda:0")` timed, its bytes compared on the device with
+   `safetensors.torch.load_file(shard, device="cuda:0")`, peak device memory and RSS; the same
+   under a budget; the MiniLM architecture (config and tokenizer carried; weights seeded and
+   written there, the real 91 MB ones exceed the carry limit) embedding sentences on cuda:0 from
+   weights this package loaded, against transformers' own CPU load of the same file.
+7. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
+   every row shows its ratio to it. fastsafetensors (its wheel carried over), when importable,
+   is a row of its own.
 Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
 (minus the idle baseline) and from stage's own report. Everything lands in --out as JSON + a
 Markdown table.
@@ -177,6 +186,142 @@ def reference_hashes(files):
     return hashes
 
 
+PY_LOAD = r"""
+import glob, json, os, sys, time
+import torch
+import safetensors_staging as st
+from safetensors.torch import load_file
+path, device, cap = sys.argv[1], sys.argv[2], sys.argv[3]
+cuda = device.startswith("cuda")
+if cuda:
+    torch.cuda.init(); torch.zeros(1, device=device); torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+t = time.perf_counter()
+with st.stage(path, device, memory_cap=int(cap) if cap != "none" else None) as it:
+    out = dict(it)
+if cuda:
+    torch.cuda.synchronize()
+seconds = time.perf_counter() - t
+used = (free0 - torch.cuda.mem_get_info()[0]) if cuda else 0
+report = it.report()
+bad = 0
+for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+    for name, want in load_file(f, device=device).items():
+        got = out[name].to(want.device)
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(
+                got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+            bad += 1
+print(json.dumps({"seconds": seconds, "device_used": used, "bad": bad, "tensors": len(out),
+                  "devices": sorted({str(v.device) for v in out.values()}),
+                  "report": {k: report[k] for k in ("backend", "mode", "paths", "fallbacks", "peak_device_bytes",
+                                                    "peak_host_bytes", "bytes_read", "read_requests")}}))
+"""
+
+PINNED = r"""
+import json, sys, time, torch
+n = int(sys.argv[1])
+host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+host.fill_(1)
+dev = torch.empty(n, dtype=torch.uint8, device="cuda:0")
+torch.cuda.synchronize()
+best = 0.0
+for _ in range(3):
+    t = time.perf_counter(); dev.copy_(host, non_blocking=True); torch.cuda.synchronize()
+    best = max(best, n / (time.perf_counter() - t))
+print(json.dumps({"bytes_per_second": best}))
+"""
+
+FASTSAFETENSORS = r"""
+import json, sys, time, torch
+from fastsafetensors import fastsafe_open
+files = sys.argv[1:]
+torch.cuda.init(); torch.zeros(1, device="cuda:0"); torch.cuda.synchronize()
+free0 = torch.cuda.mem_get_info()[0]
+t = time.perf_counter()
+with fastsafe_open(filenames=files, nogds=True, device="cuda:0") as f:
+    kept = [f.get_tensor(k) for k in f.get_keys()]
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t
+    used = free0 - torch.cuda.mem_get_info()[0]
+print(json.dumps({"seconds": seconds, "device_used": used, "tensors": len(kept)}))
+"""
+
+MINILM = r"""
+import json, os, sys
+import torch
+os.environ["HF_HUB_OFFLINE"] = "1"
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+import safetensors_staging as st
+src, work, device = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.manual_seed(0)
+config = AutoConfig.from_pretrained(src)
+seeded = AutoModel.from_config(config)
+seeded.save_pretrained(work, safe_serialization=True)
+tokenizer = AutoTokenizer.from_pretrained(src)
+sentences = ["Safetensors checkpoints load onto the device in bounded memory.",
+             "The quick brown fox jumps over the lazy dog."]
+def embed(model, dev):
+    batch = tokenizer(sentences, padding=True, return_tensors="pt").to(dev)
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=1).cpu()
+cpu = embed(AutoModel.from_pretrained(work).eval(), "cpu")
+model = AutoModel.from_config(config).to(device).eval()
+weights = st.load_file(work, device)
+model.load_state_dict(weights, strict=False)
+gpu = embed(model, device)
+same_weights = all(torch.equal(weights[k].cpu(), v) for k, v in seeded.state_dict().items() if k in weights)
+print(json.dumps({"max_abs_diff": float((gpu - cpu).abs().max()), "same_weights": same_weights,
+                  "devices": sorted({str(v.device) for v in weights.values()})}))
+"""
+
+
+def python_rows(args, results, facts, total_bytes, device, env):
+    """The Python package's rows: load_file on the device (and under a budget), bytes compared on
+    the device with safetensors; the MiniLM embedding from weights it loaded."""
+    for label, cap in ((f"safetensors_staging.load_file(device={device!r})", "none"),
+                       (f"safetensors_staging.load_file(device={device!r}, memory_cap={args.budget})",
+                        str(parse_gib(args.budget)))):
+        code, out, err, secs, rss, gpu = run_child(
+            [sys.executable, "-c", PY_LOAD, args.dir, device, cap], env=env, gpu=device != "cpu")
+        row = {"what": label, "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss),
+               "peak_device_mib_smi": gpu}
+        if code != 0:
+            row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
+        else:
+            r = json.loads(out.strip().splitlines()[-1])
+            rep = r["report"]
+            row.update({"mode": rep["mode"], "load_s": round(r["seconds"], 3),
+                        "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                        "peak_device_mib_report": rep["peak_device_bytes"] >> 20,
+                        "paths": {k: v["tensors"] for k, v in rep["paths"].items()},
+                        "read_requests": rep["read_requests"], "bytes_read_gib": round(rep["bytes_read"] / GIB, 3),
+                        "fallbacks": rep["fallbacks"], "devices": r["devices"],
+                        "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+        results.append(row)
+    minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
+    if os.path.isdir(minilm):
+        work = os.path.join(args.dir, "minilm-seeded")
+        code, out, err, *_ = run_child([sys.executable, "-c", MINILM, minilm, work, device], env=env)
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            facts[f"MiniLM (seeded weights) embedding, weights by safetensors_staging on {device} vs transformers on cpu"] = (
+                f"max |diff| {r['max_abs_diff']:.3g}, weights bit-equal: {r['same_weights']}, on {r['devices']}")
+        else:
+            facts["MiniLM embedding"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+    else:
+        facts["MiniLM embedding"] = f"not run: no {minilm} (config and tokenizer) carried"
+
+
+def parse_gib(text):
+    units = {"GiB": GIB, "MiB": 1 << 20}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    return int(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", required=True)
@@ -209,6 +354,14 @@ def main():
         have_torch = not args.dry_run
     except ImportError:
         have_torch = False
+    try:
+        import torch  # noqa: F401,F811
+        import safetensors_staging  # noqa: F401
+        have_python_package = True
+    except ImportError as e:
+        have_python_package = False
+        facts["python package"] = f"not importable: {e}"
+    device = "cuda:0" if not args.dry_run else "cpu"
     if have_torch:
         files = write_checkpoint_torch(args.dir, size)
     else:
@@ -281,21 +434,40 @@ def main():
         else:
             row["error"] = err.strip()[-300:]
         results.append(row)
-        try:
-            import fastsafetensors  # noqa: F401
-            facts["fastsafetensors"] = "installed (not yet scripted)"
-        except ImportError:
-            facts["fastsafetensors"] = "not installed"
+        code, out, err, secs, rss, gpu = run_child(
+            [sys.executable, "-c", FASTSAFETENSORS, *files], gpu=True)
+        row = {"what": "fastsafetensors fastsafe_open(nogds=True, device='cuda:0')", "exit": code,
+               "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            row.update({"load_s": round(r["seconds"], 3), "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                        "peak_device_mib_report": r["device_used"] >> 20})
+        else:
+            row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
+        results.append(row)
+
+    if have_python_package:
+        python_rows(args, results, facts, total_bytes, device, env)
+
+    pinned = None
+    if have_torch:
+        code, out, err, *_ = run_child([sys.executable, "-c", PINNED, str(min(total_bytes, 8 * GIB))])
+        if code == 0:
+            pinned = json.loads(out.strip().splitlines()[-1])["bytes_per_second"] / 1e9
+            facts["pinned host-to-device copy (physical limit)"] = f"{pinned:.2f} GB/s"
+        else:
+            facts["pinned host-to-device copy"] = f"failed: {err.strip()[-200:]}"
 
     torch_rate = next((r.get("gb_per_s") for r in results if r["what"].startswith("safetensors.torch")), None)
-    lines = ["| what | mode | GB/s | load s | ratio vs torch | peak device MiB (report / smi) | peak RSS MiB | bytes exact | read requests | GiB read | paths |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| what | mode | GB/s | load s | ratio vs torch | of pinned H2D | peak device MiB (report / smi) | peak RSS MiB | bytes exact | read requests | GiB read | paths |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         ratio = f"{r['gb_per_s'] / torch_rate:.2f}" if torch_rate and r.get("gb_per_s") else ""
+        of_pinned = f"{r['gb_per_s'] / pinned:.0%}" if pinned and r.get("gb_per_s") else ""
         if "error" in r:
-            lines.append(f"| {r['what']} | | | | | | {r['peak_rss_mib']} | | | | error: {r['error'][:120]} |")
+            lines.append(f"| {r['what']} | | | | | | | {r['peak_rss_mib']} | | | | error: {r['error'][:120]} |")
             continue
-        lines.append(f"| {r['what']} | {r.get('mode', '')} | {r.get('gb_per_s', '')} | {r.get('load_s', '')} | {ratio} | "
+        lines.append(f"| {r['what']} | {r.get('mode', '')} | {r.get('gb_per_s', '')} | {r.get('load_s', '')} | {ratio} | {of_pinned} | "
                      f"{r.get('peak_device_mib_report', '')} / {r.get('peak_device_mib_smi', '')} | {r['peak_rss_mib']} | "
                      f"{r.get('bytes_exact', '')} | {r.get('read_requests', '')} | {r.get('bytes_read_gib', '')} | {r.get('paths', '')} |")
     table = "\n".join(lines)

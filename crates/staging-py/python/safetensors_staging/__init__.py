@@ -1,0 +1,347 @@
+"""Load safetensors checkpoints onto a GPU (cuFile, hipFile) or into host memory, with bounded
+memory and exact bytes; tensors handed to PyTorch and NumPy through DLPack, zero-copy.
+
+    import safetensors_staging as st
+
+    weights = st.load_file("model_dir", device="cuda:0")      # dict[str, torch.Tensor]
+    for name, tensor in (it := st.stage("model_dir", device="cuda:0")):
+        ...                                                   # vLLM-style weight iterator
+    print(it.report()["bytes_read"])
+    with st.open("model_dir") as ckpt:                        # metadata, nothing loaded
+        print(ckpt.keys(), ckpt["lm_head.weight"].shape, ckpt.metadata())
+
+`path` is a `.safetensors` file, a directory (its `model.safetensors.index.json`, else its
+`.safetensors` files), an index file, or a list of files. Everything is decided by the Rust
+library's one entry point (`safetensors_staging::Loader`), as for the `stage` command: the
+backend (`auto`: cuFile, then hipFile), the staging policy (a tensor goes into its own device
+buffer when free memory leaves headroom, else it is assembled in host memory through one
+bounded staging buffer), and what a read error means (an exception naming the tensor, file and
+offset; nothing half-read is handed out).
+
+Every tensor owns its memory: dropping its last reference gives it back to the library.
+A tensor that the policy assembled in host memory (device memory ran short) comes back as a
+CPU tensor even when a GPU was asked for; `report()["fallbacks"]` counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+
+from . import _native
+from ._native import (
+    BackendUnavailableError,
+    Checkpoint,
+    DestinationError,
+    MalformedCheckpointError,
+    OutOfMemoryError,
+    ReadError,
+    SelectionError,
+    StagingError,
+    TensorInfo,
+    UnsupportedDtypeError,
+    __version__,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BackendUnavailableError",
+    "Checkpoint",
+    "DestinationError",
+    "MalformedCheckpointError",
+    "OutOfMemoryError",
+    "ReadError",
+    "SelectionError",
+    "Stage",
+    "StagingError",
+    "TensorInfo",
+    "UnsupportedDtypeError",
+    "__version__",
+    "load_file",
+    "open",
+    "stage",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Paths = Union[PathLike, Iterable[PathLike]]
+RowSpec = Union[Tuple[int, int], str]
+
+# safetensors dtypes that torch has under another name, handed over as their bytes and viewed:
+# zero-copy, and independent of which DLPack types the installed torch imports.
+_TORCH_VIEWED = {
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    # Two 4-bit values per byte, the last dimension halved (as `safetensors` maps F4).
+    "F4": "float4_e2m1fn_x2",
+}
+# Dtypes with no torch dtype at all.
+_TORCH_MISSING = {"F6_E2M3", "F6_E3M2"}
+# Dtypes NumPy has.
+_NUMPY_NATIVE = {"BOOL", "U8", "I8", "I16", "U16", "F16", "I32", "U32", "F32", "F64", "C64", "I64", "U64"}
+
+
+def _paths(path: Paths) -> List[str]:
+    if isinstance(path, (str, bytes, os.PathLike)):
+        return [os.fsdecode(os.fspath(path))]
+    paths = [os.fsdecode(os.fspath(p)) for p in path]
+    if not paths:
+        raise ValueError("path: an empty list of files")
+    return paths
+
+
+def _gpu_index(device: Any) -> Optional[int]:
+    """`None` for the CPU, else the GPU ordinal of `device` ("cuda", "cuda:N", a `torch.device`
+    or an int)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"device={device}: a GPU ordinal is not negative")
+        return device
+    text = str(device)
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            return int(torch.cuda.current_device())
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise ValueError(f"device={device!r}: expected \"cpu\", \"cuda\", \"cuda:N\" or a torch.device")
+
+
+def _region(obj: Any, name: str, space: str, gpu: Optional[int]) -> Tuple[int, int]:
+    """The memory of a destination the callback returned, checked: `(address, nbytes)`."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if not obj.is_contiguous():
+            raise DestinationError(f"tensor {name!r}: the destination tensor is not contiguous")
+        device = obj.device
+        if space == "host":
+            if device.type != "cpu":
+                raise DestinationError(
+                    f"tensor {name!r}: the load is in host memory but the destination is on {device}"
+                )
+        elif device.type != "cuda" or device.index != gpu:
+            raise DestinationError(
+                f"tensor {name!r}: the load is on cuda:{gpu} but the destination is on {device}"
+            )
+        return obj.data_ptr(), obj.numel() * obj.element_size()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray):
+        if space != "host":
+            raise DestinationError(f"tensor {name!r}: a NumPy array cannot receive a tensor on cuda:{gpu}")
+        if not obj.flags.c_contiguous or not obj.flags.writeable:
+            raise DestinationError(f"tensor {name!r}: the destination array is not contiguous and writable")
+        return obj.ctypes.data, obj.nbytes
+    raise DestinationError(
+        f"tensor {name!r}: the destination returned {type(obj).__name__}; "
+        "expected a torch.Tensor, a numpy.ndarray or None"
+    )
+
+
+def _destination_adapter(user: Callable[[str, TensorInfo], Any], gpu: Optional[int]) -> Callable[..., Any]:
+    def adapter(name: str, info: TensorInfo, space: str) -> Optional[Tuple[int, int, Any]]:
+        obj = user(name, info)
+        if obj is None:
+            return None
+        address, nbytes = _region(obj, name, space, gpu)
+        return address, nbytes, obj
+
+    return adapter
+
+
+def _to_torch(staged: Any, unsupported_dtypes: str) -> "torch.Tensor":
+    import torch
+
+    dtype = staged.dtype
+    if dtype in _TORCH_VIEWED:
+        target = getattr(torch, _TORCH_VIEWED[dtype], None)
+        shaped = dtype != "F4" or (staged.shape and staged.shape[-1] % 2 == 0)
+        if target is not None and shaped:
+            return torch.from_dlpack(staged.as_bytes()).view(target)
+    elif dtype not in _TORCH_MISSING:
+        return torch.from_dlpack(staged)
+    if unsupported_dtypes == "uint8":
+        return torch.from_dlpack(staged.as_bytes())
+    raise UnsupportedDtypeError(
+        f"tensor {staged.name!r}: torch {torch.__version__} has no dtype for {dtype} "
+        f"(shape {list(staged.shape)}); pass unsupported_dtypes=\"uint8\" for its bytes"
+    )
+
+
+def _to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
+    import numpy
+
+    if staged.dtype in _NUMPY_NATIVE:
+        return numpy.from_dlpack(staged)
+    if unsupported_dtypes == "uint8":
+        return numpy.from_dlpack(staged.as_bytes())
+    raise UnsupportedDtypeError(
+        f"tensor {staged.name!r}: NumPy has no dtype for {staged.dtype}; pass "
+        "unsupported_dtypes=\"uint8\" for its bytes (then .view(ml_dtypes.bfloat16), for example)"
+    )
+
+
+class Stage:
+    """A load in progress: an iterator of `(name, tensor)` in file order, the form vLLM's weight
+    iterators take. `report()` gives the same keys as `stage --json`; `close()` (or leaving a
+    `with` block, or an exception, or `KeyboardInterrupt`) ends the load and frees what it held.
+    """
+
+    def __init__(self, native: Any, convert: Callable[[Any], Any]) -> None:
+        self._native = native
+        self._convert = convert
+
+    def __iter__(self) -> "Stage":
+        return self
+
+    def __next__(self) -> Tuple[str, Any]:
+        name, obj = next(self._native)
+        if isinstance(obj, _native._Staged):
+            try:
+                obj = self._convert(obj)
+            except BaseException:
+                self.close()
+                raise
+        return name, obj
+
+    def __enter__(self) -> "Stage":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the load; tensors already handed out stay valid."""
+        self._native.close()
+
+    def report(self) -> Dict[str, Any]:
+        """What the load did, with the keys of `stage --json`: `backend`, `mode`, `passed_over`,
+        `mode_reason`, `files`, `tensors`, `bytes`, `seconds`, `bytes_per_second`, `paths`,
+        `fallbacks`, `peak_device_bytes`, `taken_device_bytes`, `peak_host_bytes`,
+        `read_requests`, `bytes_read`, `tensor_list`."""
+        return json.loads(self._native.report_json())
+
+    @property
+    def backend(self) -> str:
+        """The backend chosen: `host`, `mock`, `cufile` or `hipfile`."""
+        return self._native.backend
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes of every selected tensor together (0 once the load has ended)."""
+        return self._native.total_bytes
+
+    def held(self) -> Dict[str, int]:
+        """Bytes the load's buffers hold now: `device`, `host` (the library's) and `caller`
+        (handed out as device tensors and not yet dropped). All 0 once every tensor is gone."""
+        return dict(self._native.held())
+
+    def ledger_outstanding(self) -> Optional[Tuple[int, int]]:
+        """`backend="mock"` only: `(buffers never returned, their bytes)` by the mock's ledger."""
+        return self._native.ledger_outstanding()
+
+
+def _stage(
+    path: Paths,
+    gpu: Optional[int],
+    convert: Callable[[Any], Any],
+    *,
+    backend: str = "auto",
+    select: Union[None, Iterable[str], Callable[[str], bool]] = None,
+    rows: Union[None, Mapping[str, RowSpec], Callable[[str, TensorInfo], Optional[RowSpec]]] = None,
+    destination: Optional[Callable[[str, TensorInfo], Any]] = None,
+    memory_cap: Optional[int] = None,
+    chunk_size: Optional[int] = None,
+    threads: Optional[int] = None,
+    staging_slots: Optional[int] = None,
+    coalesce_below: Optional[int] = None,
+    direct_io: bool = False,
+    suballocate: bool = True,
+    cufile_mode: str = "auto",
+    cufile_lib: Optional[PathLike] = None,
+    progress: bool = False,
+) -> Stage:
+    if isinstance(select, str):
+        select = [select]
+    native = _native._stage(
+        _paths(path),
+        gpu=gpu,
+        backend_name=backend,
+        select=select,
+        rows=rows,
+        destination=None if destination is None else _destination_adapter(destination, gpu),
+        memory_cap=memory_cap,
+        chunk_size=chunk_size,
+        threads=threads,
+        staging_slots=staging_slots,
+        coalesce_below=coalesce_below,
+        direct_io=direct_io,
+        suballocate=suballocate,
+        cufile_mode=cufile_mode,
+        cufile_lib=None if cufile_lib is None else os.fspath(cufile_lib),
+        progress=progress,
+    )
+    return Stage(native, convert)
+
+
+def stage(
+    path: Paths,
+    device: Any = "cpu",
+    *,
+    unsupported_dtypes: str = "raise",
+    **options: Any,
+) -> Stage:
+    """Loads a checkpoint, yielding `(name, torch.Tensor)` in file order as each tensor lands.
+
+    device: "cpu" (host memory, the `host` backend), "cuda", "cuda:N", a `torch.device` or an
+        int (a GPU: backend `auto` picks cuFile, then hipFile; none usable raises
+        `BackendUnavailableError`).
+    backend: "auto", "host", "mock" (host memory behind a ledger of every buffer), "cufile",
+        "hipfile".
+    select: tensor names to load (an unknown name is a `SelectionError`), or a function of a
+        name returning whether to load it. Unselected bytes are never read.
+    rows: rows of dimension 0 to load, by name: `{"w": (0, 512)}`, `{"w": "0:512"}` or
+        `{"w": "1/4"}` (part 1 of 4 near-equal parts, as `numpy.array_split`); or a function of
+        `(name, TensorInfo)` returning such a range or None.
+    destination: a function of `(name, TensorInfo)` returning a contiguous, writable tensor (or
+        NumPy array) on the load's device to read that tensor's bytes into, or None to let the
+        library allocate. The object returned is the one yielded; it must not be touched until
+        then. Its dtype and shape are the caller's choice; it must hold at least
+        `TensorInfo.nbytes`.
+    memory_cap: bytes of device memory the load may use (the GPU's free memory is replaced by
+        this budget; for "cpu" the capacity of the host backend's device buffers). Tensors that
+        do not fit take the host path.
+    chunk_size, threads, staging_slots, coalesce_below, direct_io, suballocate, cufile_mode,
+    cufile_lib: the staging policy and backend options, as the `stage` command's flags.
+    progress: a progress bar with GB/s on stderr, when stderr is a terminal.
+    unsupported_dtypes: "raise" (an `UnsupportedDtypeError` for F6 tensors, which torch has
+        no dtype for) or "uint8" (such tensors as `uint8` of their bytes, last dimension widened
+        to bytes).
+    """
+    if unsupported_dtypes not in ("raise", "uint8"):
+        raise ValueError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
+    return _stage(
+        path, _gpu_index(device), lambda staged: _to_torch(staged, unsupported_dtypes), **options
+    )
+
+
+def load_file(path: Paths, device: Any = "cpu", **options: Any) -> Dict[str, "torch.Tensor"]:
+    """Loads a checkpoint into `{name: torch.Tensor}`, like `safetensors.torch.load_file`.
+    Takes every keyword of `stage`."""
+    with stage(path, device, **options) as tensors:
+        return dict(tensors)
+
+
+def open(path: Paths) -> Checkpoint:
+    """A checkpoint's metadata with nothing loaded: `keys()`, `ckpt[name]` (a `TensorInfo`:
+    dtype, shape, nbytes, file, offset), `metadata()` (`__metadata__`), `files`,
+    `total_bytes`. A context manager, like `safetensors.safe_open`."""
+    return _native._open(_paths(path))

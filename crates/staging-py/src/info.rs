@@ -1,0 +1,184 @@
+//! Metadata without loading: `open(path)` gives a `Checkpoint` of `TensorInfo`s.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pyo3::exceptions::PyKeyError;
+use pyo3::prelude::*;
+use safetensors_staging::{Checkpoint, TensorMeta};
+
+use crate::errors;
+
+/// One tensor's metadata: name, dtype, shape, bytes, file and offset (and the rows, when a row
+/// range narrowed it).
+#[pyclass(module = "safetensors_staging", name = "TensorInfo", frozen)]
+#[derive(Clone)]
+pub(crate) struct TensorInfo {
+    /// The tensor's name.
+    #[pyo3(get)]
+    name: String,
+    /// Its dtype as the format writes it (`"BF16"`).
+    #[pyo3(get)]
+    dtype: String,
+    /// Its shape.
+    #[pyo3(get)]
+    shape: Vec<usize>,
+    /// Its length in bytes.
+    #[pyo3(get)]
+    nbytes: usize,
+    /// The file that holds it.
+    #[pyo3(get)]
+    file: PathBuf,
+    /// The absolute offset of its first byte in the file.
+    #[pyo3(get)]
+    offset: u64,
+    /// The rows of dimension 0 it covers, when only a range of them is loaded.
+    #[pyo3(get)]
+    rows: Option<(usize, usize)>,
+}
+
+impl TensorInfo {
+    pub(crate) fn new(meta: &TensorMeta) -> Self {
+        Self {
+            name: meta.name.clone(),
+            dtype: meta.dtype_name(),
+            shape: meta.shape.clone(),
+            nbytes: meta.len,
+            file: meta.file.to_path_buf(),
+            offset: meta.offset,
+            rows: meta.row_range.as_ref().map(|r| (r.start, r.end)),
+        }
+    }
+}
+
+#[pymethods]
+impl TensorInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "TensorInfo(name={:?}, dtype={}, shape={:?}, nbytes={}, file={:?}, offset={}{})",
+            self.name,
+            self.dtype,
+            self.shape,
+            self.nbytes,
+            self.file.display().to_string(),
+            self.offset,
+            self.rows
+                .map(|(a, b)| format!(", rows=({a}, {b})"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// A checkpoint's headers, read and checked, with nothing loaded: what `open(path)` returns.
+/// Works as a context manager, like `safetensors.safe_open`.
+#[pyclass(module = "safetensors_staging", name = "Checkpoint", frozen)]
+pub(crate) struct PyCheckpoint {
+    checkpoint: Checkpoint,
+}
+
+/// Opens a checkpoint (a file, a directory, an index, or a list of files) with the GIL released.
+pub(crate) fn open_checkpoint(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Checkpoint> {
+    py.detach(move || match paths.as_slice() {
+        [one] => Checkpoint::open(one),
+        many => Checkpoint::from_files(many),
+    })
+    .map_err(|e| errors::to_py(e.into()))
+}
+
+#[pymethods]
+impl PyCheckpoint {
+    /// The tensor names, in file order.
+    fn keys(&self) -> Vec<String> {
+        self.checkpoint
+            .tensors()
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    }
+
+    /// Every tensor's metadata, in file order.
+    fn tensors(&self) -> Vec<TensorInfo> {
+        self.checkpoint
+            .tensors()
+            .iter()
+            .map(TensorInfo::new)
+            .collect()
+    }
+
+    /// The first file's `__metadata__` (like `safe_open(...).metadata()`), or `None`.
+    fn metadata(&self) -> Option<BTreeMap<String, String>> {
+        self.checkpoint.metadata().cloned()
+    }
+
+    /// The checkpoint's files, in load order.
+    #[getter]
+    fn files(&self) -> Vec<PathBuf> {
+        self.checkpoint
+            .files()
+            .iter()
+            .map(|f| f.path.to_path_buf())
+            .collect()
+    }
+
+    /// Every file's `__metadata__`, by file.
+    fn file_metadata(&self) -> Vec<(PathBuf, Option<BTreeMap<String, String>>)> {
+        self.checkpoint
+            .files()
+            .iter()
+            .map(|f| (f.path.to_path_buf(), f.metadata.clone()))
+            .collect()
+    }
+
+    /// The bytes of every tensor together.
+    #[getter]
+    fn total_bytes(&self) -> u64 {
+        self.checkpoint.total_bytes()
+    }
+
+    fn __len__(&self) -> usize {
+        self.checkpoint.tensors().len()
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.checkpoint.tensor(name).is_some()
+    }
+
+    fn __getitem__(&self, name: &str) -> PyResult<TensorInfo> {
+        self.checkpoint
+            .tensor(name)
+            .map(TensorInfo::new)
+            .ok_or_else(|| PyKeyError::new_err(name.to_owned()))
+    }
+
+    fn __iter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let names = pyo3::types::PyList::new(py, self.keys())?;
+        Ok(names.try_iter()?.into_any().unbind())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Checkpoint({} tensors, {} bytes, {} files)",
+            self.checkpoint.tensors().len(),
+            self.checkpoint.total_bytes(),
+            self.checkpoint.files().len()
+        )
+    }
+}
+
+/// `open(path)`: the checkpoint's metadata, nothing loaded.
+#[pyfunction]
+#[pyo3(name = "_open")]
+pub(crate) fn open(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<PyCheckpoint> {
+    Ok(PyCheckpoint {
+        checkpoint: open_checkpoint(py, paths)?,
+    })
+}

