@@ -390,33 +390,27 @@ impl PyLoad {
                     ))))
                 })
             }
-            StagingPath::Device => match tensor.take_device() {
-                Ok((meta, memory)) => {
-                    let staged = Staged::new(
-                        &meta,
-                        "device",
-                        fallback,
-                        Memory::Device(memory),
-                        self.device_index,
-                    );
-                    Ok(Py::new(py, staged)?.into_any())
-                }
-                Err(tensor) => Err(unexpected(&tensor)),
-            },
-            StagingPath::Host => match tensor.into_host_bytes() {
-                Ok((meta, bytes)) => {
-                    let staged = Staged::new(
-                        &meta,
-                        "host",
-                        fallback,
-                        Memory::Host(bytes),
-                        self.device_index,
-                    );
-                    Ok(Py::new(py, staged)?.into_any())
-                }
-                Err(tensor) => Err(unexpected(&tensor)),
-            },
+            StagingPath::Device => {
+                let (meta, memory) = tensor.take_device().map_err(|t| unexpected(&t))?;
+                self.staged(py, &meta, "device", fallback, Memory::Device(memory))
+            }
+            StagingPath::Host => {
+                let (meta, bytes) = tensor.into_host_bytes().map_err(|t| unexpected(&t))?;
+                self.staged(py, &meta, "host", fallback, Memory::Host(bytes))
+            }
         }
+    }
+
+    fn staged(
+        &self,
+        py: Python<'_>,
+        meta: &TensorMeta,
+        path: &'static str,
+        fallback: Option<String>,
+        memory: Memory,
+    ) -> PyResult<Py<PyAny>> {
+        let staged = Staged::new(meta, path, fallback, memory, self.device_index);
+        Ok(Py::new(py, staged)?.into_any())
     }
 }
 

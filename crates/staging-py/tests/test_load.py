@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -159,7 +160,7 @@ def test_sharded_and_hub_cache(tmp_path: Path) -> None:
     for name, data in contents.items():
         assert torch_bytes(got[name]) == data
     one = subprocess.run(
-        ["python", "-c", "import sys, safetensors_staging as s; print(len(s.load_file(sys.argv[1])))", str(snapshot)],
+        [sys.executable, "-c", "import sys, safetensors_staging as s; print(len(s.load_file(sys.argv[1])))", str(snapshot)],
         capture_output=True, text=True, check=True,
     )
     assert one.stdout.strip() == "3"
