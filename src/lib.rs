@@ -30,8 +30,8 @@ pub use tensor::{DeviceMemory, Tensor};
 pub use staging_core::{
     Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, FallbackCause, Fallbacks,
     HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, LoadReport, MemorySpace, PathCount,
-    PathTotals, PolicyBuilder, RawDestination, RowRange, Selection, ShardFile, StagingPath,
-    StagingPolicy, TensorMeta, TensorRecord,
+    PathTotals, Piece, Plan, PolicyBuilder, RawDestination, RowRange, Selection, ShardFile,
+    StagingPath, StagingPolicy, TensorMeta, TensorRecord,
 };
 
 /// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices, and `cudarc`.

@@ -174,6 +174,12 @@ typedef struct stg_device_buffer stg_device_buffer;
 typedef struct stg_load stg_load;
 
 /*
+ A partition plan: which rank of a group reads which piece of every tensor. Create with
+ `stg_plan_new`, free with `stg_plan_free`.
+ */
+typedef struct stg_plan stg_plan;
+
+/*
  One staged tensor, owning its bytes (or naming the destination it filled).
  */
 typedef struct stg_tensor stg_tensor;
@@ -235,6 +241,45 @@ typedef uint32_t (*stg_destination_fn)(void *user_data,
                                        const struct stg_tensor_info *tensor,
                                        void **region,
                                        size_t *capacity);
+
+/*
+ One piece of a plan. `name` stays valid while the plan lives.
+ */
+typedef struct stg_plan_piece {
+  /*
+   The tensor's name, NUL-terminated.
+   */
+  const char *name;
+  /*
+   The tensor's position in the checkpoint (file order).
+   */
+  size_t tensor_index;
+  /*
+   Whether the piece is the whole tensor; otherwise it holds rows `row_start..row_end` of
+   dimension 0.
+   */
+  bool whole;
+  /*
+   First row held (0 for a whole tensor).
+   */
+  size_t row_start;
+  /*
+   One past the last row held (0 for a whole tensor).
+   */
+  size_t row_end;
+  /*
+   Where the piece starts in the tensor's bytes.
+   */
+  uint64_t offset;
+  /*
+   The piece's length in bytes.
+   */
+  uint64_t len;
+  /*
+   The rank that reads it.
+   */
+  size_t owner;
+} stg_plan_piece;
 
 /*
  Totals of a load, as `stg_load_report` gives them.
@@ -438,6 +483,73 @@ stg_status stg_config_last_error(const struct stg_config *config,
                                  char *buf,
                                  size_t len,
                                  size_t *written);
+
+/*
+ Plans how a group of `ranks` ranks reads the checkpoint at `path` once between them: every
+ tensor (or, for one straddling two ranks' shares, every row range of it) gets an owner rank,
+ each rank about `total / ranks` bytes. Every rank computes the same plan from the same
+ checkpoint; compare `stg_plan_fingerprint` across ranks to be sure. On failure `*out` is
+ untouched and the message is available from `stg_config_last_error`.
+
+ # Safety
+ `config` NULL or live; `path` NULL or NUL-terminated; `out` NULL or valid for a write.
+ */
+stg_status stg_plan_new(const struct stg_config *config,
+                        const char *path,
+                        size_t ranks,
+                        struct stg_plan **out);
+
+/*
+ Frees a plan. NULL does nothing.
+
+ # Safety
+ `plan` must be NULL or a pointer from `stg_plan_new` not yet freed.
+ */
+void stg_plan_free(struct stg_plan *plan);
+
+/*
+ The number of pieces (0 for NULL).
+
+ # Safety
+ `plan` must be NULL or live.
+ */
+size_t stg_plan_len(const struct stg_plan *plan);
+
+/*
+ Describes piece `index` (in checkpoint order; the order every rank exchanges them in).
+
+ # Safety
+ `plan` NULL or live; `out` NULL or valid for a write.
+ */
+stg_status stg_plan_piece(const struct stg_plan *plan, size_t index, struct stg_plan_piece *out);
+
+/*
+ The bytes rank `rank` reads under the plan (0 for NULL or a rank outside the group).
+
+ # Safety
+ `plan` must be NULL or live.
+ */
+uint64_t stg_plan_rank_bytes(const struct stg_plan *plan, size_t rank);
+
+/*
+ A hash of the checkpoint's tensors and the assignment, the same in every build: equal on two
+ ranks exactly when they planned the same (0 for NULL).
+
+ # Safety
+ `plan` must be NULL or live.
+ */
+uint64_t stg_plan_fingerprint(const struct stg_plan *plan);
+
+/*
+ Makes loads opened with `config` read only what `rank` owns under `plan`: its tensors, and
+ the rows of those split between ranks. The plan may be freed afterwards.
+
+ # Safety
+ `config` NULL or live; `plan` NULL or live.
+ */
+stg_status stg_config_set_plan_rank(struct stg_config *config,
+                                    const struct stg_plan *plan,
+                                    size_t rank);
 
 /*
  Opens the checkpoint at `path` (a directory, an index file, or a .safetensors file) with

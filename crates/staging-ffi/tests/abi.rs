@@ -537,3 +537,111 @@ fn coalescing_on_and_off_load_the_same_bytes() {
         assert_eq!(seen, 20);
     }
 }
+
+#[test]
+fn a_partition_plan_is_the_same_for_every_rank_and_each_rank_reads_only_its_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    // "big" is over half the bytes: split by rows between ranks.
+    let contents = write_file(
+        &path,
+        &[
+            TensorSpec::new("small", safetensors_staging::Dtype::F32, &[10]),
+            TensorSpec::new("big", safetensors_staging::Dtype::BF16, &[600, 64]),
+            TensorSpec::new("tail", safetensors_staging::Dtype::F32, &[100, 16]),
+        ],
+        9,
+    )
+    .unwrap();
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    let total: usize = contents.values().map(Vec::len).sum();
+    let ranks = 3;
+    // SAFETY: valid handles and out-pointers throughout.
+    unsafe {
+        let c = config();
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        // Two "ranks" plan independently: the same pieces, the same fingerprint.
+        let (mut plan, mut again) = (null_mut(), null_mut());
+        assert_eq!(stg_plan_new(c, path.as_ptr(), ranks, &mut plan), STG_OK);
+        assert_eq!(stg_plan_new(c, path.as_ptr(), ranks, &mut again), STG_OK);
+        assert_eq!(stg_plan_fingerprint(plan), stg_plan_fingerprint(again));
+        assert_eq!(stg_plan_len(plan), stg_plan_len(again));
+        let mut pieces = Vec::new();
+        for i in 0..stg_plan_len(plan) {
+            let (mut a, mut b) = (std::mem::zeroed(), std::mem::zeroed::<stg_plan_piece>());
+            assert_eq!(stg_plan_piece(plan, i, &mut a), STG_OK);
+            assert_eq!(stg_plan_piece(again, i, &mut b), STG_OK);
+            let name = CStr::from_ptr(a.name).to_str().unwrap().to_owned();
+            assert_eq!(name, CStr::from_ptr(b.name).to_str().unwrap());
+            assert_eq!(
+                (a.owner, a.offset, a.len, a.whole),
+                (b.owner, b.offset, b.len, b.whole)
+            );
+            pieces.push((name, a));
+        }
+        stg_plan_free(again);
+        assert!(
+            pieces.iter().filter(|(n, _)| n == "big").count() > 1,
+            "the large tensor is split"
+        );
+        let mut out_of_range = std::mem::zeroed::<stg_plan_piece>();
+        assert_eq!(
+            stg_plan_piece(plan, pieces.len(), &mut out_of_range),
+            STG_INVALID_ARGUMENT
+        );
+        // Each rank loads only its pieces; together they are the checkpoint, byte for byte.
+        let mut assembled: std::collections::BTreeMap<String, Vec<u8>> = contents
+            .iter()
+            .map(|(k, v)| (k.clone(), vec![0u8; v.len()]))
+            .collect();
+        let mut read = 0;
+        for rank in 0..ranks {
+            assert_eq!(stg_config_set_plan_rank(c, plan, rank), STG_OK);
+            let mut load = null_mut();
+            assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+            loop {
+                let mut tensor = null_mut();
+                match stg_load_next(load, &mut tensor) {
+                    STG_END => break,
+                    status => assert_eq!(status, STG_OK),
+                }
+                let mut info = std::mem::zeroed::<stg_tensor_info>();
+                assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+                let name = CStr::from_ptr(info.name).to_str().unwrap().to_owned();
+                let (_, piece) = pieces
+                    .iter()
+                    .find(|(n, p)| *n == name && p.owner == rank)
+                    .unwrap();
+                assert_eq!(info.bytes as u64, piece.len);
+                let at = piece.offset as usize;
+                let dst = &mut assembled.get_mut(&name).unwrap()[at..at + info.bytes];
+                assert_eq!(
+                    stg_tensor_copy_to_host(tensor, dst.as_mut_ptr().cast(), dst.len()),
+                    STG_OK
+                );
+                stg_tensor_free(tensor);
+            }
+            let mut report = std::mem::zeroed::<stg_report>();
+            assert_eq!(stg_load_report(load, &mut report), STG_OK);
+            assert_eq!(report.bytes_read, stg_plan_rank_bytes(plan, rank));
+            assert!(report.bytes_read as usize <= total / ranks + contents["big"].len() / 600 * 2);
+            read += report.bytes_read;
+            stg_load_free(load);
+        }
+        assert_eq!(read as usize, total, "every byte read once");
+        assert_eq!(assembled, contents);
+        assert_eq!(
+            stg_config_set_plan_rank(c, plan, ranks),
+            STG_INVALID_ARGUMENT
+        );
+        assert_eq!(stg_config_set_plan_rank(c, null(), 0), STG_NULL_ARGUMENT);
+        assert_eq!(stg_plan_len(null()), 0);
+        let mut never = sentinel::<stg_plan>();
+        let missing = c"/nonexistent/model.safetensors";
+        assert_ne!(stg_plan_new(c, missing.as_ptr(), 2, &mut never), STG_OK);
+        assert_eq!(never, sentinel());
+        assert!(config_error(c).contains("/nonexistent/model.safetensors"));
+        stg_plan_free(plan);
+        stg_config_free(c);
+    }
+}

@@ -9,6 +9,7 @@
 
 mod header;
 mod index;
+mod partition;
 mod select;
 
 use std::cmp::Ordering;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 pub use safetensors::Dtype;
 
 pub use header::FileIdentity;
+pub use partition::{Piece, Plan};
 pub use select::{RowRange, Selection};
 
 use crate::error::{Error, Result};
