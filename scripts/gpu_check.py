@@ -19,7 +19,10 @@ usage: gpu_check.py --stage PATH [--size-gib 8] [--dir /dev/shm/staging-gpu-chec
    under a budget; the MiniLM architecture (config and tokenizer carried; weights seeded and
    written there, the real 91 MB ones exceed the carry limit) embedding sentences on cuda:0 from
    weights this package loaded, against transformers' own CPU load of the same file.
-7. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
+7. A torch.distributed group of one (NCCL on the GPU, gloo in a dry run) through
+   `load_file(..., process_group=...)`, bytes compared: a smoke test of the many-ranks path
+   (one GPU: multi-GPU exchange is not run).
+8. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
    every row shows its ratio to it. fastsafetensors (its wheel carried over), when importable,
    is a row of its own.
 Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
@@ -217,6 +220,37 @@ print(json.dumps({"seconds": seconds, "device_used": used, "bad": bad, "tensors"
                                                     "peak_host_bytes", "bytes_read", "read_requests")}}))
 """
 
+GROUP_OF_ONE = r"""
+import datetime, glob, json, os, sys, tempfile, time
+import torch, torch.distributed as dist
+import safetensors_staging as st
+from safetensors.torch import load_file
+path, device = sys.argv[1], sys.argv[2]
+backend = "nccl" if device.startswith("cuda") else "gloo"
+if backend == "nccl":
+    torch.cuda.set_device(device)
+rdzv = os.path.join(tempfile.mkdtemp(), "rendezvous")
+dist.init_process_group(backend, init_method=f"file://{rdzv}", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=120))
+t = time.perf_counter()
+with st.stage(path, device, process_group=dist.group.WORLD) as it:
+    out = dict(it)
+    report = it.report()
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+seconds = time.perf_counter() - t
+bad = 0
+for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+    for name, want in load_file(f, device=device).items():
+        got = out[name]
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(
+                got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+            bad += 1
+dist.destroy_process_group()
+print(json.dumps({"seconds": seconds, "bad": bad, "backend": backend, "bytes_read": report["bytes_read"],
+                  "bytes_received": report["bytes_received"], "devices": sorted({str(v.device) for v in out.values()})}))
+"""
+
 PINNED = r"""
 import json, sys, time, torch
 n = int(sys.argv[1])
@@ -300,6 +334,21 @@ def python_rows(args, results, facts, total_bytes, device, env):
                         "fallbacks": rep["fallbacks"], "devices": r["devices"],
                         "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
         results.append(row)
+    # A process group of one (NCCL on the GPU): the many-ranks code path as a smoke test. Only
+    # one GPU here, so multi-GPU exchange is not run.
+    code, out, err, secs, rss, gpu = run_child([sys.executable, "-c", GROUP_OF_ONE, args.dir, device],
+                                               env=env, gpu=device != "cpu")
+    row = {"what": f"safetensors_staging.load_file(device={device!r}, process_group=<group of 1>)", "exit": code,
+           "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+    if code == 0:
+        r = json.loads(out.strip().splitlines()[-1])
+        row.update({"mode": r["backend"], "load_s": round(r["seconds"], 3),
+                    "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                    "bytes_read_gib": round(r["bytes_read"] / GIB, 3),
+                    "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+    else:
+        row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
+    results.append(row)
     minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
     if os.path.isdir(minilm):
         work = os.path.join(args.dir, "minilm-seeded")

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use safetensors_staging::{Checkpoint, TensorMeta};
+use safetensors_staging::{Checkpoint, Plan, TensorMeta};
 
 use crate::errors;
 
@@ -127,6 +127,34 @@ impl PyCheckpoint {
             .iter()
             .map(|f| (f.path.to_path_buf(), f.metadata.clone()))
             .collect()
+    }
+
+    /// The partition plan for a group of `ranks`: `(fingerprint, pieces)`, each piece
+    /// `(name, offset, len, owner, rows)` in checkpoint order (`rows` `(start, end)` for a
+    /// tensor split between ranks, else `None`). The same on every rank.
+    #[allow(clippy::type_complexity)]
+    fn plan(
+        &self,
+        ranks: usize,
+    ) -> PyResult<(
+        u64,
+        Vec<(String, usize, usize, usize, Option<(usize, usize)>)>,
+    )> {
+        let plan = Plan::new(&self.checkpoint, ranks).map_err(|e| errors::to_py(e.into()))?;
+        let pieces = plan
+            .pieces()
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    p.offset,
+                    p.len,
+                    p.owner,
+                    p.rows.as_ref().map(|r| (r.start, r.end)),
+                )
+            })
+            .collect();
+        Ok((plan.fingerprint(), pieces))
     }
 
     /// The bytes of every tensor together.

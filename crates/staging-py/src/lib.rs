@@ -28,6 +28,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<load::PyLoad>()?;
     module.add_function(wrap_pyfunction!(load::stage, module)?)?;
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
+    module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;
     module.add_function(wrap_pyfunction!(testing::write_malformed, module)?)?;
     module.add("MALFORMED", testing::cases())?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -155,6 +155,19 @@ fn policy(
     policy.build().map_err(|e| errors::to_py(e.into()))
 }
 
+/// The rows `(start, end)` a row spec means for a first dimension of `dim0` (as a load cuts
+/// them), for code that narrows tensors itself.
+#[pyfunction]
+#[pyo3(name = "_resolve_rows")]
+pub(crate) fn resolve_rows(spec: &Bound<'_, PyAny>, dim0: usize) -> PyResult<(usize, usize)> {
+    let rows = row_range(spec)?;
+    rows.resolve(dim0).map(|r| (r.start, r.end)).ok_or_else(|| {
+        crate::errors::SelectionError::new_err(format!(
+            "cannot read {rows}: they are not inside its {dim0} rows"
+        ))
+    })
+}
+
 /// A row range from Python: `(start, end)` or `"START:END"` / `"RANK/PARTS"`.
 fn row_range(spec: &Bound<'_, PyAny>) -> PyResult<RowRange> {
     if let Ok(text) = spec.cast::<PyString>() {

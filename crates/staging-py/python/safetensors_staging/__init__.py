@@ -83,6 +83,17 @@ _TORCH_VIEWED = {
 }
 # Dtypes with no torch dtype at all.
 _TORCH_MISSING = {"F6_E2M3", "F6_E3M2"}
+# The rest, by torch's name.
+_TORCH_STANDARD = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
+    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64",
+    "F64": "float64", "I64": "int64", "U64": "uint64",
+}
+_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
 # Dtypes NumPy has.
 _NUMPY_NATIVE = {"BOOL", "U8", "I8", "I16", "U16", "F16", "I32", "U32", "F32", "F64", "C64", "I64", "U64"}
 
@@ -173,6 +184,33 @@ def _to_torch(staged: Any, unsupported_dtypes: str) -> "torch.Tensor":
     raise UnsupportedDtypeError(
         f"tensor {staged.name!r}: torch {torch.__version__} has no dtype for {dtype} "
         f"(shape {list(staged.shape)}); pass unsupported_dtypes=\"uint8\" for its bytes"
+    )
+
+
+def _torch_from_bytes(buffer: "torch.Tensor", dtype: str, shape: List[int], unsupported_dtypes: str, name: str) -> "torch.Tensor":
+    """A flat `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
+    import torch
+
+    target = None
+    if dtype in _TORCH_VIEWED:
+        target = getattr(torch, _TORCH_VIEWED[dtype], None)
+        if dtype == "F4":
+            if not shape or shape[-1] % 2:
+                target = None
+            else:
+                shape = [*shape[:-1], shape[-1] // 2]
+    elif dtype not in _TORCH_MISSING:
+        target = _TORCH_STANDARD.get(dtype)
+        target = getattr(torch, target) if target else None
+    if target is not None:
+        return buffer.view(target).reshape(shape)
+    if unsupported_dtypes == "uint8":
+        bits = _BITS[dtype]
+        last = shape[-1] * bits if shape else 0
+        return buffer.reshape([*shape[:-1], last // 8] if shape and last % 8 == 0 else [-1])
+    raise UnsupportedDtypeError(
+        f"tensor {name!r}: torch {torch.__version__} has no dtype for {dtype} "
+        f"(shape {list(shape)}); pass unsupported_dtypes=\"uint8\" for its bytes"
     )
 
 
@@ -297,8 +335,11 @@ def stage(
     device: Any = "cpu",
     *,
     unsupported_dtypes: str = "raise",
+    process_group: Any = None,
+    relay_chunk: int = 64 << 20,
+    batch_bytes: int = 256 << 20,
     **options: Any,
-) -> Stage:
+) -> Any:
     """Loads a checkpoint, yielding `(name, torch.Tensor)` in file order as each tensor lands.
 
     device: "cpu" (host memory, the `host` backend), "cuda", "cuda:N", a `torch.device` or an
@@ -325,11 +366,42 @@ def stage(
     unsupported_dtypes: "raise" (an `UnsupportedDtypeError` for F6 tensors, which torch has
         no dtype for) or "uint8" (such tensors as `uint8` of their bytes, last dimension widened
         to bytes).
+    process_group: a `torch.distributed` process group (or True for the default group): every
+        rank of it must make the same call. The checkpoint is read once across the group (each
+        rank about 1/n of the bytes, by the library's partition plan) and every piece reaches
+        every rank by broadcast, in `relay_chunk`-byte pieces, status agreed before every
+        `batch_bytes` of exchange (a failure on one rank raises on all). `select` and `rows`
+        say what this rank keeps; the report adds `bytes_received`. gloo needs
+        device="cpu", NCCL a GPU. Every rank must iterate to the end (`load_file` does).
     """
     if unsupported_dtypes not in ("raise", "uint8"):
         raise ValueError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
-    return _stage(
-        path, _gpu_index(device), lambda staged: _to_torch(staged, unsupported_dtypes), **options
+    gpu = _gpu_index(device)
+    if process_group is not None:
+        return _stage_in_group(path, gpu, process_group, unsupported_dtypes, relay_chunk, batch_bytes, options)
+    return _stage(path, gpu, lambda staged: _to_torch(staged, unsupported_dtypes), **options)
+
+
+def _stage_in_group(
+    path: Paths, gpu: Optional[int], group: Any, unsupported_dtypes: str, relay_chunk: int, batch_bytes: int,
+    options: Dict[str, Any],
+) -> Any:
+    from . import _distributed
+
+    if options.get("destination") is not None:
+        raise ValueError("destination= is not supported with process_group= yet")
+    select = options.pop("select", None)
+    rows = options.pop("rows", None)
+    paths = _paths(path)
+
+    def open_own(select: List[str], rows: Dict[str, Tuple[int, int]]) -> Stage:
+        return _stage(paths, gpu, lambda staged: staged, select=select, rows=rows, **options)
+
+    def to_torch(buffer: Any, dtype: str, shape: List[int], name: str) -> Any:
+        return _torch_from_bytes(buffer, dtype, shape, unsupported_dtypes, name)
+
+    return _distributed.stage_group(
+        path, gpu, group, open_own, to_torch, paths, select, rows, relay_chunk, batch_bytes
     )
 
 

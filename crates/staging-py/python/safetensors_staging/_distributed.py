@@ -1,0 +1,295 @@
+"""Loading across a `torch.distributed` group: every byte read once, shared by broadcast.
+
+Every rank computes the same partition plan (the Rust library's `Plan`: the tensors laid end to
+end, cut into equal shares, a tensor straddling a cut split by rows) and loads only its own
+pieces, with the ordinary loader, onto its device. Then all ranks walk the plan's pieces in the
+same order and each piece is broadcast from its owner, as `uint8` bytes (so no dtype depends on
+what the collective backend supports), in chunks of at most `relay_chunk` bytes. A rank keeps
+the tensors (and rows) its `select`/`rows` ask for; the bytes of the others still pass through
+it, into one scratch buffer of `relay_chunk` bytes.
+
+Before the plan, and before each batch of pieces is exchanged, the ranks agree on status with one
+`all_reduce`: if any rank failed (a malformed shard, a read error, a bad selection), the first
+failing rank broadcasts its error and every rank raises the same `StagingError` subclass, with
+"rank R: " in front. No rank waits on a broadcast from a rank that has failed, and none goes on
+with a partial model. A rank that dies outright is caught by the group's own timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from . import _native
+from ._native import StagingError
+
+_MESSAGE_BYTES = 4096
+
+
+class _Agreement:
+    """One collective per check: all ranks learn whether any failed, and the first failure."""
+
+    def __init__(self, dist: Any, torch: Any, group: Any, device: Any) -> None:
+        self.dist, self.torch, self.group, self.device = dist, torch, group, device
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+
+    def __call__(self, error: Optional[BaseException]) -> None:
+        torch, dist = self.torch, self.dist
+        flag = torch.tensor([self.world - self.rank if error is not None else 0], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        worst = int(flag.item())
+        if worst == 0:
+            return
+        failing = self.world - worst
+        message = torch.zeros(_MESSAGE_BYTES, dtype=torch.uint8, device=self.device)
+        if self.rank == failing:
+            assert error is not None
+            kind = type(error).__name__ if isinstance(error, StagingError) else "StagingError"
+            text = f"{kind}\n{error}".encode()[: _MESSAGE_BYTES - 1]
+            message[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        dist.broadcast(message, src=dist.get_global_rank(self.group, failing), group=self.group)
+        # Every rank has the message before any raises (and perhaps tears the group down).
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        raw = bytes(message.cpu().numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
+        kind, _, text = raw.partition("\n")
+        cls = getattr(_native, kind, StagingError)
+        if not (isinstance(cls, type) and issubclass(cls, StagingError)):
+            cls = StagingError
+        raised = cls(f"rank {failing}: {text}")
+        if self.rank == failing:
+            raise raised from error
+        raise raised
+
+
+class GroupStage:
+    """A load across a process group: an iterator of `(name, tensor)` (the tensors this rank
+    keeps, in file order), with `report()` (this rank's own load's keys plus `rank`, `world`,
+    `bytes_received`, `pieces_owned`, `plan_fingerprint`). Every rank must iterate it to the end
+    (as `load_file` does): the exchange is collective."""
+
+    def __init__(self, generator: Iterator[Tuple[str, Any]], state: Dict[str, Any]) -> None:
+        self._generator = generator
+        self._state = state
+
+    def __iter__(self) -> "GroupStage":
+        return self
+
+    def __next__(self) -> Tuple[str, Any]:
+        return next(self._generator)
+
+    def __enter__(self) -> "GroupStage":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._generator.close()
+        own = self._state.get("own")
+        if own is not None:
+            own.close()
+
+    def report(self) -> Dict[str, Any]:
+        own = self._state.get("own")
+        report = own.report() if own is not None else {}
+        report.update(
+            rank=self._state["rank"],
+            world=self._state["world"],
+            bytes_received=self._state["bytes_received"],
+            pieces_owned=self._state["pieces_owned"],
+            plan_fingerprint=self._state["fingerprint"],
+        )
+        return report
+
+    def held(self) -> Dict[str, int]:
+        own = self._state.get("own")
+        return own.held() if own is not None else {"device": 0, "host": 0, "caller": 0}
+
+
+def stage_group(
+    path: Any,
+    gpu: Optional[int],
+    group: Any,
+    open_own: Callable[..., Any],
+    to_torch: Callable[[Any, str, List[int], str], Any],
+    paths: List[str],
+    select: Any,
+    rows: Any,
+    relay_chunk: int,
+    batch_bytes: int,
+) -> GroupStage:
+    import torch
+    import torch.distributed as dist
+
+    if group is None or group is True:
+        group = dist.group.WORLD
+    device = torch.device("cuda", gpu) if gpu is not None else torch.device("cpu")
+    if dist.get_backend(group) == "nccl" and gpu is None:
+        raise ValueError("an NCCL process group moves CUDA tensors: pass device=\"cuda:N\"")
+    if relay_chunk <= 0 or batch_bytes <= 0:
+        raise ValueError("relay_chunk and batch_bytes must be positive")
+    agree = _Agreement(dist, torch, group, device)
+    state: Dict[str, Any] = {
+        "rank": agree.rank,
+        "world": agree.world,
+        "bytes_received": 0,
+        "pieces_owned": 0,
+        "fingerprint": None,
+        "own": None,
+    }
+    generator = _exchange(torch, dist, group, agree, device, state, open_own, to_torch, paths, select, rows,
+                          relay_chunk, batch_bytes)
+    return GroupStage(generator, state)
+
+
+def _keep(checkpoint: Any, select: Any, rows: Any) -> Dict[str, Tuple[int, int, List[int]]]:
+    """What this rank keeps: name -> (first byte, end byte, shape kept)."""
+    infos = {info.name: info for info in checkpoint.tensors()}
+    if select is None:
+        names = list(infos)
+    elif callable(select):
+        names = [n for n in infos if select(n)]
+    else:
+        names = [select] if isinstance(select, str) else list(select)
+        missing = [n for n in names if n not in infos]
+        if missing:
+            raise _native.SelectionError(f"tensor {missing[0]!r} is not in the checkpoint")
+    kept: Dict[str, Tuple[int, int, List[int]]] = {}
+    for name in names:
+        info = infos[name]
+        spec = None
+        if callable(rows):
+            spec = rows(name, info)
+        elif rows is not None:
+            spec = rows.get(name)
+        if spec is None:
+            kept[name] = (0, info.nbytes, list(info.shape))
+            continue
+        if not info.shape:
+            raise _native.SelectionError(f"tensor {name!r}: a scalar has no rows")
+        dim0 = info.shape[0]
+        start, end = _native._resolve_rows(spec, dim0)
+        if dim0 == 0 or info.nbytes % dim0:
+            raise _native.SelectionError(f"tensor {name!r}: its rows are not whole bytes")
+        row = info.nbytes // dim0
+        kept[name] = (start * row, end * row, [end - start, *info.shape[1:]])
+    return kept
+
+
+def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, paths, select, rows, relay_chunk, batch_bytes):
+    rank = agree.rank
+    error: Optional[BaseException] = None
+    try:
+        checkpoint = _native._open(paths)
+        fingerprint, pieces = checkpoint.plan(agree.world)
+        kept = _keep(checkpoint, select, rows)
+        infos = {info.name: info for info in checkpoint.tensors()}
+    except Exception as e:  # noqa: BLE001 - every rank must learn of it
+        error = e
+    agree(error)
+    state["fingerprint"] = fingerprint
+    # The same plan everywhere: the lowest and highest fingerprint agree.
+    signed = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint
+    low = torch.tensor([signed], dtype=torch.int64, device=device)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    if low.item() != high.item():
+        agree(StagingError(f"the ranks planned differently (fingerprint {fingerprint:#x}): "
+                           "they do not see the same checkpoint"))
+    mine = [p for p in pieces if p[3] == rank]
+    state["pieces_owned"] = len(mine)
+    try:
+        own = open_own(
+            select=[p[0] for p in mine],
+            rows={p[0]: p[4] for p in mine if p[4] is not None},
+        )
+        state["own"] = own
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = e
+    agree(error)
+
+    pieces_left: Dict[str, int] = {}
+    for p in pieces:
+        pieces_left[p[0]] = pieces_left.get(p[0], 0) + 1
+    buffers: Dict[str, Any] = {}
+    scratch = None
+    batch: List[Tuple[str, int, int, int, Any]] = []
+    batches: List[List[Tuple[str, int, int, int, Any]]] = []
+    size = 0
+    for p in pieces:
+        batch.append(p)
+        size += p[2]
+        if size >= batch_bytes or len(batch) >= 512:
+            batches.append(batch)
+            batch, size = [], 0
+    if batch:
+        batches.append(batch)
+
+    for batch in batches:
+        loaded: Dict[int, Any] = {}
+        error = None
+        try:
+            for i, (name, _, length, owner, _) in enumerate(batch):
+                if owner != rank:
+                    continue
+                got, staged = next(own)
+                if got != name:
+                    raise StagingError(f"internal error: rank {rank} loaded {got!r} where the plan says {name!r}")
+                flat = torch.from_dlpack(staged.as_bytes()).reshape(-1)
+                if flat.device != device:
+                    flat = flat.to(device)  # a piece the policy assembled in host memory
+                loaded[i] = flat
+        except Exception as e:  # noqa: BLE001
+            error = e
+        agree(error)
+        for i, (name, offset, length, owner, _) in enumerate(batch):
+            keep = kept.get(name)
+            if keep is not None and name not in buffers:
+                k0, k1, _ = keep
+                if owner == rank and i in loaded and offset == 0 and length == infos[name].nbytes and (k0, k1) == (0, length):
+                    buffers[name] = loaded[i]  # the owner's own load is the tensor: no copy
+                else:
+                    buffers[name] = torch.empty(k1 - k0, dtype=torch.uint8, device=device)
+            source = loaded.get(i)
+            global_owner = dist.get_global_rank(group, owner)
+            for c0 in range(offset, offset + length, relay_chunk):
+                c1 = min(c0 + relay_chunk, offset + length)
+                if owner == rank:
+                    chunk = source[c0 - offset : c1 - offset]
+                    dist.broadcast(chunk, src=global_owner, group=group)
+                    if keep is not None and buffers[name] is not source:
+                        _copy_overlap(buffers[name], keep, chunk, c0, c1)
+                    continue
+                if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
+                    dist.broadcast(buffers[name][c0 - keep[0] : c1 - keep[0]], src=global_owner, group=group)
+                else:
+                    if scratch is None:
+                        scratch = torch.empty(relay_chunk, dtype=torch.uint8, device=device)
+                    chunk = scratch[: c1 - c0]
+                    dist.broadcast(chunk, src=global_owner, group=group)
+                    if keep is not None:
+                        _copy_overlap(buffers[name], keep, chunk, c0, c1)
+                state["bytes_received"] += c1 - c0
+            loaded.pop(i, None)
+            pieces_left[name] -= 1
+            if pieces_left[name] == 0 and keep is not None:
+                info = infos[name]
+                yield name, to_torch(buffers.pop(name), info.dtype, keep[2], name)
+    # Every rank's own load ended with its last piece; let it say so (and free its buffers),
+    # and agree once more, so that no rank returns while another still waits on it.
+    error = None
+    try:
+        for _ in own:
+            pass
+    except Exception as e:  # noqa: BLE001
+        error = e
+    agree(error)
+
+
+def _copy_overlap(buffer: Any, keep: Tuple[int, int, List[int]], chunk: Any, c0: int, c1: int) -> None:
+    """Copies the part of `chunk` (tensor bytes `c0..c1`) inside the kept bytes into `buffer`."""
+    lo, hi = max(c0, keep[0]), min(c1, keep[1])
+    if lo < hi:
+        buffer[lo - keep[0] : hi - keep[0]].copy_(chunk[lo - c0 : hi - c0])

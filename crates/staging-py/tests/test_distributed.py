@@ -1,0 +1,182 @@
+"""Many ranks on this machine: `torch.distributed` with gloo, 2 and 3 processes spawned by
+`torch.multiprocessing`. Each rank reads about 1/n of the bytes and ends with every tensor
+byte-exact; a fault on one rank raises on every rank, quickly; `select`/`rows` per rank keep
+only what was asked for."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import write_sharded
+
+TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def _reference(path: str) -> Dict[str, torch.Tensor]:
+    import safetensors.torch
+
+    out: Dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        out.update(safetensors.torch.load_file(f))
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bytes(a.reshape(-1).view(torch.uint8).numpy()) == bytes(
+        b.reshape(-1).view(torch.uint8).numpy()
+    )
+
+
+def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world, timeout=TIMEOUT)
+    import safetensors_staging as st
+
+    result: Dict[str, Any] = {"rank": rank}
+    path = paths[rank]
+    start = time.perf_counter()
+    try:
+        if scenario == "full":
+            with st.stage(path, process_group=dist.group.WORLD, relay_chunk=1 << 20, batch_bytes=4 << 20) as it:
+                got = dict(it)
+                report = it.report()
+            want = _reference(path)
+            result["names"] = list(got)
+            result["bad"] = [n for n in want if not _same(got[n], want[n])]
+            result.update({k: report[k] for k in ("bytes_read", "bytes_received", "pieces_owned", "plan_fingerprint")})
+        elif scenario == "select":
+            want = _reference(path)
+            names = sorted(want)
+            if rank == 0:
+                select, rows = (lambda n: n.startswith("encoder.layer.0.")), None
+            else:
+                select = ["embeddings.word_embeddings.weight", names[-1]]
+                rows = {"embeddings.word_embeddings.weight": f"{rank}/{world}"}
+            got = st.load_file(path, process_group=dist.group.WORLD, select=select, rows=rows, relay_chunk=1 << 20)
+            result["names"] = sorted(got)
+            bad = []
+            for n, t in got.items():
+                expected = want[n]
+                if rows and n in rows:
+                    dim0 = expected.shape[0]
+                    a, b = st._native._resolve_rows(rows[n], dim0)
+                    expected = expected[a:b]
+                if not _same(t, expected):
+                    bad.append(n)
+            result["bad"] = bad
+        elif scenario == "fault-hook":
+            # A read error from a test hook on rank 1, at its third piece, mid-exchange.
+            if rank == 1:
+                original = st.Stage.__next__
+                calls = {"n": 0}
+
+                def failing(self):
+                    calls["n"] += 1
+                    if calls["n"] == 3:
+                        raise st.ReadError("injected: tensor 'x': read failed at offset 4096")
+                    return original(self)
+
+                st.Stage.__next__ = failing
+            got = st.load_file(path, process_group=dist.group.WORLD, batch_bytes=1 << 20)
+            result["finished"] = len(got)
+        else:  # "fault": the checkpoint of this rank may be broken
+            got = st.load_file(path, process_group=dist.group.WORLD)
+            result["finished"] = len(got)
+    except st.StagingError as e:
+        result["error"] = type(e).__name__
+        result["message"] = str(e)
+    result["seconds"] = time.perf_counter() - start
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_ranks(world: int, scenario: str, paths: List[str], tmp_path: Path) -> List[Dict[str, Any]]:
+    out = tmp_path / f"ranks-{scenario}-{world}"
+    out.mkdir()
+    mp.spawn(_worker, args=(world, scenario, paths, str(out)), nprocs=world, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def sharded_with_a_big_tensor(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two shards, 9.5 MiB in all; "big" (6 MiB) is larger than total / n for n = 2, 3."""
+    directory = tmp_path_factory.mktemp("sharded")
+    shards = [
+        [("norm", "F32", (256,)), ("big", "BF16", (3072, 1024)), ("b", "F16", (128,))],
+        [("w1", "F32", (512, 1024)), ("w2", "I64", (64, 1024)), ("scalar", "F64", ())],
+    ]
+    write_sharded(directory, shards, seed=13)
+    return directory
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("which", ["minilm", "sharded"])
+def test_every_rank_gets_every_tensor_reading_its_share(world, which, minilm_dir, sharded_with_a_big_tensor, tmp_path):
+    path = minilm_dir if which == "minilm" else sharded_with_a_big_tensor
+    results = run_ranks(world, "full", [str(path)] * world, tmp_path)
+    want = _reference(str(path))
+    total = sum(t.nbytes for t in want.values())
+    largest = max(t.nbytes for t in want.values())
+    for r in results:
+        assert r["bad"] == [] and sorted(r["names"]) == sorted(want), r
+        # About 1/n each: at most an equal share plus the largest tensor.
+        assert r["bytes_read"] <= total / world + largest, r
+        assert r["bytes_read"] + r["bytes_received"] == total, r
+        assert r["pieces_owned"] > 0
+    assert sum(r["bytes_read"] for r in results) == total  # every byte read once
+    assert len({r["plan_fingerprint"] for r in results}) == 1
+    if which == "sharded":
+        # "big" is split between ranks: no rank reads more than its share plus a small tensor
+        # and a row of "big".
+        small = max(t.nbytes for n, t in want.items() if n != "big")
+        for r in results:
+            assert r["bytes_read"] <= total / world + small + 2048, r
+
+
+def test_a_broken_shard_on_one_rank_raises_on_every_rank(sharded_with_a_big_tensor, tmp_path):
+    """Rank 1 sees a truncated copy of one shard (the others the good one): every rank raises
+    the same MalformedCheckpointError naming rank 1, within seconds, and nobody hangs."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in sharded_with_a_big_tensor.iterdir():
+        shutil.copy(f, bad / f.name)
+    victim = sorted(bad.glob("*.safetensors"))[1]
+    os.truncate(victim, victim.stat().st_size - 1000)
+    paths = [str(sharded_with_a_big_tensor), str(bad), str(sharded_with_a_big_tensor)]
+    started = time.perf_counter()
+    results = run_ranks(3, "fault", paths, tmp_path)
+    assert time.perf_counter() - started < 60
+    for r in results:
+        assert r.get("error") == "MalformedCheckpointError", r
+        assert r["message"].startswith("rank 1: ") and victim.name in r["message"], r
+        assert r["seconds"] < 10, r
+
+
+def test_a_read_error_mid_exchange_raises_on_every_rank(minilm_dir, tmp_path):
+    results = run_ranks(2, "fault-hook", [str(minilm_dir)] * 2, tmp_path)
+    for r in results:
+        assert r.get("error") == "ReadError", r
+        assert r["message"] == "rank 1: injected: tensor 'x': read failed at offset 4096", r
+        assert r["seconds"] < 10, r
+        assert "finished" not in r  # nobody went on with a partial model
+
+
+def test_each_rank_keeps_only_what_it_selects(minilm_dir, tmp_path):
+    results = run_ranks(3, "select", [str(minilm_dir)] * 3, tmp_path)
+    want = _reference(str(minilm_dir))
+    assert results[0]["names"] == sorted(n for n in want if n.startswith("encoder.layer.0."))
+    for r in results[1:]:
+        assert r["names"] == sorted(["embeddings.word_embeddings.weight", sorted(want)[-1]])
+    for r in results:
+        assert r["bad"] == [], r
