@@ -521,7 +521,9 @@ size_t stg_plan_len(const struct stg_plan *plan);
  # Safety
  `plan` NULL or live; `out` NULL or valid for a write.
  */
-stg_status stg_plan_piece(const struct stg_plan *plan, size_t index, struct stg_plan_piece *out);
+stg_status stg_plan_get_piece(const struct stg_plan *plan,
+                              size_t index,
+                              struct stg_plan_piece *out);
 
 /*
  The bytes rank `rank` reads under the plan (0 for NULL or a rank outside the group).

@@ -827,7 +827,7 @@ pub unsafe extern "C" fn stg_plan_len(plan: *const stg_plan) -> usize {
 /// # Safety
 /// `plan` NULL or live; `out` NULL or valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn stg_plan_piece(
+pub unsafe extern "C" fn stg_plan_get_piece(
     plan: *const stg_plan,
     index: usize,
     out: *mut stg_plan_piece,

@@ -569,8 +569,8 @@ fn a_partition_plan_is_the_same_for_every_rank_and_each_rank_reads_only_its_shar
         let mut pieces = Vec::new();
         for i in 0..stg_plan_len(plan) {
             let (mut a, mut b) = (std::mem::zeroed(), std::mem::zeroed::<stg_plan_piece>());
-            assert_eq!(stg_plan_piece(plan, i, &mut a), STG_OK);
-            assert_eq!(stg_plan_piece(again, i, &mut b), STG_OK);
+            assert_eq!(stg_plan_get_piece(plan, i, &mut a), STG_OK);
+            assert_eq!(stg_plan_get_piece(again, i, &mut b), STG_OK);
             let name = CStr::from_ptr(a.name).to_str().unwrap().to_owned();
             assert_eq!(name, CStr::from_ptr(b.name).to_str().unwrap());
             assert_eq!(
@@ -586,7 +586,7 @@ fn a_partition_plan_is_the_same_for_every_rank_and_each_rank_reads_only_its_shar
         );
         let mut out_of_range = std::mem::zeroed::<stg_plan_piece>();
         assert_eq!(
-            stg_plan_piece(plan, pieces.len(), &mut out_of_range),
+            stg_plan_get_piece(plan, pieces.len(), &mut out_of_range),
             STG_INVALID_ARGUMENT
         );
         // Each rank loads only its pieces; together they are the checkpoint, byte for byte.

@@ -180,3 +180,19 @@ def test_each_rank_keeps_only_what_it_selects(minilm_dir, tmp_path):
         assert r["names"] == sorted(["embeddings.word_embeddings.weight", sorted(want)[-1]])
     for r in results:
         assert r["bad"] == [], r
+
+
+def test_small_pieces_of_one_owner_travel_together():
+    from safetensors_staging._distributed import _units
+
+    mib = 1 << 20
+    batch = [
+        ("a", 0, 100, 0, None), ("b", 0, 200, 0, None), ("c", 0, 300, 1, None),  # owner changes
+        ("d", 0, 8 * mib, 1, None),  # large: alone
+        ("e", 0, 100, 1, None), ("f", 0, 3 * mib, 1, None), ("h", 0, 0, 1, None),
+    ]
+    batch += [(f"s{i}", 0, 900 << 10, 1, None) for i in range(5)]  # 5 x 0.9 MiB: 4 fit in 4 MiB
+    # relay_chunk 4 MiB: pieces under 1 MiB are packed, at most 4 MiB a run.
+    assert _units(batch, 4 * mib) == [[0, 1], [2], [3], [4], [5], [6, 7, 8, 9, 10], [11]]
+    assert _units(batch, 64 * mib) == [[0, 1], list(range(2, 12))]
+    assert [i for unit in _units(batch, 1 << 10) for i in unit] == list(range(len(batch)))

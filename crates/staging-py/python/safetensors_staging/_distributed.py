@@ -4,7 +4,9 @@ Every rank computes the same partition plan (the Rust library's `Plan`: the tens
 end, cut into equal shares, a tensor straddling a cut split by rows) and loads only its own
 pieces, with the ordinary loader, onto its device. Then all ranks walk the plan's pieces in the
 same order and each piece is broadcast from its owner, as `uint8` bytes (so no dtype depends on
-what the collective backend supports), in chunks of at most `relay_chunk` bytes. A rank keeps
+what the collective backend supports), in chunks of at most `relay_chunk` bytes; runs of small
+pieces of one owner travel packed together, one broadcast for many tensors (a checkpoint of
+thousands of small tensors would otherwise pay one collective's latency for each). A rank keeps
 the tensors (and rows) its `select`/`rows` ask for; the bytes of the others still pass through
 it, into one scratch buffer of `relay_chunk` bytes.
 
@@ -244,39 +246,67 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, path
         except Exception as e:  # noqa: BLE001
             error = e
         agree(error)
-        for i, (name, offset, length, owner, _) in enumerate(batch):
-            keep = kept.get(name)
-            if keep is not None and name not in buffers:
-                k0, k1, _ = keep
-                if owner == rank and i in loaded and offset == 0 and length == infos[name].nbytes and (k0, k1) == (0, length):
-                    buffers[name] = loaded[i]  # the owner's own load is the tensor: no copy
-                else:
-                    buffers[name] = torch.empty(k1 - k0, dtype=torch.uint8, device=device)
-            source = loaded.get(i)
+        for unit in _units(batch, relay_chunk):
+            owner = batch[unit[0]][3]
             global_owner = dist.get_global_rank(group, owner)
-            for c0 in range(offset, offset + length, relay_chunk):
-                c1 = min(c0 + relay_chunk, offset + length)
+            for i in unit:
+                name, offset, length = batch[i][:3]
+                keep = kept.get(name)
+                if keep is not None and name not in buffers:
+                    k0, k1, _ = keep
+                    whole = offset == 0 and length == infos[name].nbytes and (k0, k1) == (0, length)
+                    if owner == rank and whole:
+                        buffers[name] = loaded[i]  # the owner's own load is the tensor: no copy
+                    else:
+                        buffers[name] = torch.empty(k1 - k0, dtype=torch.uint8, device=device)
+            if len(unit) > 1:
+                # Small pieces of one owner travel together: one broadcast instead of one each.
+                size = sum(batch[i][2] for i in unit)
                 if owner == rank:
-                    chunk = source[c0 - offset : c1 - offset]
-                    dist.broadcast(chunk, src=global_owner, group=group)
-                    if keep is not None and buffers[name] is not source:
-                        _copy_overlap(buffers[name], keep, chunk, c0, c1)
-                    continue
-                if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
-                    dist.broadcast(buffers[name][c0 - keep[0] : c1 - keep[0]], src=global_owner, group=group)
+                    packed = torch.cat([loaded[i] for i in unit])
                 else:
                     if scratch is None:
                         scratch = torch.empty(relay_chunk, dtype=torch.uint8, device=device)
-                    chunk = scratch[: c1 - c0]
-                    dist.broadcast(chunk, src=global_owner, group=group)
-                    if keep is not None:
-                        _copy_overlap(buffers[name], keep, chunk, c0, c1)
-                state["bytes_received"] += c1 - c0
-            loaded.pop(i, None)
-            pieces_left[name] -= 1
-            if pieces_left[name] == 0 and keep is not None:
-                info = infos[name]
-                yield name, to_torch(buffers.pop(name), info.dtype, keep[2], name)
+                    packed = scratch[:size]
+                    state["bytes_received"] += size
+                dist.broadcast(packed, src=global_owner, group=group)
+                at = 0
+                for i in unit:
+                    name, offset, length = batch[i][:3]
+                    keep = kept.get(name)
+                    if keep is not None and buffers[name] is not loaded.get(i):
+                        _copy_overlap(buffers[name], keep, packed[at : at + length], offset, offset + length)
+                    at += length
+            else:
+                (i,) = unit
+                name, offset, length = batch[i][:3]
+                keep = kept.get(name)
+                source = loaded.get(i)
+                for c0 in range(offset, offset + length, relay_chunk):
+                    c1 = min(c0 + relay_chunk, offset + length)
+                    if owner == rank:
+                        chunk = source[c0 - offset : c1 - offset]
+                        dist.broadcast(chunk, src=global_owner, group=group)
+                        if keep is not None and buffers[name] is not source:
+                            _copy_overlap(buffers[name], keep, chunk, c0, c1)
+                        continue
+                    if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
+                        dist.broadcast(buffers[name][c0 - keep[0] : c1 - keep[0]], src=global_owner, group=group)
+                    else:
+                        if scratch is None:
+                            scratch = torch.empty(relay_chunk, dtype=torch.uint8, device=device)
+                        chunk = scratch[: c1 - c0]
+                        dist.broadcast(chunk, src=global_owner, group=group)
+                        if keep is not None:
+                            _copy_overlap(buffers[name], keep, chunk, c0, c1)
+                    state["bytes_received"] += c1 - c0
+            for i in unit:
+                name = batch[i][0]
+                loaded.pop(i, None)
+                pieces_left[name] -= 1
+                keep = kept.get(name)
+                if pieces_left[name] == 0 and keep is not None:
+                    yield name, to_torch(buffers.pop(name), infos[name].dtype, keep[2], name)
     # Every rank's own load ended with its last piece; let it say so (and free its buffers),
     # and agree once more, so that no rank returns while another still waits on it.
     error = None
@@ -286,6 +316,29 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, path
     except Exception as e:  # noqa: BLE001
         error = e
     agree(error)
+
+
+def _units(batch: List[Tuple[str, int, int, int, Any]], relay_chunk: int) -> List[List[int]]:
+    """The batch's pieces in exchange units, the same on every rank (from the plan alone): runs
+    of small pieces (under a quarter of `relay_chunk`) of one owner, together at most
+    `relay_chunk` bytes, travel as one broadcast; any other piece travels alone, in chunks."""
+    small = max(1, relay_chunk // 4)
+    units: List[List[int]] = []
+    run: List[int] = []
+    run_bytes = 0
+    for i, (_, _, length, owner, _) in enumerate(batch):
+        if length < small and run and batch[run[0]][3] == owner and run_bytes + length <= relay_chunk:
+            run.append(i)
+            run_bytes += length
+            continue
+        if length < small:
+            run = [i]
+            run_bytes = length
+            units.append(run)
+        else:
+            run, run_bytes = [], 0
+            units.append([i])
+    return units
 
 
 def _copy_overlap(buffer: Any, keep: Tuple[int, int, List[int]], chunk: Any, c0: int, c1: int) -> None:
