@@ -89,6 +89,11 @@ def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) ->
                 st.Stage.__next__ = failing
             got = st.load_file(path, process_group=dist.group.WORLD, batch_bytes=1 << 20)
             result["finished"] = len(got)
+        elif scenario == "dtype":
+            # Only rank 0 keeps the F6 tensor torch has no dtype for.
+            select = None if rank == 0 else ["x"]
+            got = st.load_file(path, process_group=dist.group.WORLD, select=select)
+            result["finished"] = len(got)
         else:  # "fault": the checkpoint of this rank may be broken
             got = st.load_file(path, process_group=dist.group.WORLD)
             result["finished"] = len(got)
@@ -170,6 +175,19 @@ def test_a_read_error_mid_exchange_raises_on_every_rank(minilm_dir, tmp_path):
         assert r["message"] == "rank 1: injected: tensor 'x': read failed at offset 4096", r
         assert r["seconds"] < 10, r
         assert "finished" not in r  # nobody went on with a partial model
+
+
+def test_a_dtype_one_rank_cannot_hand_over_fails_every_rank_before_the_exchange(tmp_path):
+    from conftest import write_safetensors
+
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    write_safetensors(directory / "model.safetensors", [("f6", "F6_E2M3", (4, 8)), ("x", "F32", (64,))])
+    results = run_ranks(2, "dtype", [str(directory)] * 2, tmp_path)
+    for r in results:
+        assert r.get("error") == "UnsupportedDtypeError", r
+        assert r["message"].startswith("rank 0: tensor 'f6'"), r
+        assert "finished" not in r
 
 
 def test_each_rank_keeps_only_what_it_selects(minilm_dir, tmp_path):

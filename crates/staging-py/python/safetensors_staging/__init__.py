@@ -187,8 +187,9 @@ def _to_torch(staged: Any, unsupported_dtypes: str) -> "torch.Tensor":
     )
 
 
-def _torch_from_bytes(buffer: "torch.Tensor", dtype: str, shape: List[int], unsupported_dtypes: str, name: str) -> "torch.Tensor":
-    """A flat `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
+def _torch_view(dtype: str, shape: List[int], unsupported_dtypes: str, name: str) -> Tuple[Any, List[int]]:
+    """The torch dtype and shape a tensor's bytes are viewed as: `(None, byte shape)` for its
+    bytes as `uint8` when asked for; raises `UnsupportedDtypeError` when torch has no dtype."""
     import torch
 
     target = None
@@ -203,15 +204,21 @@ def _torch_from_bytes(buffer: "torch.Tensor", dtype: str, shape: List[int], unsu
         target = _TORCH_STANDARD.get(dtype)
         target = getattr(torch, target) if target else None
     if target is not None:
-        return buffer.view(target).reshape(shape)
+        return target, list(shape)
     if unsupported_dtypes == "uint8":
         bits = _BITS[dtype]
         last = shape[-1] * bits if shape else 0
-        return buffer.reshape([*shape[:-1], last // 8] if shape and last % 8 == 0 else [-1])
+        return None, [*shape[:-1], last // 8] if shape and last % 8 == 0 else [-1]
     raise UnsupportedDtypeError(
         f"tensor {name!r}: torch {torch.__version__} has no dtype for {dtype} "
         f"(shape {list(shape)}); pass unsupported_dtypes=\"uint8\" for its bytes"
     )
+
+
+def _torch_from_bytes(buffer: "torch.Tensor", dtype: str, shape: List[int], unsupported_dtypes: str, name: str) -> "torch.Tensor":
+    """A flat `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
+    target, shape = _torch_view(dtype, shape, unsupported_dtypes, name)
+    return buffer.reshape(shape) if target is None else buffer.view(target).reshape(shape)
 
 
 def _to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
@@ -400,8 +407,13 @@ def _stage_in_group(
     def to_torch(buffer: Any, dtype: str, shape: List[int], name: str) -> Any:
         return _torch_from_bytes(buffer, dtype, shape, unsupported_dtypes, name)
 
+    def check(dtype: str, shape: List[int], name: str) -> None:
+        # Before any exchange: a tensor this rank could not hand over fails every rank now,
+        # not this one alone in the middle of the exchange.
+        _torch_view(dtype, shape, unsupported_dtypes, name)
+
     return _distributed.stage_group(
-        path, gpu, group, open_own, to_torch, paths, select, rows, relay_chunk, batch_bytes
+        path, gpu, group, open_own, to_torch, check, paths, select, rows, relay_chunk, batch_bytes
     )
 
 

@@ -114,6 +114,7 @@ def stage_group(
     group: Any,
     open_own: Callable[..., Any],
     to_torch: Callable[[Any, str, List[int], str], Any],
+    check: Callable[[str, List[int], str], None],
     paths: List[str],
     select: Any,
     rows: Any,
@@ -139,8 +140,8 @@ def stage_group(
         "fingerprint": None,
         "own": None,
     }
-    generator = _exchange(torch, dist, group, agree, device, state, open_own, to_torch, paths, select, rows,
-                          relay_chunk, batch_bytes)
+    generator = _exchange(torch, dist, group, agree, device, state, open_own, to_torch, check, paths, select,
+                          rows, relay_chunk, batch_bytes)
     return GroupStage(generator, state)
 
 
@@ -178,7 +179,8 @@ def _keep(checkpoint: Any, select: Any, rows: Any) -> Dict[str, Tuple[int, int, 
     return kept
 
 
-def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, paths, select, rows, relay_chunk, batch_bytes):
+def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, check, paths, select, rows,
+              relay_chunk, batch_bytes):
     rank = agree.rank
     error: Optional[BaseException] = None
     try:
@@ -186,6 +188,8 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, path
         fingerprint, pieces = checkpoint.plan(agree.world)
         kept = _keep(checkpoint, select, rows)
         infos = {info.name: info for info in checkpoint.tensors()}
+        for name, (_, _, shape) in kept.items():
+            check(infos[name].dtype, shape, name)
     except Exception as e:  # noqa: BLE001 - every rank must learn of it
         error = e
     agree(error)
