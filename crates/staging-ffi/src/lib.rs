@@ -355,6 +355,26 @@ unsafe impl RawDestination for CallbackDestination {
     }
 }
 
+/// Frees a handle made by `Box::into_raw`; NULL does nothing; a panic in a destructor stops
+/// here.
+///
+/// # Safety
+/// `handle` must be NULL or a pointer from `Box::into_raw` not yet freed.
+unsafe fn free_boxed<T>(handle: *mut T) {
+    if handle.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract: a live pointer from Box::into_raw, freed once, here.
+    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(handle) })));
+}
+
+impl stg_config {
+    /// Records the message of a failure, for `stg_config_last_error`.
+    fn fail(&self, error: &dyn std::error::Error) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
+    }
+}
+
 /// Runs `body`, turning a panic into `STG_PANIC`.
 fn guard(body: impl FnOnce() -> stg_status) -> stg_status {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(stg_status::STG_PANIC)
@@ -519,11 +539,8 @@ pub unsafe extern "C" fn stg_config_new(out: *mut *mut stg_config) -> stg_status
 /// `config` must be NULL or a pointer from `stg_config_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_config_free(config: *mut stg_config) {
-    if config.is_null() {
-        return;
-    }
-    // SAFETY: the pointer came from Box::into_raw in stg_config_new and is freed once.
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(config) })));
+    // SAFETY: forwarded caller contract: NULL, or a pointer from stg_config_new freed once.
+    unsafe { free_boxed(config) };
 }
 
 /// Runs `f` on a configuration, or returns STG_NULL_ARGUMENT.
@@ -792,7 +809,7 @@ pub unsafe extern "C" fn stg_plan_new(
                 stg_status::STG_OK
             }
             Err(error) => {
-                *config.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
+                config.fail(&error);
                 status_of_load(&error)
             }
         }
@@ -805,11 +822,8 @@ pub unsafe extern "C" fn stg_plan_new(
 /// `plan` must be NULL or a pointer from `stg_plan_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_plan_free(plan: *mut stg_plan) {
-    if plan.is_null() {
-        return;
-    }
-    // SAFETY: the pointer came from Box::into_raw in stg_plan_new and is freed once.
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(plan) })));
+    // SAFETY: forwarded caller contract: NULL, or a pointer from stg_plan_new freed once.
+    unsafe { free_boxed(plan) };
 }
 
 /// The number of pieces (0 for NULL).
@@ -969,7 +983,7 @@ pub unsafe extern "C" fn stg_load_new(
                 stg_status::STG_OK
             }
             Err(error) => {
-                *config.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
+                config.fail(&error);
                 status_of(&error)
             }
         }
@@ -983,11 +997,8 @@ pub unsafe extern "C" fn stg_load_new(
 /// `load` must be NULL or a pointer from `stg_load_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_load_free(load: *mut stg_load) {
-    if load.is_null() {
-        return;
-    }
-    // SAFETY: the pointer came from Box::into_raw in stg_load_new and is freed once.
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(load) })));
+    // SAFETY: forwarded caller contract: NULL, or a pointer from stg_load_new freed once.
+    unsafe { free_boxed(load) };
 }
 
 /// Stages the next tensor in file order. `STG_OK` writes `*out` (free it with
@@ -1250,11 +1261,8 @@ pub unsafe extern "C" fn stg_tensor_take_device_buffer(
 /// `tensor` must be NULL or a pointer from `stg_load_next` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_tensor_free(tensor: *mut stg_tensor) {
-    if tensor.is_null() {
-        return;
-    }
-    // SAFETY: the pointer came from Box::into_raw in stg_load_next and is freed once.
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(tensor) })));
+    // SAFETY: forwarded caller contract: NULL, or a pointer from stg_load_next freed once.
+    unsafe { free_boxed(tensor) };
 }
 
 /// The device pointer of a taken buffer (NULL for NULL or an empty buffer).
@@ -1286,9 +1294,7 @@ pub unsafe extern "C" fn stg_device_buffer_len(buffer: *const stg_device_buffer)
 /// `buffer` must be NULL or a pointer from `stg_tensor_take_device_buffer` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_device_buffer_free(buffer: *mut stg_device_buffer) {
-    if buffer.is_null() {
-        return;
-    }
-    // SAFETY: the pointer came from Box::into_raw in stg_tensor_take_device_buffer, freed once.
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(buffer) })));
+    // SAFETY: forwarded caller contract: NULL, or a pointer from stg_tensor_take_device_buffer
+    // freed once.
+    unsafe { free_boxed(buffer) };
 }
