@@ -172,6 +172,14 @@ impl<R: Reader> Reader for FaultyReader<R> {
         })
     }
 
+    fn verify_unchanged(
+        &self,
+        path: &Path,
+        identity: &staging_core::FileIdentity,
+    ) -> Result<(), String> {
+        self.inner.verify_unchanged(path, identity)
+    }
+
     fn read_at(
         &self,
         file: &Self::File,

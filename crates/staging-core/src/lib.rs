@@ -59,8 +59,9 @@ mod traits;
 mod write_loop;
 
 pub use checkpoint::{
-    Checkpoint, Dtype, FileIdentity, INDEX_FILE_NAME, MAX_HEADER_SIZE, MAX_INDEX_SIZE, Piece, Plan,
-    RowRange, SINGLE_FILE_NAME, Selection, ShardFile, TensorMeta, natural_cmp,
+    Checkpoint, Dtype, EntryKind, FileIdentity, INDEX_FILE_NAME, LocalFiles, MAX_HEADER_SIZE,
+    MAX_INDEX_SIZE, Piece, Plan, RowRange, SINGLE_FILE_NAME, Selection, ShardFile, Store,
+    StoreFile, TensorMeta, natural_cmp,
 };
 pub use error::{AllocError, DestinationError, DeviceError, Error, ReadError, Result};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};

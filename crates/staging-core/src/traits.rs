@@ -8,7 +8,7 @@
 use std::fmt;
 use std::path::Path;
 
-use crate::checkpoint::TensorMeta;
+use crate::checkpoint::{FileIdentity, TensorMeta};
 use crate::error::{AllocError, DestinationError, DeviceError, ReadError};
 use crate::memory::{DeviceRegion, MemorySpace};
 
@@ -116,6 +116,14 @@ pub trait Reader: Send + Sync {
         offset: u64,
         dst: DeviceRegion<'_, Self::Space>,
     ) -> Result<usize, ReadError>;
+
+    /// Whether `path` is still the file whose header was read (`identity`), checked when a file
+    /// is opened and after every tensor is read, before it is handed out; `Err` says what
+    /// changed. By default, the file's metadata on the local file system; a reader of another
+    /// store checks its own way (an object's version tag, say).
+    fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
+        identity.check(path)
+    }
 }
 
 /// An owned allocation of device memory. Dropping it frees it.

@@ -5,13 +5,12 @@
 //! it against the file, or opens anything but a regular file (a fifo would block).
 
 use std::cmp::Ordering;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
 use safetensors::tensor::Metadata;
 
+use super::store::Store;
 use super::{MAX_HEADER_SIZE, ShardFile, TensorMeta};
 use crate::error::{Error, Result};
 
@@ -72,45 +71,17 @@ pub(super) struct ParsedFile {
 }
 
 /// Opens `path` for reading only if it is a regular file, without blocking on a fifo.
-pub(super) fn open_regular(path: &Path) -> Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::NotAFile { path: path.into() });
-    }
-    Ok(file)
-}
-
-pub(super) fn read_exact_vec(file: &File, offset: u64, len: u64, path: &Path) -> Result<Vec<u8>> {
-    let len = usize::try_from(len)
-        .map_err(|_| Error::header(path, format!("{len} bytes do not fit in memory")))?;
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, offset).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            Error::header(path, "file shrank while its header was read")
-        } else {
-            Error::io(path, e)
-        }
-    })?;
-    Ok(buf)
-}
-
-pub(super) fn read_header(path: &Path) -> Result<ParsedFile> {
-    let file = open_regular(path)?;
-    let metadata = file.metadata().map_err(|e| Error::io(path, e))?;
-    let identity = FileIdentity::of(&metadata);
-    let size = metadata.len();
+pub(super) fn read_header(store: &dyn Store, path: &Path) -> Result<ParsedFile> {
+    let file = store.open(path)?;
+    let identity = file.identity();
+    let size = file.size();
     if size < 8 {
         return Err(Error::header(
             path,
             format!("file is {size} bytes, too short for the 8-byte header length"),
         ));
     }
-    let len_bytes = read_exact_vec(&file, 0, 8, path)?;
+    let len_bytes = file.read_exact(0, 8)?;
     let mut n_le = [0u8; 8];
     n_le.copy_from_slice(&len_bytes);
     let n = u64::from_le_bytes(n_le);
@@ -126,7 +97,7 @@ pub(super) fn read_header(path: &Path) -> Result<ParsedFile> {
             format!("header length {n} runs past the end of the {size}-byte file"),
         ));
     }
-    let header = read_exact_vec(&file, 8, n, path)?;
+    let header = file.read_exact(8, n)?;
     let metadata: Metadata =
         serde_json::from_slice(&header).map_err(|e| Error::header(path, e.to_string()))?;
     let data_start = 8 + n;

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::header::{open_regular, read_exact_vec, read_header};
+use super::header::read_header;
+use super::store::{LocalFiles, Store};
 use super::{Checkpoint, MAX_INDEX_SIZE, natural_cmp};
 use crate::error::{Error, Result};
 
@@ -26,20 +27,24 @@ impl Checkpoint {
     /// for Python `safetensors` (a Hugging Face hub-cache snapshot links every file into
     /// `../../blobs/`). The index and the shards' headers must agree tensor for tensor.
     pub fn from_index(index_path: impl AsRef<Path>) -> Result<Self> {
-        let index_path = index_path.as_ref();
+        Self::from_index_in(&LocalFiles, index_path.as_ref())
+    }
+
+    /// [`from_index`](Self::from_index) with the files of `store`.
+    pub fn from_index_in(store: &dyn Store, index_path: &Path) -> Result<Self> {
         let root = match index_path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let file = open_regular(index_path)?;
-        let size = file.metadata().map_err(|e| Error::io(index_path, e))?.len();
+        let file = store.open(index_path)?;
+        let size = file.size();
         if size > MAX_INDEX_SIZE {
             return Err(Error::index(
                 index_path,
                 format!("{size} bytes is over the {MAX_INDEX_SIZE}-byte limit"),
             ));
         }
-        let text = read_exact_vec(&file, 0, size, index_path)?;
+        let text = file.read_exact(0, size)?;
         let index: IndexFile =
             serde_json::from_slice(&text).map_err(|e| Error::index(index_path, e.to_string()))?;
 
@@ -54,15 +59,11 @@ impl Checkpoint {
             let relative = checked_relative(name)
                 .map_err(|why| Error::index(index_path, format!("shard path {name:?} {why}")))?;
             let joined = root.join(&relative);
-            let canonical = match joined.canonicalize() {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(Error::index(
-                        index_path,
-                        format!("shard {name:?} does not exist"),
-                    ));
-                }
-                Err(e) => return Err(Error::io(joined, e)),
+            let Some(canonical) = store.canonical(&joined)? else {
+                return Err(Error::index(
+                    index_path,
+                    format!("shard {name:?} does not exist"),
+                ));
             };
             let slot = *canonical_seen.entry(canonical).or_insert_with(|| {
                 shard_paths.push(joined);
@@ -73,7 +74,7 @@ impl Checkpoint {
 
         let mut parsed = Vec::with_capacity(shard_paths.len());
         for path in &shard_paths {
-            parsed.push(read_header(path)?);
+            parsed.push(read_header(store, path)?);
         }
         // The index and the headers must agree both ways.
         for (tensor, shard_name) in &index.weight_map {

@@ -11,6 +11,7 @@ mod header;
 mod index;
 mod partition;
 mod select;
+mod store;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -23,6 +24,7 @@ pub use safetensors::Dtype;
 pub use header::FileIdentity;
 pub use partition::{Piece, Plan};
 pub use select::{RowRange, Selection};
+pub use store::{EntryKind, LocalFiles, Store, StoreFile};
 
 use crate::error::{Error, Result};
 use header::{ParsedFile, read_header};
@@ -96,18 +98,19 @@ impl Checkpoint {
     /// Opens a checkpoint from a directory (its index, else its `model.safetensors`, else its
     /// `*.safetensors` files in natural order), an index file (`*.json`), or one safetensors file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        if meta.is_dir() {
-            return Self::open_dir(path);
-        }
-        if !meta.is_file() {
-            return Err(Error::NotAFile { path: path.into() });
-        }
-        if path.extension().is_some_and(|ext| ext == "json") {
-            Self::from_index(path)
-        } else {
-            Self::from_files([path])
+        Self::open_in(&LocalFiles, path.as_ref())
+    }
+
+    /// [`open`](Self::open) with the files of `store` (an object store's prefix as a
+    /// directory, say): the same discovery and every check of a local open.
+    pub fn open_in(store: &dyn Store, path: &Path) -> Result<Self> {
+        match store.kind(path)? {
+            EntryKind::Dir => Self::open_dir(store, path),
+            EntryKind::Other => Err(Error::NotAFile { path: path.into() }),
+            EntryKind::File if path.extension().is_some_and(|ext| ext == "json") => {
+                Self::from_index_in(store, path)
+            }
+            EntryKind::File => Self::from_files_in(store, [path]),
         }
     }
 
@@ -117,42 +120,49 @@ impl Checkpoint {
         I: IntoIterator<Item = P>,
         P: AsRef<Path>,
     {
+        Self::from_files_in(&LocalFiles, paths)
+    }
+
+    /// [`from_files`](Self::from_files) with the files of `store`.
+    pub fn from_files_in<I, P>(store: &dyn Store, paths: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<Path>,
+    {
         let mut seen = HashSet::new();
         let mut parsed = Vec::new();
         for path in paths {
             let path = path.as_ref();
-            let canonical = path.canonicalize().map_err(|e| Error::io(path, e))?;
+            let canonical = store
+                .canonical(path)?
+                .ok_or_else(|| Error::io(path, std::io::Error::from_raw_os_error(libc::ENOENT)))?;
             if !seen.insert(canonical) {
                 return Err(Error::DuplicateFile { path: path.into() });
             }
-            parsed.push(read_header(path)?);
+            parsed.push(read_header(store, path)?);
         }
         Self::assemble(parsed)
     }
 
-    fn open_dir(dir: &Path) -> Result<Self> {
+    fn open_dir(store: &dyn Store, dir: &Path) -> Result<Self> {
         let index = dir.join(INDEX_FILE_NAME);
-        if index.symlink_metadata().is_ok() {
-            return Self::from_index(index);
+        if store.exists(&index) {
+            return Self::from_index_in(store, &index);
         }
         let single = dir.join(SINGLE_FILE_NAME);
-        if single.symlink_metadata().is_ok() {
-            return Self::from_files([single]);
+        if store.exists(&single) {
+            return Self::from_files_in(store, [single]);
         }
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-            let entry = entry.map_err(|e| Error::io(dir, e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.ends_with(".safetensors") && !name.starts_with('.') {
-                found.push(name.to_owned());
-            }
-        }
+        let mut found: Vec<String> = store
+            .list(dir)?
+            .into_iter()
+            .filter(|name| name.ends_with(".safetensors") && !name.starts_with('.'))
+            .collect();
         if found.is_empty() {
             return Err(Error::NoCheckpoint { path: dir.into() });
         }
         found.sort_by(|a, b| natural_cmp(a, b));
-        Self::from_files(found.iter().map(|name| dir.join(name)))
+        Self::from_files_in(store, found.iter().map(|name| dir.join(name)))
     }
 
     fn assemble(parsed: Vec<ParsedFile>) -> Result<Self> {

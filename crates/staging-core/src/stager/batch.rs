@@ -213,6 +213,14 @@ impl<R: Reader> Reader for Counted<'_, R> {
         }
         read
     }
+
+    fn verify_unchanged(
+        &self,
+        path: &std::path::Path,
+        identity: &crate::checkpoint::FileIdentity,
+    ) -> std::result::Result<(), String> {
+        self.inner.verify_unchanged(path, identity)
+    }
 }
 
 /// A batch read: what [`Stager::stage_batch`] hands to the pool.

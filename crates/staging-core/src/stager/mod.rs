@@ -244,9 +244,8 @@ where
         let Some(shard) = self.checkpoint.files().get(meta.file_index) else {
             return Err(Error::Internal("tensor of an unknown file".into()));
         };
-        shard
-            .identity
-            .check(&meta.file)
+        self.reader
+            .verify_unchanged(&meta.file, &shard.identity)
             .map_err(|detail| Error::FileChanged {
                 file: meta.file.to_path_buf(),
                 detail,

@@ -1,0 +1,145 @@
+//! Where a checkpoint's files are read from while it is opened: the local file system
+//! ([`LocalFiles`], what [`Checkpoint::open`](super::Checkpoint::open) uses), or anything else
+//! that can say what a path is, list a directory, and read exact byte ranges (an object store,
+//! say: `s3://bucket/prefix` as a directory, its objects as files).
+//!
+//! Opening through a [`Store`] applies every check of a local open (header limits and
+//! validation, index names, index and headers agreeing, duplicates) to whatever the store
+//! returns: nothing here trusts a length or a name from it.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::FileIdentity;
+use crate::error::{Error, Result};
+
+/// What a path is, as a [`Store`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A file that can be opened and read.
+    File,
+    /// A directory (or a prefix of objects).
+    Dir,
+    /// Something else: a fifo, a socket, a device.
+    Other,
+}
+
+/// A source of checkpoint files.
+pub trait Store: Send + Sync {
+    /// What `path` is, following symlinks; an error naming `path` when it does not exist.
+    fn kind(&self, path: &Path) -> Result<EntryKind>;
+
+    /// Whether anything is at `path` (a dangling symlink counts: opening it then fails).
+    fn exists(&self, path: &Path) -> bool;
+
+    /// Opens the file at `path`; an error when it is not a regular file.
+    fn open(&self, path: &Path) -> Result<Box<dyn StoreFile + '_>>;
+
+    /// The names of the entries directly in the directory `dir`.
+    fn list(&self, dir: &Path) -> Result<Vec<String>>;
+
+    /// A name equal for every path of one file (two index names linking to one blob are one
+    /// shard); `None` when nothing is at `path`.
+    fn canonical(&self, path: &Path) -> Result<Option<PathBuf>>;
+}
+
+/// A file open in a [`Store`].
+pub trait StoreFile {
+    /// Its size in bytes when it was opened.
+    fn size(&self) -> u64;
+
+    /// What it was when it was opened: a load checks it is still that file.
+    fn identity(&self) -> FileIdentity;
+
+    /// Exactly `len` bytes at `offset`; an error (naming the file) when there are fewer.
+    fn read_exact(&self, offset: u64, len: u64) -> Result<Vec<u8>>;
+}
+
+/// The local file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalFiles;
+
+struct LocalFile {
+    file: File,
+    path: PathBuf,
+    identity: FileIdentity,
+}
+
+impl StoreFile for LocalFile {
+    fn size(&self) -> u64 {
+        self.identity.size
+    }
+
+    fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
+    fn read_exact(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let len = usize::try_from(len)
+            .map_err(|_| Error::header(&self.path, format!("{len} bytes do not fit in memory")))?;
+        let mut buf = vec![0u8; len];
+        self.file.read_exact_at(&mut buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::header(&self.path, "file shrank while its header was read")
+            } else {
+                Error::io(&self.path, e)
+            }
+        })?;
+        Ok(buf)
+    }
+}
+
+impl Store for LocalFiles {
+    fn kind(&self, path: &Path) -> Result<EntryKind> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        Ok(if meta.is_dir() {
+            EntryKind::Dir
+        } else if meta.is_file() {
+            EntryKind::File
+        } else {
+            EntryKind::Other
+        })
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.symlink_metadata().is_ok()
+    }
+
+    fn open(&self, path: &Path) -> Result<Box<dyn StoreFile + '_>> {
+        // O_NONBLOCK: opening a fifo must not wait for a writer; it is refused just below.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::NotAFile { path: path.into() });
+        }
+        Ok(Box::new(LocalFile {
+            file,
+            path: path.to_path_buf(),
+            identity: FileIdentity::of(&meta),
+        }))
+    }
+
+    fn list(&self, dir: &Path) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let entry = entry.map_err(|e| Error::io(dir, e))?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    fn canonical(&self, path: &Path) -> Result<Option<PathBuf>> {
+        match path.canonicalize() {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+}
