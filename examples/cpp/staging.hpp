@@ -95,6 +95,8 @@ class Config {
   Config& coalesce_below(size_t bytes) { return set(stg_config_set_coalesce_below(raw_.get(), bytes)); }
   Config& chunk_size(size_t bytes) { return set(stg_config_set_chunk_size(raw_.get(), bytes)); }
   Config& device_memory_cap(uint64_t bytes) { return set(stg_config_set_device_memory_cap(raw_.get(), bytes)); }
+  // Loads made from this configuration read only what `rank` owns under `plan`.
+  Config& plan_rank(const class Plan& plan, size_t rank);
   // The callback returns a region for the tensor, or nullopt to decline. It must outlive every
   // load made from this configuration.
   using Destination = std::function<std::optional<std::pair<void*, size_t>>(const stg_tensor_info&)>;
@@ -122,6 +124,30 @@ class Config {
     }
   }
   std::unique_ptr<stg_config, void (*)(stg_config*)> raw_;
+};
+
+// A partition plan: which rank of a group reads which piece of every tensor (the same on every
+// rank; compare fingerprint() to be sure).
+class Plan {
+ public:
+  Plan(const Config& config, const std::string& path, size_t ranks) : raw_(nullptr, &stg_plan_free) {
+    stg_plan* out = nullptr;
+    stg_status status = stg_plan_new(config.get(), path.c_str(), ranks, &out);
+    if (status != STG_OK) throw Error(status, config.last_error());
+    raw_.reset(out);
+  }
+  size_t size() const { return stg_plan_len(raw_.get()); }
+  stg_plan_piece piece(size_t index) const {
+    stg_plan_piece out{};
+    detail::check(stg_plan_get_piece(raw_.get(), index, &out));
+    return out;
+  }
+  uint64_t rank_bytes(size_t rank) const { return stg_plan_rank_bytes(raw_.get(), rank); }
+  uint64_t fingerprint() const { return stg_plan_fingerprint(raw_.get()); }
+  const stg_plan* get() const { return raw_.get(); }
+
+ private:
+  std::unique_ptr<stg_plan, void (*)(stg_plan*)> raw_;
 };
 
 class Load {
@@ -154,5 +180,9 @@ class Load {
  private:
   std::unique_ptr<stg_load, void (*)(stg_load*)> raw_;
 };
+
+inline Config& Config::plan_rank(const Plan& plan, size_t rank) {
+  return set(stg_config_set_plan_rank(raw_.get(), plan.get(), rank));
+}
 
 }  // namespace stg

@@ -90,6 +90,7 @@ struct Run {
     tensors: BTreeMap<String, (String, usize, String)>,
     took: Option<String>,
     report: String,
+    plan: String,
 }
 
 fn run_loader(
@@ -128,6 +129,7 @@ fn run_loader(
         tensors: BTreeMap::new(),
         took: None,
         report: String::new(),
+        plan: String::new(),
     };
     for line in stdout.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -140,6 +142,7 @@ fn run_loader(
             }
             ["took", name, _] => run.took = Some(name.to_string()),
             ["report", ..] => run.report = line.to_owned(),
+            ["plan", ..] => run.plan = line.to_owned(),
             _ => panic!("unexpected line {line:?}"),
         }
     }
@@ -193,6 +196,56 @@ fn cpp_loader_runs_clean_under_valgrind() {
     let (run, fixture, _dir) = run_loader("model.layers.0.", &["--threads", "1"], true);
     for (name, bytes) in &fixture.contents {
         assert_eq!(run.tensors[name].2, fnv1a(bytes), "{name}");
+    }
+}
+
+/// The value of `key=` in a line of the loader's output.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+#[test]
+fn cpp_ranks_plan_alike_and_together_read_every_byte_once() {
+    let ranks = 3;
+    let runs: Vec<_> = (0..ranks)
+        .map(|r| {
+            let rank = r.to_string();
+            // The first rank under valgrind: the plan's handles are freed, nothing leaks.
+            let args = ["--threads", "1", "--rank", rank.as_str(), "--ranks", "3"];
+            run_loader("", &args, r == 0)
+        })
+        .collect();
+    let fixture = &runs[0].1;
+    let total: usize = fixture.contents.values().map(Vec::len).sum();
+    let mut read = 0;
+    let mut per_tensor: BTreeMap<&str, usize> = BTreeMap::new();
+    for (run, _, _) in &runs {
+        assert_eq!(
+            field(&run.plan, "fingerprint"),
+            field(&runs[0].0.plan, "fingerprint"),
+            "every rank plans the same"
+        );
+        // What the plan gives the rank is what its load read.
+        assert_eq!(field(&run.plan, "bytes"), field(&run.report, "read"));
+        read += field(&run.report, "read").parse::<usize>().unwrap();
+        for (name, (_, len, hash)) in &run.tensors {
+            *per_tensor.entry(name.as_str()).or_default() += len;
+            if *len == fixture.contents[name].len() {
+                assert_eq!(*hash, fnv1a(&fixture.contents[name]), "{name}");
+            }
+        }
+    }
+    assert_eq!(read, total, "every byte read once across the ranks");
+    for (name, bytes) in &fixture.contents {
+        if !bytes.is_empty() {
+            assert_eq!(
+                per_tensor[name.as_str()],
+                bytes.len(),
+                "{name} covered once"
+            );
+        }
     }
 }
 
