@@ -375,6 +375,46 @@ impl stg_config {
     }
 }
 
+/// What `stg_load_new` and `stg_plan_new` share: checks the configuration, the path and the
+/// out-pointer, builds the handle with `make`, and writes it to `*out`; on failure `*out` is
+/// untouched and the message is kept in the configuration.
+///
+/// # Safety
+/// `config` NULL or live; `path` NULL or NUL-terminated; `out` NULL or valid for a write.
+unsafe fn construct<T, E: std::error::Error>(
+    config: *const stg_config,
+    path: *const c_char,
+    out: *mut *mut T,
+    status: fn(&E) -> stg_status,
+    make: impl FnOnce(&stg_config, &str) -> Result<T, E>,
+) -> stg_status {
+    guard(|| {
+        // SAFETY: non-null pointers are live configurations by the caller's contract.
+        let Some(config) = (unsafe { config.as_ref() }) else {
+            return stg_status::STG_NULL_ARGUMENT;
+        };
+        if out.is_null() {
+            return stg_status::STG_NULL_ARGUMENT;
+        }
+        // SAFETY: forwarded caller contract.
+        let path = match unsafe { utf8(path) } {
+            Ok(path) => path,
+            Err(status) => return status,
+        };
+        match make(config, path) {
+            Ok(handle) => {
+                // SAFETY: `out` is non-null and writable by the caller's contract.
+                unsafe { *out = Box::into_raw(Box::new(handle)) };
+                stg_status::STG_OK
+            }
+            Err(error) => {
+                config.fail(&error);
+                status(&error)
+            }
+        }
+    })
+}
+
 /// Runs `body`, turning a panic into `STG_PANIC`.
 fn guard(body: impl FnOnce() -> stg_status) -> stg_status {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(stg_status::STG_PANIC)
@@ -787,33 +827,14 @@ pub unsafe extern "C" fn stg_plan_new(
     ranks: usize,
     out: *mut *mut stg_plan,
 ) -> stg_status {
-    guard(|| {
-        // SAFETY: non-null pointers are live configurations by the caller's contract.
-        let Some(config) = (unsafe { config.as_ref() }) else {
-            return stg_status::STG_NULL_ARGUMENT;
-        };
-        if out.is_null() {
-            return stg_status::STG_NULL_ARGUMENT;
-        }
-        // SAFETY: forwarded caller contract.
-        let path = match unsafe { utf8(path) } {
-            Ok(path) => path,
-            Err(status) => return status,
-        };
-        let planned = Checkpoint::open(path).and_then(|checkpoint| Plan::new(&checkpoint, ranks));
-        match planned {
-            Ok(plan) => {
-                let names = plan.pieces().iter().map(|p| c_string(&p.name)).collect();
-                // SAFETY: `out` is non-null and writable by the caller's contract.
-                unsafe { *out = Box::into_raw(Box::new(stg_plan { plan, names })) };
-                stg_status::STG_OK
-            }
-            Err(error) => {
-                config.fail(&error);
-                status_of_load(&error)
-            }
-        }
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        construct(config, path, out, status_of_load, |_, path| {
+            let plan = Checkpoint::open(path).and_then(|c| Plan::new(&c, ranks))?;
+            let names = plan.pieces().iter().map(|p| c_string(&p.name)).collect();
+            Ok(stg_plan { plan, names })
+        })
+    }
 }
 
 /// Frees a plan. NULL does nothing.
@@ -957,37 +978,17 @@ pub unsafe extern "C" fn stg_load_new(
     path: *const c_char,
     out: *mut *mut stg_load,
 ) -> stg_status {
-    guard(|| {
-        // SAFETY: non-null pointers are live configurations by the caller's contract.
-        let Some(config) = (unsafe { config.as_ref() }) else {
-            return stg_status::STG_NULL_ARGUMENT;
-        };
-        if out.is_null() {
-            return stg_status::STG_NULL_ARGUMENT;
-        }
-        // SAFETY: forwarded caller contract.
-        let path = match unsafe { utf8(path) } {
-            Ok(path) => path,
-            Err(status) => return status,
-        };
-        match open_load(config, path) {
-            Ok(load) => {
-                let load = Box::new(stg_load {
-                    load,
-                    last_error: String::new(),
-                    backend: CString::default(),
-                    mode: CString::default(),
-                });
-                // SAFETY: `out` is non-null and writable by the caller's contract.
-                unsafe { *out = Box::into_raw(load) };
-                stg_status::STG_OK
-            }
-            Err(error) => {
-                config.fail(&error);
-                status_of(&error)
-            }
-        }
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        construct(config, path, out, status_of, |config, path| {
+            Ok(stg_load {
+                load: open_load(config, path)?,
+                last_error: String::new(),
+                backend: CString::default(),
+                mode: CString::default(),
+            })
+        })
+    }
 }
 
 /// Frees a load and everything it still holds (tensors already returned stay valid). NULL does
