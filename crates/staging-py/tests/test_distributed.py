@@ -103,7 +103,10 @@ def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) ->
     result["seconds"] = time.perf_counter() - start
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
-    dist.destroy_process_group()
+    # Leave without tearing the gloo group down: its destructor, racing a peer that already
+    # left, has aborted a process ("terminate called without an active exception") once in
+    # CI after every result was written. A failure inside a load shows as a missing result.
+    os._exit(0)
 
 
 def run_ranks(world: int, scenario: str, paths: List[str], tmp_path: Path) -> List[Dict[str, Any]]:
