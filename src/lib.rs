@@ -42,6 +42,12 @@ pub use backend_cufile as cufile;
 #[cfg(feature = "hipfile")]
 pub use backend_hipfile as hipfile;
 
+/// Object storage and HTTP(S): `s3://`, `gs://`, `az://`, `http(s)://` checkpoints.
+#[cfg(feature = "remote")]
+pub use backend_remote as remote;
+#[cfg(feature = "remote")]
+pub use backend_remote::Options as RemoteOptions;
+
 /// Fault-injecting doubles, fixture writers and the backend conformance suite.
 #[cfg(feature = "mock")]
 pub use backend_mock as mock;

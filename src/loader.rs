@@ -50,6 +50,8 @@ const CARVE_BELOW: usize = 1 << 20;
 /// # }
 /// ```
 pub struct Loader<'d> {
+    #[cfg(feature = "remote")]
+    remote: backend_remote::Options,
     backend: Backend,
     device: Option<usize>,
     policy: StagingPolicy,
@@ -83,6 +85,8 @@ impl Loader<'static> {
     /// every tensor, no destination, small tensors sub-allocated.
     pub fn new() -> Self {
         Self {
+            #[cfg(feature = "remote")]
+            remote: backend_remote::Options::default(),
             backend: Backend::default(),
             device: None,
             policy: StagingPolicy::default(),
@@ -156,8 +160,19 @@ impl<'d> Loader<'d> {
         self.with_destination(AnyDestination::Raw(Box::new(destination)))
     }
 
+    /// How checkpoints at `s3://`, `gs://`, `az://` and `http(s)://` URLs are read: requests
+    /// in flight, range size, retries, a bandwidth cap, store options. The environment of each
+    /// cloud (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, ...) applies first.
+    #[cfg(feature = "remote")]
+    pub fn remote(mut self, options: backend_remote::Options) -> Self {
+        self.remote = options;
+        self
+    }
+
     fn with_destination<'e>(self, destination: AnyDestination<'e>) -> Loader<'e> {
         Loader {
+            #[cfg(feature = "remote")]
+            remote: self.remote,
             backend: self.backend,
             device: self.device,
             policy: self.policy,
@@ -181,6 +196,8 @@ impl<'d> Loader<'d> {
                 .build()?
         };
         Ok(Prepared {
+            #[cfg(feature = "remote")]
+            remote: self.remote,
             chosen,
             policy,
             suballocate: self.suballocate,
@@ -207,6 +224,8 @@ impl<'d> Loader<'d> {
 
 /// A loader whose backend is open ([`Loader::prepare`]).
 pub struct Prepared<'d> {
+    #[cfg(feature = "remote")]
+    remote: backend_remote::Options,
     chosen: Chosen,
     policy: StagingPolicy,
     suballocate: bool,
@@ -248,24 +267,66 @@ impl<'d> Prepared<'d> {
         self.chosen.mode_reason.as_deref()
     }
 
-    /// Opens the checkpoint at `path` (a directory, an index file, or one `.safetensors` file).
+    /// Opens the checkpoint at `path` (a directory, an index file, or one `.safetensors` file;
+    /// or the same at an `s3://`, `gs://`, `az://` or `http(s)://` URL, a prefix standing for a
+    /// directory).
     pub fn open(self, path: impl AsRef<Path>) -> Result<Load<'d>> {
-        let checkpoint = Checkpoint::open(path)?;
-        self.open_checkpoint(checkpoint)
+        let path = path.as_ref();
+        let source = self.source_of(path)?;
+        let checkpoint = match &source {
+            Source::Local => Checkpoint::open(path)?,
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => Checkpoint::open_in(remote, path)?,
+        };
+        self.load(checkpoint, source)
     }
 
-    /// Opens these `.safetensors` files as one checkpoint.
+    /// Opens these `.safetensors` files (all local, or all URLs in one store) as one checkpoint.
     pub fn open_files<I, P>(self, files: I) -> Result<Load<'d>>
     where
         I: IntoIterator<Item = P>,
         P: AsRef<Path>,
     {
-        let checkpoint = Checkpoint::from_files(files)?;
-        self.open_checkpoint(checkpoint)
+        let files: Vec<P> = files.into_iter().collect();
+        let source = match files.first() {
+            Some(first) => self.source_of(first.as_ref())?,
+            None => Source::Local,
+        };
+        let checkpoint = match &source {
+            Source::Local => Checkpoint::from_files(files)?,
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => Checkpoint::from_files_in(remote, files)?,
+        };
+        self.load(checkpoint, source)
     }
 
-    /// Loads a checkpoint already opened.
+    /// Loads a checkpoint already opened (its files on the local file system, or URLs of one
+    /// store).
     pub fn open_checkpoint(self, checkpoint: Checkpoint) -> Result<Load<'d>> {
+        let source = match checkpoint.files().first() {
+            Some(first) => self.source_of(&first.path)?,
+            None => Source::Local,
+        };
+        self.load(checkpoint, source)
+    }
+
+    /// Where `path` is read from: a URL's store, or the local file system.
+    fn source_of(&self, path: &Path) -> Result<Source> {
+        if !looks_like_url(path) {
+            return Ok(Source::Local);
+        }
+        #[cfg(feature = "remote")]
+        {
+            Ok(Source::Remote(backend_remote::Remote::open(
+                path,
+                &self.remote,
+            )?))
+        }
+        #[cfg(not(feature = "remote"))]
+        Err(Error::NotBuilt("remote"))
+    }
+
+    fn load(self, checkpoint: Checkpoint, source: Source) -> Result<Load<'d>> {
         // Narrowing copies every tensor's metadata: only when there is something to narrow.
         let checkpoint = if self.selection.is_all() {
             checkpoint
@@ -285,25 +346,48 @@ impl<'d> Prepared<'d> {
         };
         #[cfg(feature = "mock")]
         let mut ledger = None;
-        let inner = match opened {
-            Opened::Host { options, allocator } if options.direct_io => {
+        let inner = match (opened, source) {
+            (Opened::Host { options, allocator }, Source::Local) if options.direct_io => {
                 setup.start(DirectHostReader::default(), allocator, "host", erased)?
             }
-            Opened::Host { allocator, .. } => setup.start(HostReader, allocator, "host", erased)?,
+            (Opened::Host { allocator, .. }, Source::Local) => {
+                setup.start(HostReader, allocator, "host", erased)?
+            }
+            #[cfg(feature = "remote")]
+            (Opened::Host { allocator, .. }, Source::Remote(remote)) => {
+                setup.start(remote.reader(), allocator, "host", erased)?
+            }
             #[cfg(feature = "cufile")]
-            Opened::Cufile(backend) => {
+            (Opened::Cufile(backend), Source::Local) => {
                 let backend = *backend;
                 setup.start(backend.reader, backend.allocator, "cufile", cuda)?
             }
+            #[cfg(all(feature = "cufile", feature = "remote"))]
+            (Opened::Cufile(backend), Source::Remote(remote)) => {
+                let reader = backend.reader.bounced(remote.reader());
+                setup.start(reader, backend.allocator, "cufile", cuda)?
+            }
             #[cfg(feature = "hipfile")]
-            Opened::Hipfile(backend) => {
+            (Opened::Hipfile(backend), Source::Local) => {
                 let backend = *backend;
                 setup.start(backend.reader, backend.allocator, "hipfile", erased)?
             }
+            #[cfg(all(feature = "hipfile", feature = "remote"))]
+            (Opened::Hipfile(backend), Source::Remote(remote)) => {
+                let reader = backend.reader.bounced(remote.reader());
+                setup.start(reader, backend.allocator, "hipfile", erased)?
+            }
             #[cfg(feature = "mock")]
-            Opened::Mock(backend) => {
+            (Opened::Mock(backend), Source::Local) => {
                 let (reader, allocator) = *backend;
                 ledger = Some(allocator.ledger());
+                setup.start(reader, allocator, "mock", erased)?
+            }
+            #[cfg(all(feature = "mock", feature = "remote"))]
+            (Opened::Mock(backend), Source::Remote(remote)) => {
+                let (_, allocator) = *backend;
+                ledger = Some(allocator.ledger());
+                let reader = backend_mock::FaultyReader::new(remote.reader()).labelled("mock");
                 setup.start(reader, allocator, "mock", erased)?
             }
         };
@@ -315,6 +399,28 @@ impl<'d> Prepared<'d> {
             ledger,
         })
     }
+}
+
+/// Where a checkpoint's bytes come from.
+enum Source {
+    /// The local file system.
+    Local,
+    /// An object store or HTTP server.
+    #[cfg(feature = "remote")]
+    Remote(backend_remote::Remote),
+}
+
+/// Whether `path` is written as a URL (`scheme://...`): such a path is never taken for a local
+/// file, so an unsupported scheme or a build without remote support says so.
+fn looks_like_url(path: &Path) -> bool {
+    path.to_str()
+        .and_then(|s| s.split_once("://"))
+        .is_some_and(|(scheme, _)| {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        })
 }
 
 /// A device tensor kept erased.

@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use staging_core::host::open_regular_file;
-use staging_core::{DeviceError, DeviceRegion, IoMode, MemorySpace, ReadError, Reader};
+use staging_core::{
+    DeviceError, DeviceRegion, FileIdentity, HostMemory, IoMode, MemorySpace, ReadError, Reader,
+};
 
 pub mod codes;
 pub mod dl;
@@ -185,12 +187,6 @@ pub trait Gpu: Send + Sync + 'static {
     ) -> Result<(), DeviceError>;
 }
 
-/// Two pinned halves of one bounce buffer: while one half's copy to the device runs, the next
-/// `pread` fills the other.
-struct Bounce<P> {
-    halves: [P; 2],
-}
-
 /// A registered handle; deregistered on drop, before the descriptors it uses are closed.
 struct Handle<F: FileApi> {
     raw: *mut c_void,
@@ -231,8 +227,7 @@ pub struct GdsReader<F: FileApi, G: Gpu> {
     api: Option<Arc<F>>,
     requested: RequestedMode,
     mode: ActiveMode,
-    bounce_size: usize,
-    bounce_pool: Mutex<Vec<Bounce<G::Pinned>>>,
+    bounce: BouncePool<G>,
     file_fell_back: AtomicBool,
 }
 
@@ -255,13 +250,13 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
         mode: ActiveMode,
         bounce_size: usize,
     ) -> Self {
+        let gpu_for_pool = Arc::clone(&gpu);
         Self {
             gpu,
             api,
             requested,
             mode,
-            bounce_size: bounce_size.max(4096),
-            bounce_pool: Mutex::new(Vec::new()),
+            bounce: BouncePool::new(gpu_for_pool, bounce_size),
             file_fell_back: AtomicBool::new(false),
         }
     }
@@ -276,6 +271,17 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
         self.api.as_ref()
     }
 
+    /// A reader of this GPU that takes its bytes from `source`, a reader of host memory (an
+    /// object store, say), through pinned bounce buffers of this reader's size; its reports
+    /// carry this backend's name and `source`'s mode.
+    pub fn bounced<R: Reader<Space = HostMemory>>(&self, source: R) -> Bounced<R, G> {
+        Bounced {
+            source,
+            bounce: BouncePool::new(Arc::clone(&self.gpu), self.bounce.size),
+            name: F::BACKEND,
+        }
+    }
+
     fn fall_back_or(&self, call: &'static str, error: ReadError) -> Result<(), ReadError> {
         if self.requested == RequestedMode::Auto {
             self.file_fell_back.store(true, Ordering::Release);
@@ -286,93 +292,6 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
                 other => other,
             })
         }
-    }
-
-    /// The POSIX path: `pread` into pinned memory, then a copy to the device. Reads of up to
-    /// the bounce size alternate between two pinned halves, so each half's asynchronous copy
-    /// overlaps the next `pread`; both copies have finished when this returns, whatever it
-    /// returns. Bytes already on their way count: a `pread` that fails after some progress
-    /// returns that progress, and the caller's next read meets the failure at its own offset.
-    fn posix_read(
-        &self,
-        file: &GdsFile<F>,
-        offset: u64,
-        mut dst: DeviceRegion<'_, G::Space>,
-    ) -> Result<usize, ReadError> {
-        let pooled = self
-            .bounce_pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let mut bounce = match pooled {
-            Some(b) => b,
-            None => {
-                let half = (self.bounce_size / 2).max(4096);
-                let one = G::pinned(&self.gpu, half).map_err(device_read_error)?;
-                let two = G::pinned(&self.gpu, half).map_err(device_read_error)?;
-                Bounce { halves: [one, two] }
-            }
-        };
-        let result = self.pipelined(&mut bounce, file, offset, &mut dst);
-        // Both copies finish before `dst` can be released or the halves reused.
-        let [one, two] = &mut bounce.halves;
-        let waited = one.wait().and_then(|()| two.wait());
-        match waited {
-            Ok(()) => {
-                self.bounce_pool
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(bounce);
-                result
-            }
-            // A failed wait leaves the halves' state unknown: they are dropped, not pooled.
-            Err(e) => Err(device_read_error(e)),
-        }
-    }
-
-    fn pipelined(
-        &self,
-        bounce: &mut Bounce<G::Pinned>,
-        file: &GdsFile<F>,
-        offset: u64,
-        dst: &mut DeviceRegion<'_, G::Space>,
-    ) -> Result<usize, ReadError> {
-        let want = dst.len();
-        let mut done = 0usize;
-        let mut turn = 0usize;
-        while done < want {
-            let Some(half) = bounce.halves.get_mut(turn % 2) else {
-                break;
-            };
-            let bytes = half.bytes_mut().map_err(device_read_error)?;
-            let n = (want - done).min(bytes.len());
-            let got = match file.buffered.read_at(&mut bytes[..n], offset + done as u64) {
-                Ok(got) => got,
-                Err(_) if done > 0 => break,
-                Err(e) => return Err(e.into()),
-            };
-            if got == 0 {
-                break;
-            }
-            let Some(target) = dst.slice(done, got) else {
-                return Err(ReadError::Overrun {
-                    requested: n,
-                    returned: got,
-                });
-            };
-            // SAFETY: `posix_read` waits for both halves before it returns, and `half`'s bytes
-            // are only written again through `bytes_mut`, which waits first; until then `dst`,
-            // of which `target` is a part, stays mutably borrowed by this call, so its memory is
-            // neither released nor touched by anyone else, and later pieces are disjoint from
-            // this one.
-            unsafe { self.gpu.copy_to_device(half, target) }.map_err(device_read_error)?;
-            done += got;
-            turn += 1;
-            if got < n {
-                break;
-            }
-        }
-        Ok(done)
     }
 }
 
@@ -464,7 +383,10 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
         dst: DeviceRegion<'_, G::Space>,
     ) -> Result<usize, ReadError> {
         let Some(handle) = &file.handle else {
-            return self.posix_read(file, offset, dst);
+            // The POSIX path: `pread` into pinned memory, then a copy to the device.
+            return self.bounce.read(offset, dst, |buf, at| {
+                file.buffered.read_at(buf, at).map_err(ReadError::from)
+            });
         };
         let file_offset = i64::try_from(offset).map_err(|_| invalid("offset too large"))?;
         let buf_offset =
@@ -496,5 +418,172 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
                 })
             }
         }
+    }
+}
+
+/// Two pinned halves of one bounce buffer: while one half's copy to the device runs, the next
+/// read fills the other.
+struct Bounce<P> {
+    halves: [P; 2],
+}
+
+/// Pinned bounce buffers of one GPU, pooled: one pair per read in flight, kept for the next.
+struct BouncePool<G: Gpu> {
+    gpu: Arc<G>,
+    size: usize,
+    pool: Mutex<Vec<Bounce<G::Pinned>>>,
+}
+
+impl<G: Gpu> BouncePool<G> {
+    fn new(gpu: Arc<G>, size: usize) -> Self {
+        Self {
+            gpu,
+            size: size.max(4096),
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reads into `dst` from `offset` with `fill` (which reads up to `buf.len()` bytes at an
+    /// offset into host memory, like `pread`) through pinned memory, then a copy to the device.
+    /// Reads of up to half the bounce size alternate between two pinned halves, so each half's
+    /// asynchronous copy overlaps the next read; both copies have finished when this returns,
+    /// whatever it returns. Bytes already on their way count: a read that fails after some
+    /// progress returns that progress, and the caller's next read meets the failure at its own
+    /// offset.
+    fn read(
+        &self,
+        offset: u64,
+        mut dst: DeviceRegion<'_, G::Space>,
+        fill: impl FnMut(&mut [u8], u64) -> Result<usize, ReadError>,
+    ) -> Result<usize, ReadError> {
+        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut bounce = match pooled {
+            Some(b) => b,
+            None => {
+                let half = (self.size / 2).max(4096);
+                let one = G::pinned(&self.gpu, half).map_err(device_read_error)?;
+                let two = G::pinned(&self.gpu, half).map_err(device_read_error)?;
+                Bounce { halves: [one, two] }
+            }
+        };
+        let result = self.pipelined(&mut bounce, offset, &mut dst, fill);
+        // Both copies finish before `dst` can be released or the halves reused.
+        let [one, two] = &mut bounce.halves;
+        let waited = one.wait().and_then(|()| two.wait());
+        match waited {
+            Ok(()) => {
+                self.pool
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(bounce);
+                result
+            }
+            // A failed wait leaves the halves' state unknown: they are dropped, not pooled.
+            Err(e) => Err(device_read_error(e)),
+        }
+    }
+
+    fn pipelined(
+        &self,
+        bounce: &mut Bounce<G::Pinned>,
+        offset: u64,
+        dst: &mut DeviceRegion<'_, G::Space>,
+        mut fill: impl FnMut(&mut [u8], u64) -> Result<usize, ReadError>,
+    ) -> Result<usize, ReadError> {
+        let want = dst.len();
+        let mut done = 0usize;
+        let mut turn = 0usize;
+        while done < want {
+            let Some(half) = bounce.halves.get_mut(turn % 2) else {
+                break;
+            };
+            let bytes = half.bytes_mut().map_err(device_read_error)?;
+            let n = (want - done).min(bytes.len());
+            let Some(buf) = bytes.get_mut(..n) else {
+                break;
+            };
+            let got = match fill(buf, offset + done as u64) {
+                Ok(got) => got,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            };
+            if got == 0 {
+                break;
+            }
+            let Some(target) = dst.slice(done, got) else {
+                return Err(ReadError::Overrun {
+                    requested: n,
+                    returned: got,
+                });
+            };
+            // SAFETY: `read` waits for both halves before it returns, and `half`'s bytes are
+            // only written again through `bytes_mut`, which waits first; until then `dst`, of
+            // which `target` is a part, stays mutably borrowed by this call, so its memory is
+            // neither released nor touched by anyone else, and later pieces are disjoint from
+            // this one.
+            unsafe { self.gpu.copy_to_device(half, target) }.map_err(device_read_error)?;
+            done += got;
+            turn += 1;
+            if got < n {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// A reader of a GPU's memory over any reader of host memory ([`GdsReader::bounced`]): each read
+/// goes into pinned bounce buffers and is copied to the device, overlapped as on the POSIX path.
+/// The source decides how bytes are fetched (ranged GETs from an object store, say) and how a
+/// file is known to be unchanged.
+pub struct Bounced<R, G: Gpu> {
+    source: R,
+    bounce: BouncePool<G>,
+    name: &'static str,
+}
+
+impl<R: std::fmt::Debug, G: Gpu> std::fmt::Debug for Bounced<R, G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bounced")
+            .field("source", &self.source)
+            .field("backend", &self.name)
+            .field("bounce_size", &self.bounce.size)
+            .finish()
+    }
+}
+
+impl<R, G> Reader for Bounced<R, G>
+where
+    R: Reader<Space = HostMemory>,
+    G: Gpu,
+{
+    type Space = G::Space;
+    type File = R::File;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn mode(&self) -> IoMode {
+        self.source.mode()
+    }
+
+    fn open(&self, path: &Path) -> Result<R::File, ReadError> {
+        self.source.open(path)
+    }
+
+    fn read_at(
+        &self,
+        file: &R::File,
+        offset: u64,
+        dst: DeviceRegion<'_, G::Space>,
+    ) -> Result<usize, ReadError> {
+        self.bounce.read(offset, dst, |buf, at| {
+            self.source.read_at(file, at, DeviceRegion::from_slice(buf))
+        })
+    }
+
+    fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
+        self.source.verify_unchanged(path, identity)
     }
 }

@@ -21,6 +21,7 @@ pub use staging_core;
 mod allocator;
 pub mod conformance;
 pub mod fixtures;
+pub mod http;
 pub mod malformed;
 mod reader;
 

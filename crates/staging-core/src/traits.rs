@@ -42,11 +42,14 @@ pub enum IoMode {
     CompatAndPosix,
     /// hipFile, and the POSIX path for files that could not be registered.
     HipFileAndPosix,
+    /// Ranged GETs from object storage or an HTTP server: straight into host memory, or into
+    /// pinned host buffers copied to the device.
+    Remote,
 }
 
 impl IoMode {
     /// The name reports use: `posix`, `direct`, `gds`, `compat`, `hipfile`, `gds+posix`,
-    /// `compat+posix`, `hipfile+posix`.
+    /// `compat+posix`, `hipfile+posix`, `remote`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Posix => "posix",
@@ -57,6 +60,7 @@ impl IoMode {
             Self::GdsAndPosix => "gds+posix",
             Self::CompatAndPosix => "compat+posix",
             Self::HipFileAndPosix => "hipfile+posix",
+            Self::Remote => "remote",
         }
     }
 

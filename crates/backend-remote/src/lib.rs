@@ -1,0 +1,755 @@
+//! # backend-remote
+//!
+//! Checkpoints in object storage and on HTTP servers: `s3://bucket/prefix` (S3 and
+//! S3-compatible stores), `gs://`, `az://`, and `http(s)://host/path`, read through the
+//! [`object_store`] crate.
+//!
+//! A [`Remote`] is both halves the core needs:
+//!
+//! - a [`Store`]: a prefix is a directory (its index if there is one, else its `.safetensors`
+//!   objects in natural order) and an object is a file. Headers come with ranged `GET`s (the
+//!   8-byte length, then the header), never the whole object. A plain HTTP server has no
+//!   listing, so an HTTP "directory" needs its `model.safetensors.index.json` or
+//!   `model.safetensors`.
+//! - a [`Reader`] ([`Remote::reader`]) of host memory: each read is split into ranges of
+//!   [`Options::range_size`], fetched concurrently (at most [`Options::concurrency`] requests in
+//!   flight for the whole `Remote`) and streamed straight into the destination as the body
+//!   arrives. Nothing is buffered beyond the body chunks in flight, so the memory held does not
+//!   grow with the checkpoint. A GPU backend puts this reader behind pinned bounce buffers.
+//!
+//! Every request after a file's header is read is conditional on the version seen then: its
+//! ETag (`If-Match`), or for a server without ETags its size. An object replaced during the load
+//! is an error naming it; nothing read from the new object is handed out. Transient failures
+//! (5xx, dropped connections, a body cut short) are retried by `object_store` with exponential
+//! backoff, at most [`Options::max_retries`] times within [`Options::retry_timeout`]; a body cut
+//! short resumes from where it stopped, conditional on the same ETag.
+//!
+//! Configuration is each cloud's standard environment (for S3: `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`; a plain
+//! `http://` endpoint is allowed because it says so), then [`Options::config`] (object_store's
+//! keys, such as `aws_endpoint` or `allow_http`), which wins.
+
+mod location;
+mod pace;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use object_store::path::Path as Key;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    RetryConfig,
+};
+use staging_core::{
+    DeviceRegion, EntryKind, Error, FileIdentity, HostMemory, IoMode, ReadError, Reader, Store,
+    StoreFile,
+};
+
+use location::Location;
+pub use location::{Scheme, is_remote};
+use pace::Pace;
+
+/// How a [`Remote`] reads.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Options {
+    /// The most ranged `GET`s in flight at once, over every read of the `Remote` (default 16).
+    pub concurrency: usize,
+    /// Bytes asked for by one ranged `GET` (default 8 MiB).
+    pub range_size: usize,
+    /// How many times a request that failed transiently is retried (default 5).
+    pub max_retries: usize,
+    /// The first retry's backoff; each later one doubles it, up to 15 s (default 100 ms).
+    pub retry_backoff: Duration,
+    /// No retry starts later than this after the first attempt (default 2 min).
+    pub retry_timeout: Duration,
+    /// A request that has not finished after this long fails (and is retried) (default 5 min;
+    /// a ranged `GET` of 8 MiB takes well under a second on any working link).
+    pub request_timeout: Duration,
+    /// At most this many bytes per second over every request (default: no cap).
+    pub bandwidth: Option<u64>,
+    /// object_store configuration keys and values (`aws_endpoint`, `aws_region`,
+    /// `aws_access_key_id`, `allow_http`, `google_service_account`, `azure_storage_account_name`,
+    /// ...), applied after the environment.
+    pub config: Vec<(String, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            range_size: 8 << 20,
+            max_retries: 5,
+            retry_backoff: Duration::from_millis(100),
+            retry_timeout: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(300),
+            bandwidth: None,
+            config: Vec::new(),
+        }
+    }
+}
+
+/// What a file was when its header was read: the version every later request is conditional on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Version {
+    size: u64,
+    etag: Option<String>,
+    last_modified: DateTime<Utc>,
+}
+
+impl Version {
+    fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            size: meta.size,
+            etag: meta.e_tag.clone(),
+            last_modified: meta.last_modified,
+        }
+    }
+
+    /// The version as the core's file identity: no device, the ETag's hash for the inode, the
+    /// size, and the modification time.
+    fn identity(&self) -> FileIdentity {
+        // FNV-1a of the ETag: equal ETags give equal identities.
+        let ino = self
+            .etag
+            .as_deref()
+            .unwrap_or("")
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        FileIdentity {
+            dev: 0,
+            ino,
+            size: self.size,
+            mtime: self.last_modified.timestamp(),
+            mtime_nsec: i64::from(self.last_modified.timestamp_subsec_nanos()),
+        }
+    }
+
+    /// Whether `now` is another version than this one: another size, or another ETag.
+    fn differs(&self, now: &Version) -> bool {
+        let etags_differ = matches!((&self.etag, &now.etag), (Some(a), Some(b)) if a != b);
+        etags_differ || now.size != self.size
+    }
+
+    fn describe(&self) -> String {
+        match &self.etag {
+            Some(etag) => format!("ETag {etag}"),
+            None => format!("{} bytes", self.size),
+        }
+    }
+}
+
+/// Counters of what a [`Remote`] asked for and received.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `GET` requests made (ranged), not counting `object_store`'s own retries.
+    pub gets: u64,
+    /// `HEAD` and list requests made.
+    pub heads: u64,
+    /// Body bytes received by `GET`s.
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    root: Location,
+    store: Arc<dyn ObjectStore>,
+    runtime: tokio::runtime::Runtime,
+    permits: tokio::sync::Semaphore,
+    pace: Option<Pace>,
+    range_size: usize,
+    versions: Mutex<HashMap<String, Version>>,
+    gets: AtomicU64,
+    heads: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// One object store or HTTP server, opened at a URL's root: the [`Store`] a checkpoint is
+/// opened through and the source of its [`RemoteReader`]. Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    inner: Arc<Inner>,
+}
+
+/// An error about `path` (a URL), for the core's error type.
+fn path_error(path: &Path, kind: io::ErrorKind, message: impl Into<String>) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(kind, message.into()),
+    }
+}
+
+/// The `io::ErrorKind` closest to an object_store error.
+fn kind_of(e: &object_store::Error) -> io::ErrorKind {
+    match e {
+        object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => io::ErrorKind::PermissionDenied,
+        object_store::Error::InvalidPath { .. } => io::ErrorKind::InvalidInput,
+        _ => io::ErrorKind::Other,
+    }
+}
+
+/// Applies `config` to a builder whose keys parse from strings.
+fn configure<B, K>(
+    builder: B,
+    config: &[(String, String)],
+    with: impl Fn(B, K, String) -> B,
+) -> Result<B, String>
+where
+    K: FromStr<Err = object_store::Error>,
+{
+    config.iter().try_fold(builder, |b, (key, value)| {
+        let parsed = key
+            .parse::<K>()
+            .map_err(|e| format!("unknown option {key:?}: {e}"))?;
+        Ok(with(b, parsed, value.clone()))
+    })
+}
+
+fn build_store(location: &Location, options: &Options) -> Result<Arc<dyn ObjectStore>, String> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    use object_store::http::HttpBuilder;
+
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: options.retry_backoff,
+            max_backoff: Duration::from_secs(15),
+            base: 2.0,
+        },
+        max_retries: options.max_retries,
+        retry_timeout: options.retry_timeout,
+    };
+    let client = ClientOptions::new()
+        .with_timeout(options.request_timeout)
+        .with_connect_timeout(Duration::from_secs(10));
+    let bucket = location
+        .root
+        .split_once("://")
+        .map_or("", |(_, authority)| authority);
+    let store: Arc<dyn ObjectStore> = match location.scheme {
+        Scheme::S3 => {
+            let builder = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client);
+            let mut builder = configure(builder, &options.config, |b, k: AmazonS3ConfigKey, v| {
+                b.with_config(k, v)
+            })?;
+            // An S3-compatible endpoint given as plain http:// says it is to be used so.
+            if builder
+                .get_config_value(&AmazonS3ConfigKey::Endpoint)
+                .is_some_and(|e| e.starts_with("http://"))
+            {
+                builder = builder.with_allow_http(true);
+            }
+            Arc::new(builder.build().map_err(|e| e.to_string())?)
+        }
+        Scheme::Gcs => {
+            let builder = GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client);
+            let builder = configure(builder, &options.config, |b, k: GoogleConfigKey, v| {
+                b.with_config(k, v)
+            })?;
+            Arc::new(builder.build().map_err(|e| e.to_string())?)
+        }
+        Scheme::Azure => {
+            let builder = MicrosoftAzureBuilder::from_env()
+                .with_container_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client);
+            let builder = configure(builder, &options.config, |b, k: AzureConfigKey, v| {
+                b.with_config(k, v)
+            })?;
+            Arc::new(builder.build().map_err(|e| e.to_string())?)
+        }
+        Scheme::Http => {
+            let client = configure(client, &options.config, |c, k, v| c.with_config(k, v))?
+                .with_allow_http(location.root.starts_with("http://"));
+            let builder = HttpBuilder::new()
+                .with_url(location.root.as_str())
+                .with_retry(retry)
+                .with_client_options(client);
+            Arc::new(builder.build().map_err(|e| e.to_string())?)
+        }
+    };
+    Ok(store)
+}
+
+impl Remote {
+    /// Opens the store `url` is in (`s3://bucket/...`: the bucket; `https://host/...`: the
+    /// server). Nothing is requested yet; a URL this crate cannot read, an unknown option or a
+    /// store that cannot be configured (no region, say) is an error naming `url`.
+    pub fn open(url: &Path, options: &Options) -> Result<Self, Error> {
+        let invalid = |message: String| path_error(url, io::ErrorKind::InvalidInput, message);
+        let location = Location::parse(url).map_err(&invalid)?;
+        let root = Location {
+            key: Key::default(),
+            ..location.clone()
+        };
+        let store = build_store(&root, options).map_err(&invalid)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("staging-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| invalid(format!("cannot start the I/O runtime: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                root,
+                store,
+                runtime,
+                permits: tokio::sync::Semaphore::new(options.concurrency.max(1)),
+                pace: options.bandwidth.map(Pace::new),
+                range_size: options.range_size.max(4096),
+                versions: Mutex::new(HashMap::new()),
+                gets: AtomicU64::new(0),
+                heads: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The reader of this store's objects into host memory.
+    pub fn reader(&self) -> RemoteReader {
+        RemoteReader {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// `scheme://authority` of the store.
+    pub fn root(&self) -> &str {
+        &self.inner.root.root
+    }
+
+    /// What was asked for and received so far.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+}
+
+impl Inner {
+    fn stats(&self) -> Stats {
+        Stats {
+            gets: self.gets.load(Ordering::Relaxed),
+            heads: self.heads.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `path`'s object key, when `path` is a URL under this store's root.
+    fn key(&self, path: &Path) -> io::Result<Key> {
+        let location = Location::parse(path).map_err(io::Error::other)?;
+        if location.root != self.root.root {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "not in {} (a checkpoint is read from one store)",
+                    self.root.root
+                ),
+            ));
+        }
+        Ok(location.key)
+    }
+
+    /// Runs `future` on this store's runtime, from a thread outside any async runtime.
+    fn block_on<T>(&self, future: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(io::Error::other(
+                "called from inside an async runtime: load from a blocking thread \
+                 (tokio::task::spawn_blocking)",
+            ));
+        }
+        self.runtime.block_on(future)
+    }
+
+    fn head(&self, key: &Key) -> io::Result<ObjectMeta> {
+        self.heads.fetch_add(1, Ordering::Relaxed);
+        self.block_on(async {
+            self.store
+                .head(key)
+                .await
+                .map_err(|e| io::Error::new(kind_of(&e), e.to_string()))
+        })
+    }
+
+    fn list(&self, prefix: &Key) -> io::Result<object_store::ListResult> {
+        self.heads.fetch_add(1, Ordering::Relaxed);
+        let prefix = Some(prefix).filter(|p| !p.as_ref().is_empty());
+        self.block_on(async {
+            self.store
+                .list_with_delimiter(prefix)
+                .await
+                .map_err(|e| io::Error::new(kind_of(&e), e.to_string()))
+        })
+    }
+
+    /// Records `version` as the one `url`'s reads are conditional on.
+    fn record(&self, url: &str, version: &Version) {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(url.to_owned(), version.clone());
+    }
+
+    fn recorded(&self, url: &str) -> Option<Version> {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url)
+            .cloned()
+    }
+
+    /// Opens `path`: its version as recorded when its header was read, else as it is now.
+    fn object(&self, path: &Path) -> io::Result<Object> {
+        let key = self.key(path)?;
+        let url = self.root.url_of(&key);
+        let version = match self.recorded(&url) {
+            Some(version) => version,
+            None => {
+                let version = Version::of(&self.head(&key)?);
+                self.record(&url, &version);
+                version
+            }
+        };
+        Ok(Object { key, url, version })
+    }
+
+    /// Fills `dst` with `object`'s bytes from `offset`: ranges of `range_size`, fetched
+    /// concurrently within the store's request limit. All or an error.
+    async fn fetch(&self, object: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        let ranges = dst
+            .chunks_mut(self.range_size)
+            .scan(offset, |at, piece| {
+                let start = *at;
+                *at += piece.len() as u64;
+                Some(self.fetch_range(object, start, piece))
+            })
+            .collect::<Vec<_>>();
+        futures::future::try_join_all(ranges).await.map(|_| ())
+    }
+
+    /// `error` from a request for `object`, or that the object changed, when it did (a server
+    /// without ETags answers a read past a shrunk object with 416, say).
+    async fn diagnose(&self, object: &Object, error: io::Error) -> io::Error {
+        self.heads.fetch_add(1, Ordering::Relaxed);
+        match self.store.head(&object.key).await {
+            Ok(meta) => {
+                let now = Version::of(&meta);
+                if object.version.differs(&now) {
+                    return object.changed(&format!("it is now {}", now.describe()));
+                }
+                error
+            }
+            Err(_) => error,
+        }
+    }
+
+    /// One ranged `GET`, conditional on `object`'s version, streamed into `dst`.
+    async fn fetch_range(&self, object: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        let end = offset + dst.len() as u64;
+        let url = &object.url;
+        let at = |what: String| format!("GET {url} bytes {offset}..{end}: {what}");
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|e| io::Error::other(at(e.to_string())))?;
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(offset..end)),
+            if_match: object.version.etag.clone(),
+            ..GetOptions::default()
+        };
+        let result = match self.store.get_opts(&object.key, options).await {
+            Ok(result) => result,
+            Err(e @ object_store::Error::Precondition { .. }) => {
+                return Err(object.changed(&e.to_string()));
+            }
+            Err(e) => {
+                let error = io::Error::new(kind_of(&e), at(e.to_string()));
+                return Err(self.diagnose(object, error).await);
+            }
+        };
+        // A server that ignores If-Match still says what it sent.
+        let now = Version::of(&result.meta);
+        if object.version.differs(&now) {
+            return Err(object.changed(&format!("it is now {}", now.describe())));
+        }
+        if result.range != (offset..end) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                at(format!("the server sent bytes {:?}", result.range)),
+            ));
+        }
+        let mut body = result.into_stream();
+        let mut filled = 0usize;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| io::Error::new(kind_of(&e), at(e.to_string())))?;
+            if let Some(pace) = &self.pace {
+                pace.take(chunk.len()).await;
+            }
+            let Some(target) = dst.get_mut(filled..filled + chunk.len()) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    at("the body is longer than the range".to_owned()),
+                ));
+            };
+            target.copy_from_slice(&chunk);
+            filled += chunk.len();
+            self.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+        if filled != dst.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                at(format!("the body ended after {filled} bytes")),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An object opened for reading, at the version its reads are conditional on.
+#[derive(Debug)]
+pub struct Object {
+    key: Key,
+    url: String,
+    version: Version,
+}
+
+impl Object {
+    fn changed(&self, detail: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} changed during the load (it was read at {}): {detail}",
+                self.url,
+                self.version.describe()
+            ),
+        )
+    }
+}
+
+/// A file of a [`Remote`], open for its header.
+struct RemoteFile {
+    inner: Arc<Inner>,
+    path: PathBuf,
+    object: Object,
+}
+
+impl StoreFile for RemoteFile {
+    fn size(&self) -> u64 {
+        self.object.version.size
+    }
+
+    fn identity(&self) -> FileIdentity {
+        self.object.version.identity()
+    }
+
+    fn read_exact(&self, offset: u64, len: u64) -> staging_core::Result<Vec<u8>> {
+        let too_long = || Error::Header {
+            path: self.path.clone(),
+            reason: format!("{len} bytes at {offset} are past the end"),
+        };
+        let end = offset.checked_add(len).ok_or_else(too_long)?;
+        if end > self.object.version.size {
+            return Err(too_long());
+        }
+        let len = usize::try_from(len).map_err(|_| too_long())?;
+        let mut buf = vec![0u8; len];
+        if len > 0 {
+            self.inner
+                .block_on(self.inner.fetch(&self.object, offset, &mut buf))
+                .map_err(|e| Error::Io {
+                    path: self.path.clone(),
+                    source: e,
+                })?;
+        }
+        Ok(buf)
+    }
+}
+
+impl Store for Remote {
+    fn kind(&self, path: &Path) -> staging_core::Result<EntryKind> {
+        let inner = &self.inner;
+        let key = inner.key(path).map_err(|e| Error::Io {
+            path: path.into(),
+            source: e,
+        })?;
+        if key.as_ref().is_empty() {
+            return Ok(EntryKind::Dir);
+        }
+        if inner.root.scheme == Scheme::Http {
+            // No listing on a plain HTTP server: a file is named like one.
+            let name = Location::file_name(&key).unwrap_or("");
+            if !(name.ends_with(".safetensors") || name.ends_with(".json")) {
+                return Ok(EntryKind::Dir);
+            }
+        }
+        match inner.head(&key) {
+            Ok(_) => Ok(EntryKind::File),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && inner.root.scheme != Scheme::Http => {
+                let listed = inner.list(&key).map_err(|e| Error::Io {
+                    path: path.into(),
+                    source: e,
+                })?;
+                if listed.objects.is_empty() && listed.common_prefixes.is_empty() {
+                    Err(path_error(
+                        path,
+                        io::ErrorKind::NotFound,
+                        "no such object or prefix",
+                    ))
+                } else {
+                    Ok(EntryKind::Dir)
+                }
+            }
+            Err(e) => Err(Error::Io {
+                path: path.into(),
+                source: e,
+            }),
+        }
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.inner
+            .key(path)
+            .and_then(|key| self.inner.head(&key))
+            .is_ok()
+    }
+
+    fn open(&self, path: &Path) -> staging_core::Result<Box<dyn StoreFile + '_>> {
+        let inner = &self.inner;
+        let as_error = |e| Error::Io {
+            path: path.into(),
+            source: e,
+        };
+        let key = inner.key(path).map_err(as_error)?;
+        let meta = inner.head(&key).map_err(as_error)?;
+        let url = inner.root.url_of(&key);
+        let version = Version::of(&meta);
+        inner.record(&url, &version);
+        Ok(Box::new(RemoteFile {
+            inner: Arc::clone(inner),
+            path: path.to_path_buf(),
+            object: Object { key, url, version },
+        }))
+    }
+
+    fn list(&self, dir: &Path) -> staging_core::Result<Vec<String>> {
+        let inner = &self.inner;
+        if inner.root.scheme == Scheme::Http {
+            return Ok(Vec::new());
+        }
+        let as_error = |e| Error::Io {
+            path: dir.into(),
+            source: e,
+        };
+        let key = inner.key(dir).map_err(as_error)?;
+        let listed = inner.list(&key).map_err(as_error)?;
+        Ok(listed
+            .objects
+            .iter()
+            .filter_map(|o| Location::file_name(&o.location).map(str::to_owned))
+            .collect())
+    }
+
+    fn canonical(&self, path: &Path) -> staging_core::Result<Option<PathBuf>> {
+        let inner = &self.inner;
+        let as_error = |e| Error::Io {
+            path: path.into(),
+            source: e,
+        };
+        let key = inner.key(path).map_err(as_error)?;
+        match inner.head(&key) {
+            Ok(_) => Ok(Some(PathBuf::from(inner.root.url_of(&key)))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(as_error(e)),
+        }
+    }
+}
+
+/// Reads a [`Remote`]'s objects into host memory ([`Remote::reader`]).
+#[derive(Debug, Clone)]
+pub struct RemoteReader {
+    inner: Arc<Inner>,
+}
+
+impl RemoteReader {
+    /// What was asked for and received so far.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// Fills `dst` with `file`'s bytes from `offset` (all of them, or an error).
+    pub fn read_into(&self, file: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        self.inner.block_on(self.inner.fetch(file, offset, dst))
+    }
+}
+
+impl Reader for RemoteReader {
+    type Space = HostMemory;
+    type File = Object;
+
+    fn name(&self) -> &str {
+        "host"
+    }
+
+    fn mode(&self) -> IoMode {
+        IoMode::Remote
+    }
+
+    fn open(&self, path: &Path) -> Result<Object, ReadError> {
+        Ok(self.inner.object(path)?)
+    }
+
+    fn read_at(
+        &self,
+        file: &Object,
+        offset: u64,
+        mut dst: DeviceRegion<'_, HostMemory>,
+    ) -> Result<usize, ReadError> {
+        let size = file.version.size;
+        if offset >= size {
+            return Ok(0);
+        }
+        let available = usize::try_from(size - offset).unwrap_or(usize::MAX);
+        let len = dst.len().min(available);
+        let slice = dst.as_mut_slice();
+        let Some(target) = slice.get_mut(..len) else {
+            return Ok(0);
+        };
+        self.read_into(file, offset, target)?;
+        Ok(len)
+    }
+
+    fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
+        // Every read was conditional on the recorded version; what is left to check is that the
+        // recorded version is the one whose header was read.
+        let url = self
+            .inner
+            .key(path)
+            .map(|key| self.inner.root.url_of(&key))
+            .map_err(|e| e.to_string())?;
+        match self.inner.recorded(&url) {
+            Some(version) if version.identity() == *identity => Ok(()),
+            Some(version) => Err(format!(
+                "was replaced since its header was read (it is now {})",
+                version.describe()
+            )),
+            None => Err("was never opened".to_owned()),
+        }
+    }
+}

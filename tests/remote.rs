@@ -1,0 +1,375 @@
+//! Checkpoints read from an HTTP server through the one entry point (`Loader::open` with a URL):
+//! a real server on loopback (`backend_mock::http::RangeServer`: HEAD, ranged GET, ETag,
+//! If-Match) and a real HTTP client (`object_store`'s). Each test checks the bytes, the
+//! requests the server saw, the path each tensor took, what is held afterwards and the error.
+//! S3 itself (listing, credentials, buckets) is tested against moto's server in
+//! `crates/staging-py/tests/test_remote.py`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
+use std::time::{Duration, Instant};
+
+use backend_mock::fixtures::{Contents, TensorSpec, write_file, write_sharded};
+use backend_mock::http::{Faults, Logged, RangeServer};
+use backend_mock::malformed::{MALFORMED, build};
+use safetensors_staging::{
+    Backend, Error, HostOptions, Load, Loader, RemoteOptions, StagingPath, StagingPolicy,
+};
+
+const MIB: usize = 1 << 20;
+
+/// Small retry backoff, so retried tests stay fast.
+fn options() -> RemoteOptions {
+    let mut options = RemoteOptions::default();
+    options.retry_backoff = Duration::from_millis(5);
+    options.max_retries = 3;
+    options.range_size = MIB;
+    options
+}
+
+fn loader(options: RemoteOptions, threads: usize) -> Loader<'static> {
+    Loader::new()
+        .backend(Backend::Host(HostOptions::default()))
+        .policy(
+            StagingPolicy::builder()
+                .io_threads(threads)
+                .chunk_size(4 * MIB)
+                .build()
+                .unwrap(),
+        )
+        .remote(options)
+}
+
+/// Two shards with an index: tensors of several sizes, some spanning several ranges.
+fn sharded(server: &RangeServer, prefix: &str) -> (tempfile::TempDir, Contents) {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = write_sharded(
+        dir.path(),
+        &[
+            vec![
+                TensorSpec::bytes("embed", 3 * MIB + 17),
+                TensorSpec::bytes("small.0", 100),
+                TensorSpec::bytes("small.1", 4096),
+            ],
+            vec![
+                TensorSpec::bytes("layer.weight", 2 * MIB),
+                TensorSpec::bytes("empty", 0),
+                TensorSpec::bytes("tail", 12345),
+            ],
+        ],
+        5,
+    )
+    .unwrap();
+    server.put_dir(prefix, dir.path()).unwrap();
+    (dir, fixture.contents)
+}
+
+/// Each tensor handed out: name, bytes, path.
+type Loaded = Vec<(String, Vec<u8>, StagingPath)>;
+
+fn drain(load: &mut Load<'_>) -> (Loaded, Option<Error>) {
+    let mut out = Vec::new();
+    for tensor in load.by_ref() {
+        match tensor {
+            Ok(t) => out.push((t.name().to_owned(), t.to_vec().unwrap(), t.path())),
+            Err(e) => return (out, Some(e)),
+        }
+    }
+    (out, None)
+}
+
+fn assert_exact(loaded: &Loaded, contents: &Contents) {
+    assert_eq!(loaded.len(), contents.len());
+    for (name, bytes, _) in loaded {
+        assert!(bytes == &contents[name], "{name}: bytes differ");
+    }
+}
+
+fn gets(log: &[Logged]) -> Vec<&Logged> {
+    log.iter().filter(|l| l.method == "GET").collect()
+}
+
+#[test]
+fn a_sharded_checkpoint_loads_byte_exact_with_ranged_requests_only() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/models/tiny");
+    for threads in [1, 3] {
+        server.clear_log();
+        let mut load = loader(options(), threads)
+            .open(server.url("/models/tiny"))
+            .unwrap();
+        assert_eq!(load.checkpoint().files().len(), 2);
+        let (loaded, error) = drain(&mut load);
+        assert!(error.is_none(), "{error:?}");
+        assert_exact(&loaded, &contents);
+        assert!(loaded.iter().all(|(_, _, p)| *p == StagingPath::Device));
+        let report = load.report();
+        assert_eq!(
+            (report.backend.as_str(), report.mode.as_str()),
+            ("host", "remote")
+        );
+        assert_eq!(
+            report.bytes_read,
+            contents.values().map(|v| v.len() as u64).sum::<u64>()
+        );
+        drop(load);
+
+        let log = server.log();
+        // Every GET is ranged, and none longer than a range; the index was read once, each
+        // header with its 8-byte length first.
+        for get in gets(&log) {
+            let (a, b) = get.range.unwrap_or_else(|| panic!("unranged GET {get:?}"));
+            assert!(b - a < MIB as u64, "{get:?} is longer than a range");
+            assert_eq!(get.status, 206);
+        }
+        for shard in ["model-00001-of-00002", "model-00002-of-00002"] {
+            let path = format!("/models/tiny/{shard}.safetensors");
+            let first = gets(&log).into_iter().find(|l| l.path == path).unwrap();
+            assert_eq!(first.range, Some((0, 7)), "{shard}: the length first");
+        }
+        let index = "/models/tiny/model.safetensors.index.json";
+        assert!(log.iter().any(|l| l.path == index && l.method == "GET"));
+    }
+}
+
+#[test]
+fn one_object_and_an_index_url_load_too() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    let mut load = loader(options(), 2)
+        .open(server.url("/m/model.safetensors.index.json"))
+        .unwrap();
+    let (loaded, error) = drain(&mut load);
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &contents);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.safetensors");
+    let contents = write_file(&path, &[TensorSpec::bytes("w", 5000)], 1).unwrap();
+    server.put("/single/x.safetensors", std::fs::read(&path).unwrap());
+    let mut load = loader(options(), 1)
+        .open(server.url("/single/x.safetensors"))
+        .unwrap();
+    let (loaded, error) = drain(&mut load);
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &contents);
+}
+
+#[test]
+fn the_host_path_assembles_remote_bytes_too() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    // A 1 MiB "device": the 2 and 3 MiB tensors cannot go there.
+    let mut load = loader(options(), 2)
+        .memory_cap(Some(MIB as u64))
+        .open(server.url("/m"))
+        .unwrap();
+    let (loaded, error) = drain(&mut load);
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &contents);
+    let host: Vec<_> = loaded
+        .iter()
+        .filter(|(_, _, p)| *p == StagingPath::Host)
+        .map(|(n, _, _)| n.as_str())
+        .collect();
+    assert!(
+        host.contains(&"embed") && host.contains(&"layer.weight"),
+        "{host:?}"
+    );
+}
+
+#[test]
+fn transient_failures_are_retried() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    for faults in [
+        Faults {
+            fail_first: true,
+            ..Faults::default()
+        },
+        Faults {
+            truncate_first: true,
+            ..Faults::default()
+        },
+    ] {
+        server.set_faults(faults.clone());
+        server.clear_log();
+        let mut load = loader(options(), 2).open(server.url("/m")).unwrap();
+        let (loaded, error) = drain(&mut load);
+        assert!(error.is_none(), "{faults:?}: {error:?}");
+        assert_exact(&loaded, &contents);
+        let log = server.log();
+        if faults.fail_first {
+            let failed = log.iter().filter(|l| l.status == 503).count();
+            let ranges = gets(&log).iter().filter(|l| l.status == 206).count();
+            assert!(
+                failed > 0 && failed == ranges,
+                "{failed} 503s for {ranges} ranges"
+            );
+        } else {
+            // A body cut short is asked for again from where it stopped.
+            let resumed = gets(&log).windows(2).any(|w| {
+                w[0].path == w[1].path
+                    && matches!((w[0].range, w[1].range), (Some((a, b)), Some((c, d))) if c > a && d == b)
+            });
+            assert!(resumed || gets(&log).len() > 2 * contents.len(), "{log:#?}");
+        }
+    }
+}
+
+#[test]
+fn a_body_always_cut_short_fails_naming_url_tensor_and_offset() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, _) = sharded(&server, "/m");
+    let mut load = loader(options(), 1).open(server.url("/m")).unwrap();
+    // Headers were read before the fault.
+    server.set_faults(Faults {
+        truncate_always: true,
+        ..Faults::default()
+    });
+    let (loaded, error) = drain(&mut load);
+    assert!(loaded.is_empty(), "nothing half-read is handed out");
+    let message = error.unwrap().to_string();
+    assert!(message.contains("embed"), "{message}");
+    assert!(
+        message.contains(&server.url("/m/model-00001-of-00002.safetensors")),
+        "{message}"
+    );
+    assert!(message.contains("offset"), "{message}");
+    assert!(load.next().is_none(), "nothing after the error");
+    assert_eq!(load.held_memory().device_bytes(), 0);
+}
+
+#[test]
+fn an_object_replaced_during_the_load_is_an_error_naming_it() {
+    let server = RangeServer::start().unwrap();
+    let (dir, contents) = sharded(&server, "/m");
+    let mut load = loader(options(), 1).open(server.url("/m")).unwrap();
+    let first = load.next().unwrap().unwrap();
+    assert_eq!(first.to_vec().unwrap(), contents[first.name()]);
+    // Same bytes, new ETag: a new version is a new version.
+    let shard = dir.path().join("model-00001-of-00002.safetensors");
+    server.put(
+        "/m/model-00001-of-00002.safetensors",
+        std::fs::read(shard).unwrap(),
+    );
+    let (loaded, error) = drain(&mut load);
+    let message = error.expect("the replaced object is noticed").to_string();
+    assert!(message.contains("changed during the load"), "{message}");
+    assert!(
+        message.contains("/m/model-00001-of-00002.safetensors"),
+        "{message}"
+    );
+    assert!(
+        loaded.iter().all(|(name, _, _)| !name.starts_with("small")),
+        "nothing from the replaced object after the change: {loaded:?}"
+    );
+    assert!(server.log().iter().any(|l| l.status == 412));
+}
+
+#[test]
+fn without_etags_a_replaced_object_of_another_size_is_noticed() {
+    let server = RangeServer::start().unwrap();
+    server.set_faults(Faults {
+        no_etag: true,
+        ..Faults::default()
+    });
+    let (_dir, _) = sharded(&server, "/m");
+    let mut load = loader(options(), 1).open(server.url("/m")).unwrap();
+    server.put("/m/model-00001-of-00002.safetensors", vec![0u8; 1000]);
+    let (loaded, error) = drain(&mut load);
+    assert!(loaded.is_empty());
+    let message = error.unwrap().to_string();
+    assert!(message.contains("changed during the load"), "{message}");
+}
+
+#[test]
+fn missing_and_denied_objects_are_one_clear_error() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, _) = sharded(&server, "/m");
+    // Nothing there at all.
+    let e = loader(options(), 1)
+        .open(server.url("/absent"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&server.url("/absent")), "{e}");
+    // A shard the index names is missing.
+    server.remove("/m/model-00002-of-00002.safetensors");
+    let e = loader(options(), 1)
+        .open(server.url("/m"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
+    // A denied object: no retries (403 is not transient), the URL in the message.
+    let (_dir2, _) = sharded(&server, "/d");
+    server.set_faults(Faults {
+        denied: ["/d/model-00001-of-00002.safetensors".to_owned()].into(),
+        ..Faults::default()
+    });
+    server.clear_log();
+    let e = loader(options(), 1)
+        .open(server.url("/d"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/d/model-00001-of-00002.safetensors"), "{e}");
+    let denied = server.log().iter().filter(|l| l.status == 403).count();
+    assert_eq!(denied, 1, "a denied request is not retried");
+    // A scheme nobody reads.
+    let e = loader(options(), 1)
+        .open("ftp://host/model")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unsupported scheme"), "{e}");
+}
+
+#[test]
+fn malformed_checkpoints_served_over_http_are_refused_like_local_ones() {
+    let server = RangeServer::start().unwrap();
+    let host = || Loader::new().backend(Backend::Host(HostOptions::default()));
+    let open = |loader: Loader<'static>, paths: &[String]| match paths {
+        [one] => loader.open(one),
+        many => loader.open_files(many),
+    };
+    for case in MALFORMED {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = build(case, dir.path());
+        let ckpt = dir.path().join("ckpt");
+        // The regular files are uploaded; a fifo or a directory has no object.
+        server.put_dir(&format!("/{case}"), &ckpt).unwrap();
+        let urls: Vec<String> = paths
+            .iter()
+            .map(|p| {
+                let rel = p.strip_prefix(&ckpt).unwrap_or(p.as_path());
+                server.url(&format!("/{case}/{}", rel.display()))
+            })
+            .collect();
+        let locals: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        let failed = |result: safetensors_staging::Result<Load<'static>>| match result {
+            Err(e) => Some(e.to_string()),
+            Ok(mut load) => drain(&mut load).1.map(|e| e.to_string()),
+        };
+        let local = failed(open(host(), &locals));
+        let remote = failed(open(loader(options(), 1), &urls));
+        assert!(local.is_some(), "{case}: the local load failed");
+        let remote = remote.unwrap_or_else(|| panic!("{case}: the remote load succeeded"));
+        assert!(remote.contains(&server.url("/")), "{case}: {remote}");
+    }
+}
+
+#[test]
+fn the_bandwidth_cap_holds() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    let total: usize = contents.values().map(Vec::len).sum();
+    let mut capped = options();
+    capped.bandwidth = Some(20 * MIB as u64);
+    let started = Instant::now();
+    let mut load = loader(capped, 3).open(server.url("/m")).unwrap();
+    let (loaded, error) = drain(&mut load);
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &contents);
+    // A lower bound only (a cap cannot make a load faster): 5.2 MiB at 20 MiB/s.
+    let floor = 0.9 * total as f64 / (20 * MIB) as f64;
+    assert!(elapsed >= floor, "{elapsed:.3} s < {floor:.3} s");
+}
