@@ -169,6 +169,32 @@ impl<'d> Loader<'d> {
         self
     }
 
+    /// Reads and checks the headers of the checkpoint at `paths` (one path as
+    /// [`open`](Self::open) takes it, or several files as [`open_files`](Self::open_files);
+    /// local or URLs, read with this loader's remote options) without loading anything: the
+    /// metadata a caller chooses a selection from. A load of it
+    /// ([`Prepared::open_checkpoint`]) checks the files are still the ones read here.
+    pub fn read_headers<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Checkpoint> {
+        let first = match paths {
+            [] => return Ok(Checkpoint::from_files::<_, &Path>([])?),
+            [first, ..] => first.as_ref(),
+        };
+        let store: Box<dyn staging_core::Store> = if looks_like_url(first) {
+            #[cfg(feature = "remote")]
+            {
+                Box::new(backend_remote::Remote::open(first, &self.remote)?)
+            }
+            #[cfg(not(feature = "remote"))]
+            return Err(Error::NotBuilt("remote"));
+        } else {
+            Box::new(staging_core::LocalFiles)
+        };
+        Ok(match paths {
+            [one] => Checkpoint::open_in(store.as_ref(), one.as_ref())?,
+            many => Checkpoint::from_files_in(store.as_ref(), many)?,
+        })
+    }
+
     fn with_destination<'e>(self, destination: AnyDestination<'e>) -> Loader<'e> {
         Loader {
             #[cfg(feature = "remote")]

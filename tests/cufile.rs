@@ -323,3 +323,62 @@ fn a_cudarc_slice_is_a_destination_without_unsafe() {
     }
     assert_eq!(stream.clone_dtoh(&mine).unwrap(), contents["b"]);
 }
+
+/// A checkpoint on an HTTP server goes to the device through the cuFile backend's pinned bounce
+/// buffers: the remote reader fills a pinned half, `cuMemcpyHtoDAsync` copies it while the next
+/// half is fetched. (Stubs: "device" memory is system memory; no GPU runs this.)
+#[test]
+fn a_remote_checkpoint_reaches_the_device_through_pinned_bounce_buffers() {
+    use backend_mock::http::RangeServer;
+    use safetensors_staging::RemoteOptions;
+
+    let server = RangeServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    server.put("/m/model.safetensors", std::fs::read(&path).unwrap());
+    for threads in [1, 3] {
+        let options = Options {
+            library: Some(stubs().cufile.clone()),
+            bounce_size: MIB, // two 512 KiB halves: every tensor but `c` spans several
+            ..Options::default()
+        };
+        let mut remote = RemoteOptions::default();
+        remote.range_size = 256 << 10;
+        let policy = StagingPolicy::builder()
+            .io_threads(threads)
+            .build()
+            .unwrap();
+        let mut load = Loader::new()
+            .backend(Backend::Cufile(options))
+            .policy(policy)
+            .remote(remote)
+            .open(server.url("/m"))
+            .unwrap();
+        let mut seen = 0;
+        for tensor in load.by_ref() {
+            let tensor = tensor.unwrap();
+            assert_eq!(tensor.path(), StagingPath::Device, "{}", tensor.name());
+            assert_eq!(tensor.space(), "cuda");
+            assert!(
+                tensor.to_vec().unwrap() == contents[tensor.name()],
+                "{}",
+                tensor.name()
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, 3);
+        let report = load.report();
+        assert_eq!(
+            (report.backend.as_str(), report.mode.as_str()),
+            ("cufile", "remote")
+        );
+        assert_eq!(report.bytes_read, (5 * MIB + 4096) as u64);
+    }
+    assert!(
+        server
+            .log()
+            .iter()
+            .all(|l| l.method == "HEAD" || l.range.is_some()),
+        "ranged GETs only"
+    );
+}

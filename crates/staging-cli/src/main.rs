@@ -9,7 +9,13 @@
 //!       [--json] [--checksums]
 //!       [--device N] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH] [--direct-io]
 //!       [--hipfile-mode auto|hipfile|posix] [--hipfile-lib PATH] [--hip-lib PATH]
+//!       [--concurrency N] [--range-size SIZE] [--retries N] [--bandwidth SIZE]
+//!       [--store-option KEY=VALUE]...
 //! ```
+//!
+//! A PATH may be an `s3://`, `gs://`, `az://` or `http(s)://` URL (a prefix stands for a
+//! directory), configured by each cloud's environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`,
+//! ...) and `--store-option`.
 //!
 //! With no PATH it writes a synthetic sharded checkpoint to a temporary directory, loads it and
 //! removes it. Every loaded tensor is kept until the load ends, as a model loader would. Exit 0
@@ -28,7 +34,8 @@ use clap::{Parser, ValueEnum};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use safetensors_staging::cufile::RequestedMode;
 use safetensors_staging::{
-    AutoOptions, Backend, HostOptions, Loader, Prepared, RowRange, Selection, StagingPolicy,
+    AutoOptions, Backend, HostOptions, Loader, Prepared, RemoteOptions, RowRange, Selection,
+    StagingPolicy,
 };
 use staging_cli::{parse_rows, parse_size};
 
@@ -140,6 +147,46 @@ struct Args {
     /// Read every tensor back from where it landed and add its SHA-256 to the report.
     #[arg(long)]
     checksums: bool,
+    /// s3://, gs://, az://, http(s):// paths: ranged GETs in flight at once (default 16).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// s3://, gs://, az://, http(s):// paths: bytes per ranged GET (default 8MiB).
+    #[arg(long, value_parser = parse_size)]
+    range_size: Option<u64>,
+    /// s3://, gs://, az://, http(s):// paths: retries of a transiently failed request (default 5).
+    #[arg(long)]
+    retries: Option<usize>,
+    /// s3://, gs://, az://, http(s):// paths: at most this many bytes per second, e.g. 500MB.
+    #[arg(long, value_parser = parse_size)]
+    bandwidth: Option<u64>,
+    /// An object_store option, after the environment: `aws_endpoint=http://127.0.0.1:9000`,
+    /// `aws_region=us-east-1`, `allow_http=true`, ... (repeatable).
+    #[arg(long = "store-option", value_name = "KEY=VALUE", value_parser = parse_store_option)]
+    store_options: Vec<(String, String)>,
+}
+
+fn parse_store_option(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+}
+
+/// The remote flags as the loader's remote options.
+fn remote_options(args: &Args) -> Result<RemoteOptions, BoxError> {
+    let mut options = RemoteOptions::default();
+    if let Some(n) = args.concurrency {
+        options.concurrency = n;
+    }
+    if let Some(size) = args.range_size {
+        options.range_size = usize::try_from(size).map_err(|_| "--range-size is too large")?;
+    }
+    if let Some(n) = args.retries {
+        options.max_retries = n;
+    }
+    options.bandwidth = args.bandwidth;
+    options.config.clone_from(&args.store_options);
+    Ok(options)
 }
 
 fn main() -> ExitCode {
@@ -246,7 +293,8 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .device(args.device)
         .policy(policy(args)?)
         .memory_cap(args.device_memory)
-        .select(selection(args)?);
+        .select(selection(args)?)
+        .remote(remote_options(args)?);
     // The backend first: a machine that cannot run it fails before a byte is written.
     let prepared = loader.prepare()?;
     if let (Some(reason), false) = (prepared.mode_reason(), args.json) {

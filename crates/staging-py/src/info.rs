@@ -5,9 +5,37 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use safetensors_staging::{Checkpoint, Plan, TensorMeta};
+use safetensors_staging::{Checkpoint, Loader, Plan, RemoteOptions, TensorMeta};
 
 use crate::errors;
+
+/// A checkpoint file's name for Python: a `pathlib.Path`, or a `str` for a URL (a `Path` would
+/// fold its `//`).
+#[derive(Clone, IntoPyObject)]
+pub(crate) enum FileName {
+    /// A local file.
+    Local(PathBuf),
+    /// An object's URL.
+    Url(String),
+}
+
+impl FileName {
+    pub(crate) fn of(path: &std::path::Path) -> Self {
+        match path.to_str() {
+            Some(url) if safetensors_staging::remote::is_remote(path) => Self::Url(url.to_owned()),
+            _ => Self::Local(path.to_path_buf()),
+        }
+    }
+}
+
+impl std::fmt::Display for FileName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local(path) => write!(f, "{}", path.display()),
+            Self::Url(url) => f.write_str(url),
+        }
+    }
+}
 
 /// One tensor's metadata: name, dtype, shape, bytes, file and offset (and the rows, when a row
 /// range narrowed it).
@@ -26,9 +54,9 @@ pub(crate) struct TensorInfo {
     /// Its length in bytes.
     #[pyo3(get)]
     nbytes: usize,
-    /// The file that holds it.
+    /// The file that holds it (a `pathlib.Path`, or a `str` for a URL).
     #[pyo3(get)]
-    file: PathBuf,
+    file: FileName,
     /// The absolute offset of its first byte in the file.
     #[pyo3(get)]
     offset: u64,
@@ -44,7 +72,7 @@ impl TensorInfo {
             dtype: meta.dtype_name(),
             shape: meta.shape.clone(),
             nbytes: meta.len,
-            file: meta.file.to_path_buf(),
+            file: FileName::of(&meta.file),
             offset: meta.offset,
             rows: meta.row_range.as_ref().map(|r| (r.start, r.end)),
         }
@@ -60,7 +88,7 @@ impl TensorInfo {
             self.dtype,
             self.shape,
             self.nbytes,
-            self.file.display().to_string(),
+            self.file.to_string(),
             self.offset,
             self.rows
                 .map(|(a, b)| format!(", rows=({a}, {b})"))
@@ -76,13 +104,39 @@ pub(crate) struct PyCheckpoint {
     checkpoint: Checkpoint,
 }
 
-/// Opens a checkpoint (a file, a directory, an index, or a list of files) with the GIL released.
-pub(crate) fn open_checkpoint(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Checkpoint> {
-    py.detach(move || match paths.as_slice() {
-        [one] => Checkpoint::open(one),
-        many => Checkpoint::from_files(many),
-    })
-    .map_err(|e| errors::to_py(e.into()))
+/// Opens a checkpoint (a file, a directory, an index, or a list of files; local or URLs read
+/// with `remote`) with the GIL released.
+pub(crate) fn open_checkpoint(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    remote: RemoteOptions,
+) -> PyResult<Checkpoint> {
+    py.detach(move || Loader::new().remote(remote).read_headers(&paths))
+        .map_err(errors::to_py)
+}
+
+/// The remote keywords (`concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`)
+/// as the loader's remote options; `None` keeps the default.
+pub(crate) fn remote_options(
+    concurrency: Option<usize>,
+    range_size: Option<usize>,
+    retries: Option<usize>,
+    bandwidth: Option<u64>,
+    store_options: Option<BTreeMap<String, String>>,
+) -> RemoteOptions {
+    let mut options = RemoteOptions::default();
+    if let Some(n) = concurrency {
+        options.concurrency = n;
+    }
+    if let Some(size) = range_size {
+        options.range_size = size;
+    }
+    if let Some(n) = retries {
+        options.max_retries = n;
+    }
+    options.bandwidth = bandwidth;
+    options.config = store_options.unwrap_or_default().into_iter().collect();
+    options
 }
 
 #[pymethods]
@@ -112,20 +166,20 @@ impl PyCheckpoint {
 
     /// The checkpoint's files, in load order.
     #[getter]
-    fn files(&self) -> Vec<PathBuf> {
+    fn files(&self) -> Vec<FileName> {
         self.checkpoint
             .files()
             .iter()
-            .map(|f| f.path.to_path_buf())
+            .map(|f| FileName::of(&f.path))
             .collect()
     }
 
     /// Every file's `__metadata__`, by file.
-    fn file_metadata(&self) -> Vec<(PathBuf, Option<BTreeMap<String, String>>)> {
+    fn file_metadata(&self) -> Vec<(FileName, Option<BTreeMap<String, String>>)> {
         self.checkpoint
             .files()
             .iter()
-            .map(|f| (f.path.to_path_buf(), f.metadata.clone()))
+            .map(|f| (FileName::of(&f.path), f.metadata.clone()))
             .collect()
     }
 
@@ -204,9 +258,20 @@ impl PyCheckpoint {
 
 /// `open(path)`: the checkpoint's metadata, nothing loaded.
 #[pyfunction]
-#[pyo3(name = "_open")]
-pub(crate) fn open(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<PyCheckpoint> {
+#[pyo3(name = "_open", signature = (
+    paths, *, concurrency=None, range_size=None, retries=None, bandwidth=None, store_options=None
+))]
+pub(crate) fn open(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    concurrency: Option<usize>,
+    range_size: Option<usize>,
+    retries: Option<usize>,
+    bandwidth: Option<u64>,
+    store_options: Option<BTreeMap<String, String>>,
+) -> PyResult<PyCheckpoint> {
+    let remote = remote_options(concurrency, range_size, retries, bandwidth, store_options);
     Ok(PyCheckpoint {
-        checkpoint: open_checkpoint(py, paths)?,
+        checkpoint: open_checkpoint(py, paths, remote)?,
     })
 }

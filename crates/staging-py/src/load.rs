@@ -4,7 +4,7 @@
 //! The GIL is released while bytes move (`py.detach` around each `next`), and Python signals
 //! are checked between tensors: a `KeyboardInterrupt` ends the load and frees what it held.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,7 +23,7 @@ use safetensors_staging::{
 
 use crate::errors::{self, BackendUnavailableError};
 use crate::export::{Memory, Staged};
-use crate::info::{TensorInfo, open_checkpoint};
+use crate::info::{TensorInfo, open_checkpoint, remote_options};
 
 /// Tensors the destination callback gave memory for, kept alive until handed back, by name.
 type Given = Arc<Mutex<HashMap<String, Py<PyAny>>>>;
@@ -244,7 +244,8 @@ fn selection(
 #[pyo3(name = "_stage", signature = (
     paths, *, gpu=None, backend_name="auto", select=None, rows=None, destination=None,
     memory_cap=None, chunk_size=None, threads=None, staging_slots=None, coalesce_below=None,
-    direct_io=false, suballocate=true, cufile_mode="auto", cufile_lib=None, progress=false
+    direct_io=false, suballocate=true, cufile_mode="auto", cufile_lib=None, progress=false,
+    concurrency=None, range_size=None, retries=None, bandwidth=None, store_options=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stage(
@@ -265,10 +266,16 @@ pub(crate) fn stage(
     cufile_mode: &str,
     cufile_lib: Option<PathBuf>,
     progress: bool,
+    concurrency: Option<usize>,
+    range_size: Option<usize>,
+    retries: Option<usize>,
+    bandwidth: Option<u64>,
+    store_options: Option<BTreeMap<String, String>>,
 ) -> PyResult<PyLoad> {
     let backend = backend(backend_name, gpu, direct_io, cufile_mode, cufile_lib)?;
     let policy = policy(chunk_size, threads, staging_slots, coalesce_below)?;
-    let checkpoint = open_checkpoint(py, paths)?;
+    let remote = remote_options(concurrency, range_size, retries, bandwidth, store_options);
+    let checkpoint = open_checkpoint(py, paths, remote.clone())?;
     let selection = selection(&checkpoint, select, rows)?;
     let given = Given::default();
     let mut loader = Loader::new()
@@ -277,7 +284,8 @@ pub(crate) fn stage(
         .policy(policy)
         .memory_cap(memory_cap)
         .suballocate(suballocate)
-        .select(selection);
+        .select(selection)
+        .remote(remote);
     if let Some(callback) = destination {
         loader = loader.raw_destination(PyDestination {
             callback,

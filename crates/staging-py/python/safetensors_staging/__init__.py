@@ -313,6 +313,11 @@ def _stage(
     cufile_mode: str = "auto",
     cufile_lib: Optional[PathLike] = None,
     progress: bool = False,
+    concurrency: Optional[int] = None,
+    range_size: Optional[int] = None,
+    retries: Optional[int] = None,
+    bandwidth: Optional[int] = None,
+    store_options: Optional[Mapping[str, str]] = None,
 ) -> Stage:
     if isinstance(select, str):
         select = [select]
@@ -333,6 +338,11 @@ def _stage(
         cufile_mode=cufile_mode,
         cufile_lib=None if cufile_lib is None else os.fspath(cufile_lib),
         progress=progress,
+        concurrency=concurrency,
+        range_size=range_size,
+        retries=retries,
+        bandwidth=bandwidth,
+        store_options=None if store_options is None else dict(store_options),
     )
     return Stage(native, convert)
 
@@ -370,6 +380,13 @@ def stage(
     chunk_size, threads, staging_slots, coalesce_below, direct_io, suballocate, cufile_mode,
     cufile_lib: the staging policy and backend options, as the `stage` command's flags.
     progress: a progress bar with GB/s on stderr, when stderr is a terminal.
+    concurrency, range_size, retries, bandwidth, store_options: for a path that is an
+        `s3://`, `gs://`, `az://` or `http(s)://` URL (a prefix stands for a directory): ranged
+        GETs in flight (default 16), bytes per GET (default 8 MiB), retries of a transient
+        failure (default 5), a cap in bytes per second, and object_store options such as
+        `{"aws_endpoint": "http://127.0.0.1:9000"}` applied after the cloud's own environment
+        (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+        `AWS_ENDPOINT_URL`, ...).
     unsupported_dtypes: "raise" (an `UnsupportedDtypeError` for F6 tensors, which torch has
         no dtype for) or "uint8" (such tensors as `uint8` of their bytes, last dimension widened
         to bytes).
@@ -424,8 +441,12 @@ def load_file(path: Paths, device: Any = "cpu", **options: Any) -> Dict[str, "to
         return dict(tensors)
 
 
-def open(path: Paths) -> Checkpoint:
+def open(path: Paths, **remote: Any) -> Checkpoint:
     """A checkpoint's metadata with nothing loaded: `keys()`, `ckpt[name]` (a `TensorInfo`:
     dtype, shape, nbytes, file, offset), `metadata()` (`__metadata__`), `files`,
-    `total_bytes`. A context manager, like `safetensors.safe_open`."""
-    return _native._open(_paths(path))
+    `total_bytes`. A context manager, like `safetensors.safe_open`. For a URL, `stage`'s
+    remote keywords apply (`concurrency`, `range_size`, `retries`, `bandwidth`,
+    `store_options`)."""
+    if "store_options" in remote and remote["store_options"] is not None:
+        remote["store_options"] = dict(remote["store_options"])
+    return _native._open(_paths(path), **remote)

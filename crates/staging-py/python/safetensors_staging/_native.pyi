@@ -97,7 +97,20 @@ def _stage(
     cufile_mode: str = "auto",
     cufile_lib: Optional[str] = None,
     progress: bool = False,
+    concurrency: Optional[int] = None,
+    range_size: Optional[int] = None,
+    retries: Optional[int] = None,
+    bandwidth: Optional[int] = None,
+    store_options: Optional[Dict[str, str]] = None,
 ) -> _Load: ...
-def _open(paths: Sequence[Union[str, PathLike]]) -> Checkpoint: ...
+def _open(
+    paths: Sequence[Union[str, PathLike]],
+    *,
+    concurrency: Optional[int] = None,
+    range_size: Optional[int] = None,
+    retries: Optional[int] = None,
+    bandwidth: Optional[int] = None,
+    store_options: Optional[Dict[str, str]] = None,
+) -> Checkpoint: ...
 def _resolve_rows(spec: Any, dim0: int) -> Tuple[int, int]: ...
 def _write_malformed(case: str, dir: Union[str, PathLike]) -> List[Path]: ...
