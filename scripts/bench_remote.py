@@ -12,7 +12,7 @@ Each load runs in a fresh process; rounds are interleaved; GB/s is tensor bytes 
 of the load inside that process, peak RSS is the process's (`ru_maxrss` from `wait4`), both as
 medians. Usage:
 
-    python scripts/bench_remote.py CHECKPOINT_DIR [--rounds 3] [--stage target/release/stage]
+    python scripts/bench_remote.py CHECKPOINT_DIR [--write GIB] [--rounds 3] [--stage target/release/stage]
 """
 
 from __future__ import annotations
@@ -105,15 +105,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stage", type=Path, default=REPO / "target" / "release" / "stage")
     parser.add_argument("--endpoint")
+    parser.add_argument(
+        "--server", choices=("moto", "range"), default="moto",
+        help="moto's S3 server (Python), or backend-mock's range_serve example (Rust, from memory, no auth)",
+    )
     parser.add_argument("--only", default="stage,staging_py,runai,boto3")
+    parser.add_argument("--write", type=float, metavar="GIB", help="write a synthetic F16 checkpoint of this size first")
     args = parser.parse_args()
 
     import boto3
 
+    if args.write:
+        sys.path.insert(0, str(REPO / "scripts"))
+        from bench_python import write_synthetic
+
+        write_synthetic(args.checkpoint, args.write)
     proc = None
     endpoint = args.endpoint
-    if endpoint is None:
+    if endpoint is None and args.server == "moto":
         proc, endpoint = start_moto()
+    elif endpoint is None:
+        exe = REPO / "target" / "release" / "examples" / "range_serve"
+        proc = subprocess.Popen([str(exe), str(args.checkpoint), f"/{BUCKET}/model"], stdout=subprocess.PIPE, text=True)
+        endpoint = proc.stdout.readline().strip() if proc.stdout else ""
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": "bench",
@@ -126,14 +140,15 @@ def main() -> None:
     }
     os.environ.update(env)
     try:
-        client = boto3.client("s3")
-        client.create_bucket(Bucket=BUCKET)
         files = sorted(p for p in args.checkpoint.iterdir() if p.is_file())
         shards = [p for p in files if p.name.endswith(".safetensors")]
-        t = time.perf_counter()
-        for p in files:
-            client.upload_file(str(p), BUCKET, f"model/{p.name}")
-        print(f"uploaded {len(files)} objects in {time.perf_counter() - t:.1f} s to {endpoint}", file=sys.stderr)
+        if args.server == "moto" and args.endpoint is None:
+            client = boto3.client("s3")
+            client.create_bucket(Bucket=BUCKET)
+            t = time.perf_counter()
+            for p in files:
+                client.upload_file(str(p), BUCKET, f"model/{p.name}")
+            print(f"uploaded {len(files)} objects in {time.perf_counter() - t:.1f} s to {endpoint}", file=sys.stderr)
         data = 0
         for p in shards:
             with p.open("rb") as f:
@@ -151,18 +166,25 @@ def main() -> None:
         results: Dict[str, List[Tuple[float, int]]] = {c: [] for c in chosen}
         for r in range(args.rounds):
             for name in chosen:
-                _, rss, out = run_rss(contenders[name](), env)
+                try:
+                    _, rss, out = run_rss(contenders[name](), env)
+                except RuntimeError as e:
+                    print(f"round {r} {name}: FAILED: {str(e)[-300:]}", file=sys.stderr)
+                    continue
                 if name == "stage":
                     seconds = json.loads(out)["seconds"]
                 else:
                     seconds = float(out.strip().splitlines()[-1])
                 results[name].append((data / seconds / 1e9, rss))
                 print(f"round {r} {name}: {data / seconds / 1e9:.3f} GB/s, peak RSS {rss / 2**20:.0f} MiB", file=sys.stderr)
-        base = statistics.median(g for g, _ in results["stage"]) if "stage" in results else None
-        print(f"\n{len(shards)} files, {data / 2**30:.2f} GiB of tensors, {args.rounds} rounds, moto {endpoint}\n")
+        base = statistics.median(g for g, _ in results["stage"]) if results.get("stage") else None
+        print(f"\n{len(shards)} files, {data / 2**30:.2f} GiB of tensors, {args.rounds} rounds, {args.server} server at {endpoint}\n")
         print("| loader | GB/s (median) | vs `stage` | peak RSS (median) |")
         print("| --- | --- | --- | --- |")
         for name in chosen:
+            if not results[name]:
+                print(f"| {name} | failed every round | | |")
+                continue
             gbps = statistics.median(g for g, _ in results[name])
             rss = statistics.median(m for _, m in results[name])
             ratio = f"{gbps / base:.2f}x" if base else "-"

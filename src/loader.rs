@@ -24,6 +24,9 @@ use crate::tensor::{Data, Held, Tensor};
 
 /// Blocks small tensors are carved from (`SubAllocator`).
 const BLOCK_SIZE: usize = 32 << 20;
+/// The I/O threads a load from a URL uses at least (fewer when fewer requests may be in flight).
+#[cfg(feature = "remote")]
+const REMOTE_IO_THREADS: usize = 8;
 /// Tensors under this many bytes are carved from blocks.
 const CARVE_BELOW: usize = 1 << 20;
 
@@ -359,6 +362,20 @@ impl<'d> Prepared<'d> {
         } else {
             checkpoint.select(&self.selection)?
         };
+        let policy = match &source {
+            Source::Local => self.policy,
+            // Threads reading a URL wait on the network, not a disk: at least as many as there
+            // may be requests in flight, up to 8 (measured on a 2-core VM against a loopback
+            // server: 2 threads 0.41-0.60 GB/s, 8 threads 0.68-0.99 GB/s).
+            #[cfg(feature = "remote")]
+            Source::Remote(_) => {
+                let threads = self
+                    .policy
+                    .io_threads()
+                    .max(self.remote.concurrency.min(REMOTE_IO_THREADS));
+                self.policy.to_builder().io_threads(threads).build()?
+            }
+        };
         let Chosen {
             opened,
             passed_over,
@@ -366,7 +383,7 @@ impl<'d> Prepared<'d> {
         } = self.chosen;
         let setup = Setup {
             checkpoint,
-            policy: self.policy,
+            policy,
             suballocate: self.suballocate,
             destination: self.destination,
         };

@@ -244,7 +244,10 @@ fn a_body_always_cut_short_fails_naming_url_tensor_and_offset() {
 fn an_object_replaced_during_the_load_is_an_error_naming_it() {
     let server = RangeServer::start().unwrap();
     let (dir, contents) = sharded(&server, "/m");
-    let mut load = loader(options(), 1).open(server.url("/m")).unwrap();
+    // One request at a time, one I/O thread: nothing is read ahead of the consumer.
+    let mut serial = options();
+    serial.concurrency = 1;
+    let mut load = loader(serial, 1).open(server.url("/m")).unwrap();
     let first = load.next().unwrap().unwrap();
     assert_eq!(first.to_vec().unwrap(), contents[first.name()]);
     // Same bytes, new ETag: a new version is a new version.
@@ -372,4 +375,67 @@ fn the_bandwidth_cap_holds() {
     // A lower bound only (a cap cannot make a load faster): 5.2 MiB at 20 MiB/s.
     let floor = 0.9 * total as f64 / (20 * MIB) as f64;
     assert!(elapsed >= floor, "{elapsed:.3} s < {floor:.3} s");
+}
+
+#[test]
+fn an_s3_prefix_without_an_index_lists_its_shards_in_natural_order() {
+    // The range server answers S3's path-style ListObjectsV2 too: the S3 client's own listing,
+    // HEAD and ranged GET, against a real socket (credentials are not checked here; moto's
+    // server checks them in the Python suite).
+    let server = RangeServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut contents = Contents::new();
+    for (i, name) in [
+        "shard-10.safetensors",
+        "shard-2.safetensors",
+        "shard-1.safetensors",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let path = dir.path().join(name);
+        let tensor = format!("t{i}");
+        contents
+            .extend(write_file(&path, &[TensorSpec::bytes(&tensor, 1000 + i)], i as u64).unwrap());
+        server.put(
+            &format!("/bucket/ckpt/{name}"),
+            std::fs::read(&path).unwrap(),
+        );
+    }
+    server.put("/bucket/ckpt/README.md", b"not a shard".to_vec());
+    server.put(
+        "/bucket/ckpt/sub/other.safetensors",
+        b"not listed: in a sub-prefix".to_vec(),
+    );
+    let mut options = options();
+    options.config = vec![
+        ("aws_endpoint".to_owned(), server.url("")),
+        ("aws_access_key_id".to_owned(), "test".to_owned()),
+        ("aws_secret_access_key".to_owned(), "test".to_owned()),
+        ("aws_region".to_owned(), "us-east-1".to_owned()),
+    ];
+    let mut load = loader(options, 2).open("s3://bucket/ckpt").unwrap();
+    let files: Vec<String> = load
+        .checkpoint()
+        .files()
+        .iter()
+        .map(|f| f.path.display().to_string())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "s3://bucket/ckpt/shard-1.safetensors",
+            "s3://bucket/ckpt/shard-2.safetensors",
+            "s3://bucket/ckpt/shard-10.safetensors"
+        ]
+    );
+    let (loaded, error) = drain(&mut load);
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &contents);
+    assert!(
+        server
+            .log()
+            .iter()
+            .any(|l| l.method == "GET" && l.path == "/bucket" && l.status == 200)
+    );
 }

@@ -61,7 +61,10 @@ pub struct RangeServer {
 impl RangeServer {
     /// Starts a server on an ephemeral loopback port.
     pub fn start() -> io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on("127.0.0.1:0")
+    }
+
+    fn bind(listener: TcpListener) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -106,6 +109,11 @@ impl RangeServer {
         state
             .objects
             .insert(path.to_owned(), (Arc::new(bytes), etag));
+    }
+
+    /// Starts a server on `addr` (`127.0.0.1:9000`; port 0 for any).
+    pub fn start_on(addr: &str) -> io::Result<Self> {
+        Self::bind(TcpListener::bind(addr)?)
     }
 
     /// Serves every file under `dir` at `prefix/<relative path>`.
@@ -158,6 +166,7 @@ impl Drop for RangeServer {
 /// What one answer is.
 enum Answer {
     Status(u16),
+    Listing(String),
     Head {
         len: u64,
         etag: Option<String>,
@@ -170,9 +179,124 @@ enum Answer {
     },
 }
 
+/// A query parameter's value, percent-decoded.
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b, hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// S3's `ListObjectsV2` (path style: `GET /bucket?list-type=2&prefix=...&delimiter=/`) over the
+/// objects whose path starts with `/bucket/`, in one page.
+fn list_objects(
+    objects: &HashMap<String, (Arc<Vec<u8>>, String)>,
+    bucket_path: &str,
+    query: &str,
+) -> String {
+    let bucket = bucket_path.trim_matches('/');
+    let prefix = query_param(query, "prefix").unwrap_or_default();
+    let delimiter = query_param(query, "delimiter").unwrap_or_default();
+    let root = format!("/{bucket}/");
+    let mut keys: Vec<(&str, usize, &str)> = objects
+        .iter()
+        .filter_map(|(path, (bytes, etag))| {
+            let key = path.strip_prefix(&root)?;
+            key.starts_with(&prefix)
+                .then_some((key, bytes.len(), etag.as_str()))
+        })
+        .collect();
+    keys.sort_unstable();
+    let mut contents = String::new();
+    let mut prefixes: Vec<String> = Vec::new();
+    for (key, size, etag) in keys {
+        let rest = &key[prefix.len()..];
+        match rest.find(delimiter.as_str()).filter(|_| !delimiter.is_empty()) {
+            Some(at) => {
+                let common = format!("{prefix}{}", &rest[..at + delimiter.len()]);
+                if !prefixes.contains(&common) {
+                    prefixes.push(common);
+                }
+            }
+            None => contents.push_str(&format!(
+                "<Contents><Key>{}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>\
+                 <ETag>{}</ETag><Size>{size}</Size><StorageClass>STANDARD</StorageClass></Contents>",
+                xml_escape(key),
+                xml_escape(etag)
+            )),
+        }
+    }
+    let common: String = prefixes
+        .iter()
+        .map(|p| {
+            format!(
+                "<CommonPrefixes><Prefix>{}</Prefix></CommonPrefixes>",
+                xml_escape(p)
+            )
+        })
+        .collect();
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\
+         <ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+         <Name>{}</Name><Prefix>{}</Prefix><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>\
+         {contents}{common}</ListBucketResult>",
+        xml_escape(bucket),
+        xml_escape(&prefix)
+    )
+}
+
+/// A `Range: bytes=a-b` header (also `a-`, to the end, and `-n`, the last n bytes) as an
+/// inclusive range; `u64::MAX` stands for the object's end until its length is known.
 fn parse_range(value: &str) -> Option<(u64, u64)> {
     let (a, b) = value.trim().strip_prefix("bytes=")?.split_once('-')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
+    match (a.parse::<u64>().ok(), b.parse::<u64>().ok()) {
+        (Some(a), Some(b)) => Some((a, b)),
+        (Some(a), None) if b.is_empty() => Some((a, u64::MAX)),
+        (None, Some(n)) if a.is_empty() => Some((u64::MAX, n)),
+        _ => None,
+    }
+}
+
+/// `range` with open ends resolved against an object of `len` bytes.
+fn resolve(range: (u64, u64), len: u64) -> (u64, u64) {
+    match range {
+        (u64::MAX, n) => (len.saturating_sub(n), len.saturating_sub(1)),
+        (a, u64::MAX) => (a, len.saturating_sub(1)),
+        other => other,
+    }
 }
 
 fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
@@ -185,7 +309,16 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
         }
         let mut parts = line.split_whitespace();
         let method = parts.next().unwrap_or("").to_owned();
-        let path = parts.next().unwrap_or("").to_owned();
+        // The object's path; a query (`?x-id=GetObject`, say) is not part of it.
+        let target = parts.next().unwrap_or("");
+        // The absolute form (`GET http://host:port/path`, as the AWS CRT client sends it) names
+        // the same path.
+        let target = match target.split_once("://") {
+            Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
+            None => target,
+        };
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let (path, query) = (path.to_owned(), query.to_owned());
         let mut range = None;
         let mut if_match = None;
         loop {
@@ -214,8 +347,12 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
             let faults = state.faults.clone();
             let answer = match state.objects.get(&path) {
                 _ if faults.denied.contains(&path) => Answer::Status(403),
+                None if method == "GET" && query.contains("list-type=2") => {
+                    Answer::Listing(list_objects(&state.objects, &path, &query))
+                }
                 None => Answer::Status(404),
                 Some((bytes, etag)) => {
+                    let range = range.map(|r| resolve(r, bytes.len() as u64));
                     let etag = (!faults.no_etag).then(|| etag.clone());
                     let stale =
                         matches!((&if_match, &etag), (Some(want), Some(have)) if want != have);
@@ -244,7 +381,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
             };
             let status = match &answer {
                 Answer::Status(s) => *s,
-                Answer::Head { .. } => 200,
+                Answer::Head { .. } | Answer::Listing(_) => 200,
                 Answer::Body { range, .. } => {
                     if range.is_some() {
                         206
@@ -264,6 +401,13 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
         match answer {
             Answer::Status(status) => {
                 write!(out, "HTTP/1.1 {status} Status\r\nContent-Length: 0\r\n\r\n")?;
+            }
+            Answer::Listing(xml) => {
+                write!(
+                    out,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{xml}",
+                    xml.len()
+                )?;
             }
             Answer::Head { len, etag } => {
                 write!(out, "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n")?;

@@ -127,7 +127,8 @@ struct Args {
     /// Largest single read, and the size of the one staging buffer (default 16MiB).
     #[arg(long, value_parser = parse_size)]
     chunk_size: Option<u64>,
-    /// I/O threads (default: the machine's cores, at most 8).
+    /// I/O threads (default: the machine's cores, at most 8; for a URL at least
+    /// min(--concurrency, 8)).
     #[arg(long)]
     threads: Option<usize>,
     /// Back-to-back tensors smaller than this are read together, one request per run
@@ -150,7 +151,7 @@ struct Args {
     /// s3://, gs://, az://, http(s):// paths: ranged GETs in flight at once (default 16).
     #[arg(long)]
     concurrency: Option<usize>,
-    /// s3://, gs://, az://, http(s):// paths: bytes per ranged GET (default 8MiB).
+    /// s3://, gs://, az://, http(s):// paths: bytes per ranged GET (default 4MiB).
     #[arg(long, value_parser = parse_size)]
     range_size: Option<u64>,
     /// s3://, gs://, az://, http(s):// paths: retries of a transiently failed request (default 5).

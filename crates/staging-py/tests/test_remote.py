@@ -228,7 +228,7 @@ def test_wrong_credentials_and_a_missing_bucket_are_one_clear_error(aws: str, mi
 def test_an_object_replaced_mid_load_is_an_error_naming_it(aws: str, sharded_dir: Tuple[Path, Dict[str, bytes]]) -> None:
     directory, contents = sharded_dir
     upload_dir(aws, "models", "replaced", directory)
-    load = st.stage("s3://models/replaced", backend="host", threads=1)
+    load = st.stage("s3://models/replaced", backend="host", threads=1, concurrency=1)  # no read-ahead
     with load:
         name, first = next(load)
         assert bytes(first.contiguous().view(-1).view(__import__("torch").uint8).numpy()) == contents[name]
