@@ -4,6 +4,8 @@ started here on loopback unless --endpoint is given):
 
 - `stage s3://...` (this project's command, host backend, every tensor kept);
 - `safetensors_staging.numpy.load_file("s3://...")` (this project's Python package);
+- `staging_stream` (with --only): `safetensors_staging.stage("s3://...")` iterated, each tensor
+  dropped as it comes: the memory a load holds beyond the tensors a consumer keeps;
 - Run:ai Model Streamer (`runai-model-streamer` + `runai-model-streamer-s3`, CPU), every tensor
   cloned out of its ring buffer and kept, as a loader keeps weights;
 - `boto3` downloading every object to a temporary directory, then `safetensors.numpy.load_file`.
@@ -49,6 +51,16 @@ import sys, time
 import safetensors_staging.numpy as stn
 t = time.perf_counter()
 kept = stn.load_file(sys.argv[1], backend="host", unsupported_dtypes="uint8")
+print(time.perf_counter() - t)
+"""
+
+STREAM = r"""
+import sys, time
+import safetensors_staging as st
+t = time.perf_counter()
+with st.stage(sys.argv[1], backend="host") as load:
+    for name, tensor in load:
+        del tensor  # a consumer that moves each tensor on (to a GPU, say) and keeps nothing here
 print(time.perf_counter() - t)
 """
 
@@ -159,6 +171,7 @@ def main() -> None:
         contenders = {
             "stage": lambda: [str(args.stage), url, "--backend", "host", "--json"],
             "staging_py": lambda: [sys.executable, "-c", STAGING, url],
+            "staging_stream": lambda: [sys.executable, "-c", STREAM, url],
             "runai": lambda: [sys.executable, "-c", RUNAI, *urls],
             "boto3": lambda: [sys.executable, "-c", BOTO3, BUCKET, *keys],
         }

@@ -18,4 +18,6 @@ if compgen -G "$carry/*.whl" >/dev/null; then
   python3 -m pip install --quiet --no-deps --no-index "$carry"/*.whl || echo "!! carried wheels did not install"
 fi
 python3 -c "import torch, safetensors; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'safetensors', safetensors.__version__)" || true
-exec python3 "$here/gpu_check.py" --stage "$stage" --size-gib "$size" --out "$out"
+serve=()
+[ -x "$carry/range_serve" ] && serve=(--range-serve "$carry/range_serve")
+exec python3 "$here/gpu_check.py" --stage "$stage" --size-gib "$size" --out "$out" "${serve[@]}"

@@ -2,6 +2,8 @@
 # Prepares gpu-carry/ (git-excluded) on the development machine for scripts/gpu-check.sh on a
 # GPU machine that has CPython 3.12, torch and transformers but no Rust and no network:
 #   - the release `stage` binary (stripped);
+#   - backend-mock's `range_serve` example (stripped): an HTTP server on loopback for the row
+#     that loads from http:// through the remote reader and pinned bounce buffers;
 #   - the Python package as an abi3 wheel (imports on any CPython >= 3.9);
 #   - fastsafetensors' CPython 3.12 wheel, for its row;
 #   - all-MiniLM-L6-v2's config and tokenizer (its 91 MB weights exceed the carry limit; the
@@ -17,6 +19,8 @@ grep -qx 'gpu-check-out/' .git/info/exclude 2>/dev/null || echo 'gpu-check-out/'
 rm -rf "${carry:?}"/*
 cargo build --release -p staging-cli --bin stage
 strip -o "$carry/stage" target/release/stage
+cargo build --release -p backend-mock --example range_serve
+strip -o "$carry/range_serve" target/release/examples/range_serve
 "$python" -m maturin build --release -m crates/staging-py/Cargo.toml -o "$carry" --interpreter "$python"
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d "$carry" fastsafetensors

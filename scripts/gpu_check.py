@@ -380,6 +380,7 @@ def main():
     ap.add_argument("--modes", default="auto,compat,gds,posix")
     ap.add_argument("--budget", default="4GiB", help="--device-memory for the low-memory run")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--range-serve", help="backend-mock's range_serve example: adds a row loading from http://")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results, facts = [], {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -422,9 +423,9 @@ def main():
     log(facts["checkpoint"])
     expected = reference_hashes(files)
 
-    def stage_row(label, extra, check_bytes=True):
-        backend = [] if "--backend" in extra else ["--backend", "cufile"]
-        cmd = [args.stage, args.dir, *backend, "--json", *extra]
+    def stage_row(label, extra, check_bytes=True, path=None):
+        backend = [] if "--backend" in extra else ["--backend", "host" if args.dry_run else "cufile"]
+        cmd = [args.stage, path or args.dir, *backend, "--json", *extra]
         code, out, err, secs, rss, gpu = run_child(cmd, env=env, gpu=not args.dry_run)
         row = {"what": label, "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss)}
         if code != 0:
@@ -462,6 +463,16 @@ def main():
     stage_row("stage cufile auto, rank 0 of 8 (--rows '*=0/8')", ["--rows", "*=0/8"], check_bytes=False)
     # The default backend, chosen by `auto` (the report says what it passed over, if anything).
     stage_row("stage auto (backend chosen by the library)", ["--backend", "auto"], check_bytes=False)
+    if args.range_serve:
+        # The remote reader on a GPU: ranged GETs from a loopback HTTP server into pinned bounce
+        # buffers, each copied to the device while the next is fetched (never run on a GPU yet).
+        server = subprocess.Popen([args.range_serve, args.dir, "/gpu/ckpt"], stdout=subprocess.PIPE, text=True)
+        try:
+            base = server.stdout.readline().strip() if server.stdout else ""
+            stage_row("stage cufile from http:// (remote reader, pinned bounce)", [], path=f"{base}/gpu/ckpt")
+        finally:
+            server.terminate()
+            server.wait(30)
 
     if have_torch:
         baseline = (

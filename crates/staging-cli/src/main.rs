@@ -151,7 +151,7 @@ struct Args {
     /// s3://, gs://, az://, http(s):// paths: ranged GETs in flight at once (default 16).
     #[arg(long)]
     concurrency: Option<usize>,
-    /// s3://, gs://, az://, http(s):// paths: bytes per ranged GET (default 4MiB).
+    /// s3://, gs://, az://, http(s):// paths: bytes per ranged GET (default 8MiB).
     #[arg(long, value_parser = parse_size)]
     range_size: Option<u64>,
     /// s3://, gs://, az://, http(s):// paths: retries of a transiently failed request (default 5).

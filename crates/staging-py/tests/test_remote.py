@@ -310,3 +310,38 @@ def test_transient_failures_through_a_proxy_are_retried(aws: str, sharded_dir: T
             st.load_file("s3://models/retry", backend="host", retries=0)
     finally:
         server.shutdown()
+
+
+STREAM_AND_MEASURE = r"""
+import json, resource, sys
+import safetensors_staging as st
+import torch  # imported before the baseline: the bound is about the load, not the interpreter
+baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+largest = seen = 0
+with st.stage(sys.argv[1], backend="host") as load:
+    for name, tensor in load:
+        largest = max(largest, tensor.nbytes)
+        seen += tensor.nbytes
+        del tensor  # a consumer that moves each tensor on and keeps nothing here
+    held = load.held()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"baseline": baseline, "peak": peak, "largest": largest, "seen": seen, "held": held}))
+"""
+
+
+def test_a_streamed_load_holds_bounded_memory_whatever_the_checkpoint_size(aws: str, big_checkpoint: Tuple[Path, int]) -> None:
+    """1 GiB from the server through a consumer that keeps nothing: the process's peak RSS above
+    its imports stays under the largest tensor plus the read-ahead window (256 MiB of batch, the
+    policy's default) plus 128 MiB of slack; a load that held what it had read would need 1 GiB."""
+    directory, total = big_checkpoint
+    upload_dir(aws, "models", "big", directory)
+    run = subprocess.run([sys.executable, "-c", STREAM_AND_MEASURE, "s3://models/big"], capture_output=True, text=True, env=os.environ.copy())
+    assert run.returncode == 0, run.stderr
+    m = json.loads(run.stdout.strip().splitlines()[-1])
+    assert m["seen"] == total
+    grown = m["peak"] - m["baseline"]
+    bound = m["largest"] + (256 << 20) + (128 << 20)
+    print(f"\nstreamed {total / 2**30:.2f} GiB: peak RSS {grown / 2**20:.0f} MiB above imports (bound {bound / 2**20:.0f} MiB)")
+    assert grown < bound, m
+    assert grown < total // 2, m
+    assert m["held"] == {"device": 0, "host": 0, "caller": 0}, m

@@ -383,7 +383,7 @@ def stage(
     progress: a progress bar with GB/s on stderr, when stderr is a terminal.
     concurrency, range_size, retries, bandwidth, store_options: for a path that is an
         `s3://`, `gs://`, `az://` or `http(s)://` URL (a prefix stands for a directory): ranged
-        GETs in flight (default 16), bytes per GET (default 4 MiB), retries of a transient
+        GETs in flight (default 16), bytes per GET (default 8 MiB), retries of a transient
         failure (default 5), a cap in bytes per second, and object_store options such as
         `{"aws_endpoint": "http://127.0.0.1:9000"}` applied after the cloud's own environment
         (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
