@@ -645,3 +645,51 @@ fn a_partition_plan_is_the_same_for_every_rank_and_each_rank_reads_only_its_shar
         stg_config_free(c);
     }
 }
+
+#[test]
+fn a_url_loads_through_the_same_call_and_a_missing_one_names_itself() {
+    use backend_mock::http::RangeServer;
+
+    let server = RangeServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let local = checkpoint(dir.path());
+    let bytes = std::fs::read(local.to_str().unwrap()).unwrap();
+    server.put("/m/model.safetensors", bytes);
+    let expected = write_file(
+        &dir.path().join("again.safetensors"),
+        &[TensorSpec::bytes("a", 1000), TensorSpec::bytes("b", 3000)],
+        5,
+    )
+    .unwrap();
+    let url = CString::new(server.url("/m")).unwrap();
+    let c = config();
+    // SAFETY: valid handles, buffers and out-pointers throughout.
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        let mut load = null_mut();
+        assert_eq!(stg_load_new(c, url.as_ptr(), &mut load), STG_OK);
+        for name in ["a", "b"] {
+            let mut tensor = null_mut();
+            assert_eq!(stg_load_next(load, &mut tensor), STG_OK);
+            let mut info = std::mem::zeroed::<stg_tensor_info>();
+            assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+            assert_eq!(CStr::from_ptr(info.name).to_str(), Ok(name));
+            let mut got = vec![0u8; expected[name].len()];
+            assert_eq!(
+                stg_tensor_copy_to_host(tensor, got.as_mut_ptr().cast(), got.len()),
+                STG_OK
+            );
+            assert_eq!(got, expected[name]);
+            stg_tensor_free(tensor);
+        }
+        stg_load_free(load);
+
+        let missing = CString::new(server.url("/absent/model.safetensors")).unwrap();
+        let mut out = sentinel::<stg_load>();
+        assert_ne!(stg_load_new(c, missing.as_ptr(), &mut out), STG_OK);
+        assert_eq!(out, sentinel());
+        let message = config_error(c);
+        assert!(message.contains(missing.to_str().unwrap()), "{message}");
+        stg_config_free(c);
+    }
+}
