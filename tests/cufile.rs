@@ -328,6 +328,7 @@ fn a_cudarc_slice_is_a_destination_without_unsafe() {
 /// buffers: the remote reader fills a pinned half, `cuMemcpyHtoDAsync` copies it while the next
 /// half is fetched. (Stubs: "device" memory is system memory; no GPU runs this.)
 #[test]
+#[cfg(feature = "remote")]
 fn a_remote_checkpoint_reaches_the_device_through_pinned_bounce_buffers() {
     use backend_mock::http::RangeServer;
     use safetensors_staging::RemoteOptions;

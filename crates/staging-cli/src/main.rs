@@ -34,8 +34,7 @@ use clap::{Parser, ValueEnum};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use safetensors_staging::cufile::RequestedMode;
 use safetensors_staging::{
-    AutoOptions, Backend, HostOptions, Loader, Prepared, RemoteOptions, RowRange, Selection,
-    StagingPolicy,
+    AutoOptions, Backend, HostOptions, Loader, Prepared, RowRange, Selection, StagingPolicy,
 };
 use staging_cli::{parse_rows, parse_size};
 
@@ -82,6 +81,7 @@ enum HipfileMode {
 /// Load a safetensors checkpoint onto a device and report where every tensor went.
 #[derive(Debug, Parser)]
 #[command(name = "stage", version)]
+#[cfg_attr(not(feature = "remote"), allow(dead_code))] // the remote flags
 struct Args {
     /// A checkpoint directory, an index file, or safetensors files. None: a synthetic checkpoint
     /// is written to a temporary directory, loaded and removed.
@@ -174,8 +174,9 @@ fn parse_store_option(text: &str) -> Result<(String, String), String> {
 }
 
 /// The remote flags as the loader's remote options.
-fn remote_options(args: &Args) -> Result<RemoteOptions, BoxError> {
-    let mut options = RemoteOptions::default();
+#[cfg(feature = "remote")]
+fn remote_options(args: &Args) -> Result<safetensors_staging::RemoteOptions, BoxError> {
+    let mut options = safetensors_staging::RemoteOptions::default();
     if let Some(n) = args.concurrency {
         options.concurrency = n;
     }
@@ -294,8 +295,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .device(args.device)
         .policy(policy(args)?)
         .memory_cap(args.device_memory)
-        .select(selection(args)?)
-        .remote(remote_options(args)?);
+        .select(selection(args)?);
+    #[cfg(feature = "remote")]
+    let loader = loader.remote(remote_options(args)?);
     // The backend first: a machine that cannot run it fails before a byte is written.
     let prepared = loader.prepare()?;
     if let (Some(reason), false) = (prepared.mode_reason(), args.json) {

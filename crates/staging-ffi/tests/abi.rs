@@ -647,6 +647,7 @@ fn a_partition_plan_is_the_same_for_every_rank_and_each_rank_reads_only_its_shar
 }
 
 #[test]
+#[cfg(feature = "remote")]
 fn a_url_loads_through_the_same_call_and_a_missing_one_names_itself() {
     use backend_mock::http::RangeServer;
 
