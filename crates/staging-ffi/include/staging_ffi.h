@@ -17,7 +17,9 @@
  *   independent and may run concurrently.
  * - stg_tensor and stg_device_buffer: owned values; they may be used and freed on any thread,
  *   one thread at a time, also after their stg_load was freed.
- * - The destination callback is called on the thread that calls stg_load_next().
+ * - The destination callback is called on the thread that calls stg_load_next(). From it, the
+ *   load's report, backend and last error may be read; stg_load_next() on the same load is
+ *   STG_BUSY, and stg_load_free() stops the load instead of freeing it (stg_destination_fn).
  */
 
 #ifndef STAGING_FFI_H
@@ -67,6 +69,11 @@ enum stg_status
    `stg_tensor_copy_to_host`: the destination length differs from the tensor's.
    */
   STG_LENGTH_MISMATCH = 104,
+  /*
+   The load is inside `stg_load_next` (a call from its own destination callback):
+   `stg_load_next` there, or the `stg_load_next` whose callback called `stg_load_free`.
+   */
+  STG_BUSY = 105,
   /*
    A file could not be opened or read while parsing the checkpoint.
    */
@@ -170,6 +177,11 @@ typedef struct stg_device_buffer stg_device_buffer;
 
 /*
  A load in progress: yields tensors in file order.
+
+ Every entry point takes it by shared reference, so that a destination callback running
+ inside `stg_load_next` may call the others on it: the load itself is locked only by
+ `stg_load_next` (for the whole call), and what the other calls read (`shared`) is never
+ locked across the callback.
  */
 typedef struct stg_load stg_load;
 
@@ -236,6 +248,15 @@ typedef struct stg_tensor_info {
  `*capacity` bytes and return `STG_OK` (0); the memory must stay valid and untouched by the
  caller until `stg_load_next` returns that tensor (or fails). Leave `*region` NULL to decline.
  Any other value, a `stg_status` or not, aborts the load with `STG_DESTINATION`.
+
+ What the callback may do with the load whose `stg_load_next` called it:
+ - `stg_load_report`, `stg_load_backend`, `stg_load_last_error`: allowed; the report is the
+   one as of the last tensor `stg_load_next` returned.
+ - `stg_load_next`: returns `STG_BUSY` at once and writes nothing.
+ - `stg_load_free`: does not free. The load stops before the tensor being asked for is read,
+   the `stg_load_next` in progress returns `STG_BUSY` (its message says why), and the handle
+   stays valid: free it after `stg_load_next` returns. To stop a load from the callback,
+   returning a non-zero value is the plain way.
  */
 typedef uint32_t (*stg_destination_fn)(void *user_data,
                                        const struct stg_tensor_info *tensor,
@@ -565,7 +586,8 @@ stg_status stg_load_new(const struct stg_config *config, const char *path, struc
 
 /*
  Frees a load and everything it still holds (tensors already returned stay valid). NULL does
- nothing.
+ nothing. Called from the load's own destination callback, it does not free: the load stops
+ and the `stg_load_next` in progress returns `STG_BUSY` (see `stg_destination_fn`).
 
  # Safety
  `load` must be NULL or a pointer from `stg_load_new` not yet freed.
@@ -576,6 +598,8 @@ void stg_load_free(struct stg_load *load);
  Stages the next tensor in file order. `STG_OK` writes `*out` (free it with
  `stg_tensor_free`); `STG_END` means the load is over; any other status is the load's error
  (its message from `stg_load_last_error`), after which the load only returns `STG_END`.
+
+ Called from the load's own destination callback it returns `STG_BUSY` and writes nothing.
 
  # Safety
  `load` NULL or live and not used by another thread meanwhile; `out` NULL or writable.

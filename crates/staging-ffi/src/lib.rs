@@ -15,11 +15,12 @@
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use safetensors_staging::{
-    Backend, Checkpoint, DestinationError, DeviceMemory, Error, Load, Loader, Plan, PolicyBuilder,
-    RawDestination, Selection, StagingPath, StagingPolicy, Tensor, TensorMeta,
+    Backend, Checkpoint, DestinationError, DeviceMemory, Error, Load, LoadReport, Loader, Plan,
+    PolicyBuilder, RawDestination, Selection, StagingPath, StagingPolicy, Tensor, TensorMeta,
 };
 
 /// The result of every fallible call. Numbers are stable.
@@ -40,6 +41,9 @@ pub enum stg_status {
     STG_NOT_A_DEVICE_BUFFER = 103,
     /// `stg_tensor_copy_to_host`: the destination length differs from the tensor's.
     STG_LENGTH_MISMATCH = 104,
+    /// The load is inside `stg_load_next` (a call from its own destination callback):
+    /// `stg_load_next` there, or the `stg_load_next` whose callback called `stg_load_free`.
+    STG_BUSY = 105,
     /// A file could not be opened or read while parsing the checkpoint.
     STG_IO = 200,
     /// A header or index is malformed or disagrees with the files.
@@ -83,6 +87,7 @@ impl TryFrom<u32> for stg_status {
             102 => STG_INVALID_ARGUMENT,
             103 => STG_NOT_A_DEVICE_BUFFER,
             104 => STG_LENGTH_MISMATCH,
+            105 => STG_BUSY,
             200 => STG_IO,
             201 => STG_INVALID_CHECKPOINT,
             202 => STG_NOT_A_CHECKPOINT,
@@ -190,6 +195,15 @@ pub struct stg_report {
 /// `*capacity` bytes and return `STG_OK` (0); the memory must stay valid and untouched by the
 /// caller until `stg_load_next` returns that tensor (or fails). Leave `*region` NULL to decline.
 /// Any other value, a `stg_status` or not, aborts the load with `STG_DESTINATION`.
+///
+/// What the callback may do with the load whose `stg_load_next` called it:
+/// - `stg_load_report`, `stg_load_backend`, `stg_load_last_error`: allowed; the report is the
+///   one as of the last tensor `stg_load_next` returned.
+/// - `stg_load_next`: returns `STG_BUSY` at once and writes nothing.
+/// - `stg_load_free`: does not free. The load stops before the tensor being asked for is read,
+///   the `stg_load_next` in progress returns `STG_BUSY` (its message says why), and the handle
+///   stays valid: free it after `stg_load_next` returns. To stop a load from the callback,
+///   returning a non-zero value is the plain way.
 pub type stg_destination_fn = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,
@@ -242,11 +256,71 @@ pub struct stg_plan_piece {
 }
 
 /// A load in progress: yields tensors in file order.
+///
+/// Every entry point takes it by shared reference, so that a destination callback running
+/// inside `stg_load_next` may call the others on it: the load itself is locked only by
+/// `stg_load_next` (for the whole call), and what the other calls read (`shared`) is never
+/// locked across the callback.
 pub struct stg_load {
-    load: Load<'static>,
+    load: Mutex<Load<'static>>,
+    /// Set for the duration of a `stg_load_next`.
+    busy: AtomicBool,
+    /// Set by a `stg_load_free` refused because the load was busy; the callback then stops it.
+    stop: Arc<AtomicBool>,
+    shared: Mutex<LoadShared>,
+}
+
+/// What a load's other calls read, also from inside its destination callback.
+struct LoadShared {
+    /// The report as of the last `stg_load_next` (or the last report read outside one).
+    report: LoadReport,
     last_error: String,
     backend: CString,
     mode: CString,
+}
+
+impl stg_load {
+    fn new(load: Load<'static>, stop: Arc<AtomicBool>) -> Self {
+        let report = load.report();
+        Self {
+            load: Mutex::new(load),
+            busy: AtomicBool::new(false),
+            stop,
+            shared: Mutex::new(LoadShared {
+                report,
+                last_error: String::new(),
+                backend: CString::default(),
+                mode: CString::default(),
+            }),
+        }
+    }
+
+    fn shared(&self) -> MutexGuard<'_, LoadShared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The report now: the load's own when no `stg_load_next` is running, else the one as of
+    /// the last tensor (the load is locked by the call whose callback is asking).
+    fn report(&self) -> LoadReport {
+        match self.load.try_lock() {
+            Ok(load) => {
+                let report = load.report();
+                self.shared().report.clone_from(&report);
+                report
+            }
+            Err(TryLockError::Poisoned(load)) => load.into_inner().report(),
+            Err(TryLockError::WouldBlock) => self.shared().report.clone(),
+        }
+    }
+}
+
+/// Clears a load's `busy` flag when `stg_load_next` returns, also by a panic.
+struct NotBusy<'a>(&'a AtomicBool);
+
+impl Drop for NotBusy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// One staged tensor, owning its bytes (or naming the destination it filled).
@@ -297,7 +371,14 @@ struct CallbackDestination {
         *mut usize,
     ) -> u32,
     user_data: *mut c_void,
+    /// The load's `stop`: set when the callback called `stg_load_free` on its own load.
+    stop: Arc<AtomicBool>,
 }
+
+/// The message of a load stopped by a `stg_load_free` from its own callback.
+const FREED_IN_CALLBACK: &str = "stg_load_free was called on this load from its own destination \
+     callback: the load stopped before this tensor was read; free the load after stg_load_next \
+     returns (to stop a load from its callback, return a non-zero value)";
 
 // SAFETY: the header's thread-safety notes: a load may move between threads, and the callback
 // is called on whichever thread calls `stg_load_next`, one at a time; the pointers are only
@@ -336,6 +417,9 @@ unsafe impl RawDestination for CallbackDestination {
         // strings it points to live for the call; the out-pointers are valid locals.
         let returned =
             unsafe { (self.callback)(self.user_data, &info, &mut region, &mut capacity) };
+        if self.stop.load(Ordering::Acquire) {
+            return Err(FREED_IN_CALLBACK.into());
+        }
         match stg_status::try_from(returned) {
             Ok(stg_status::STG_OK) => {}
             Ok(status) => {
@@ -515,6 +599,9 @@ pub extern "C" fn stg_status_str(status: u32) -> *const c_char {
             c"the tensor has no device buffer to take (host or destination path, or already taken)"
         }
         stg_status::STG_LENGTH_MISMATCH => c"the length differs from the tensor's",
+        stg_status::STG_BUSY => {
+            c"the load is busy: called from inside its own stg_load_next (the destination callback)"
+        }
         stg_status::STG_IO => c"a checkpoint file could not be opened or read",
         stg_status::STG_INVALID_CHECKPOINT => {
             c"a header or index is malformed or disagrees with the files"
@@ -947,7 +1034,11 @@ pub unsafe extern "C" fn stg_config_set_plan_rank(
 // ---- loads ---------------------------------------------------------------------------------
 
 /// Opens a load through the library's one entry point with the configuration's settings.
-fn open_load(config: &stg_config, path: &str) -> Result<Load<'static>, Error> {
+fn open_load(
+    config: &stg_config,
+    path: &str,
+    stop: &Arc<AtomicBool>,
+) -> Result<Load<'static>, Error> {
     let policy = config.policy.clone().build()?;
     let loader = Loader::new()
         .backend(Backend::from_name(&config.backend)?)
@@ -960,6 +1051,7 @@ fn open_load(config: &stg_config, path: &str) -> Result<Load<'static>, Error> {
             .raw_destination(CallbackDestination {
                 callback,
                 user_data: config.user_data,
+                stop: Arc::clone(stop),
             })
             .open(path),
         None => loader.open(path),
@@ -981,23 +1073,28 @@ pub unsafe extern "C" fn stg_load_new(
     // SAFETY: forwarded caller contract.
     unsafe {
         construct(config, path, out, status_of, |config, path| {
-            Ok(stg_load {
-                load: open_load(config, path)?,
-                last_error: String::new(),
-                backend: CString::default(),
-                mode: CString::default(),
-            })
+            let stop = Arc::new(AtomicBool::new(false));
+            Ok(stg_load::new(open_load(config, path, &stop)?, stop))
         })
     }
 }
 
 /// Frees a load and everything it still holds (tensors already returned stay valid). NULL does
-/// nothing.
+/// nothing. Called from the load's own destination callback, it does not free: the load stops
+/// and the `stg_load_next` in progress returns `STG_BUSY` (see `stg_destination_fn`).
 ///
 /// # Safety
 /// `load` must be NULL or a pointer from `stg_load_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_load_free(load: *mut stg_load) {
+    // SAFETY: non-null pointers are live loads by the caller's contract.
+    if let Some(live) = unsafe { load.as_ref() }
+        && live.busy.load(Ordering::Acquire)
+    {
+        // Inside its own stg_load_next: freeing now would pull the load from under that call.
+        live.stop.store(true, Ordering::Release);
+        return;
+    }
     // SAFETY: forwarded caller contract: NULL, or a pointer from stg_load_new freed once.
     unsafe { free_boxed(load) };
 }
@@ -1005,6 +1102,8 @@ pub unsafe extern "C" fn stg_load_free(load: *mut stg_load) {
 /// Stages the next tensor in file order. `STG_OK` writes `*out` (free it with
 /// `stg_tensor_free`); `STG_END` means the load is over; any other status is the load's error
 /// (its message from `stg_load_last_error`), after which the load only returns `STG_END`.
+///
+/// Called from the load's own destination callback it returns `STG_BUSY` and writes nothing.
 ///
 /// # Safety
 /// `load` NULL or live and not used by another thread meanwhile; `out` NULL or writable.
@@ -1014,22 +1113,37 @@ pub unsafe extern "C" fn stg_load_next(
     out: *mut *mut stg_tensor,
 ) -> stg_status {
     guard(|| {
-        // SAFETY: non-null pointers are live loads used by one thread, by the caller's contract.
-        let Some(load) = (unsafe { load.as_mut() }) else {
+        // SAFETY: non-null pointers are live loads by the caller's contract; only shared
+        // references are made, since the destination callback may use the load meanwhile.
+        let Some(load) = (unsafe { load.as_ref() }) else {
             return stg_status::STG_NULL_ARGUMENT;
         };
         if out.is_null() {
             return stg_status::STG_NULL_ARGUMENT;
         }
-        match load.load.next() {
+        if load.busy.swap(true, Ordering::AcqRel) {
+            return stg_status::STG_BUSY;
+        }
+        let _not_busy = NotBusy(&load.busy);
+        let mut inner = load.load.lock().unwrap_or_else(PoisonError::into_inner);
+        let item = inner.next();
+        let report = inner.report();
+        drop(inner);
+        let mut shared = load.shared();
+        shared.report = report;
+        match item {
             None => stg_status::STG_END,
             Some(Ok(tensor)) => {
                 // SAFETY: `out` is non-null and writable by the caller's contract.
                 unsafe { *out = Box::into_raw(Box::new(wrap_tensor(tensor))) };
                 stg_status::STG_OK
             }
+            Some(Err(_)) if load.stop.load(Ordering::Acquire) => {
+                FREED_IN_CALLBACK.clone_into(&mut shared.last_error);
+                stg_status::STG_BUSY
+            }
             Some(Err(error)) => {
-                load.last_error = error.to_string();
+                shared.last_error = error.to_string();
                 status_of(&error)
             }
         }
@@ -1044,15 +1158,13 @@ pub unsafe extern "C" fn stg_load_next(
 pub unsafe extern "C" fn stg_load_report(load: *mut stg_load, out: *mut stg_report) -> stg_status {
     guard(|| {
         // SAFETY: non-null pointers are live loads by the caller's contract.
-        let Some(load) = (unsafe { load.as_mut() }) else {
+        let Some(load) = (unsafe { load.as_ref() }) else {
             return stg_status::STG_NULL_ARGUMENT;
         };
         if out.is_null() {
             return stg_status::STG_NULL_ARGUMENT;
         }
-        let r = load.load.report();
-        load.backend = c_string(&r.backend);
-        load.mode = c_string(r.mode.as_str());
+        let r = load.report();
         let report = stg_report {
             files: r.files,
             tensors: r.tensors,
@@ -1091,17 +1203,25 @@ pub unsafe extern "C" fn stg_load_backend(
 ) -> *const c_char {
     let result = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: non-null pointers are live loads by the caller's contract.
-        let Some(load) = (unsafe { load.as_mut() }) else {
+        let Some(load) = (unsafe { load.as_ref() }) else {
             return std::ptr::null();
         };
-        let r = load.load.report();
-        load.backend = c_string(&r.backend);
-        load.mode = c_string(r.mode.as_str());
+        let r = load.report();
+        let mut shared = load.shared();
+        // Replaced only when they change, so that earlier pointers mostly stay valid.
+        if shared.backend.as_bytes() != r.backend.as_bytes() {
+            shared.backend = c_string(&r.backend);
+        }
+        if shared.mode.as_bytes() != r.mode.as_str().as_bytes() {
+            shared.mode = c_string(r.mode.as_str());
+        }
         if !mode.is_null() {
             // SAFETY: non-null and writable by the caller's contract.
-            unsafe { *mode = load.mode.as_ptr() };
+            unsafe { *mode = shared.mode.as_ptr() };
         }
-        load.backend.as_ptr()
+        // The heap buffer of the CString outlives the lock: it is replaced only by a later
+        // call with this load, as the header says.
+        shared.backend.as_ptr()
     }));
     result.unwrap_or(std::ptr::null())
 }
@@ -1124,7 +1244,7 @@ pub unsafe extern "C" fn stg_load_last_error(
             return stg_status::STG_NULL_ARGUMENT;
         };
         // SAFETY: forwarded caller contract.
-        unsafe { copy_message(&load.last_error, buf, len, written) }
+        unsafe { copy_message(&load.shared().last_error, buf, len, written) }
     })
 }
 

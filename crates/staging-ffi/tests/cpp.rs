@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,52 +14,17 @@ use std::sync::OnceLock;
 use backend_mock::fixtures::{ShardedFixture, TensorSpec, write_sharded};
 use staging_core::Dtype;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
 /// Builds the cdylib and the C++ loader once.
 fn loader() -> &'static Path {
     static LOADER: OnceLock<PathBuf> = OnceLock::new();
     LOADER.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        let target_dir = exe.ancestors().nth(3).unwrap().to_path_buf();
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "staging-ffi", "--manifest-path"])
-            .arg(workspace().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .status()
-            .unwrap();
-        assert!(status.success(), "building staging-ffi failed");
-        let lib_dir = target_dir.join("debug");
-        assert!(
-            lib_dir.join("libstaging_ffi.so").exists(),
-            "no libstaging_ffi.so in {}",
-            lib_dir.display()
-        );
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("loader");
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let compiled = Command::new(cxx)
-            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-            .arg("-I")
-            .arg(workspace().join("crates/staging-ffi/include"))
-            .arg(workspace().join("examples/cpp/loader.cpp"))
-            .arg("-L")
-            .arg(&lib_dir)
-            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-            .args(["-lstaging_ffi", "-o"])
-            .arg(&out)
-            .status()
-            .unwrap();
-        assert!(
-            compiled.success(),
-            "compiling examples/cpp/loader.cpp failed"
-        );
-        out
+        common::compile(
+            &common::workspace().join("examples/cpp/loader.cpp"),
+            "loader",
+            &cxx,
+            &["-std=c++17"],
+        )
     })
 }
 
@@ -101,15 +68,7 @@ fn run_loader(
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
     let mut command = if valgrind {
-        let mut c = Command::new("valgrind");
-        c.args([
-            "--error-exitcode=1",
-            "--leak-check=full",
-            "--errors-for-leak-kinds=definite,indirect",
-            "-q",
-        ])
-        .arg(loader());
-        c
+        common::valgrind(loader())
     } else {
         Command::new(loader())
     };
@@ -184,13 +143,7 @@ fn cpp_loader_matches_the_rust_api_tensor_by_tensor() {
 
 #[test]
 fn cpp_loader_runs_clean_under_valgrind() {
-    assert!(
-        Command::new("valgrind")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "valgrind is required for this test (apt-get install valgrind)"
-    );
+    common::require_valgrind();
     // One I/O thread: the pool's worker threads outlive a load briefly, which valgrind would
     // report as possibly lost thread stacks, not as leaks of ours.
     let (run, fixture, _dir) = run_loader("model.layers.0.", &["--threads", "1"], true);

@@ -3,11 +3,19 @@
 //!
 //! The GIL is released while bytes move (`py.detach` around each `next`), and Python signals
 //! are checked between tensors: a `KeyboardInterrupt` ends the load and frees what it held.
+//!
+//! The destination callback runs inside `next`, and may use its own load: the load is locked
+//! only by `next` (for the whole step), and what the other methods read (`Info`) is never
+//! locked across the callback. From the callback, `report()`, `backend`, `total_bytes` and
+//! `held()` work (the report as of the last tensor handed out), `close()` stops the load before
+//! the tensor being asked for is read, and `next()` raises `StagingError` at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::thread::ThreadId;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pyo3::exceptions::PyValueError;
@@ -21,7 +29,7 @@ use safetensors_staging::{
     Tensor, TensorMeta, TensorRecord,
 };
 
-use crate::errors::{self, BackendUnavailableError};
+use crate::errors::{self, BackendUnavailableError, StagingError};
 use crate::export::{Memory, Staged};
 use crate::info::{TensorInfo, open_checkpoint, remote_options};
 
@@ -41,7 +49,13 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct PyDestination {
     callback: Py<PyAny>,
     given: Given,
+    /// The load's `stop`: set when the callback closed its own load.
+    stop: Arc<AtomicBool>,
 }
+
+/// The error a load stopped by `close()` from its own destination callback ends with; the
+/// iteration then ends quietly, as after any `close()`.
+const CLOSED_IN_CALLBACK: &str = "the load was closed by its own destination callback";
 
 // SAFETY: the region is the memory of the object the callback returned, checked on the Python
 // side to be contiguous, writable, on the memory space named and `nbytes` long; it is kept alive
@@ -58,6 +72,9 @@ unsafe impl RawDestination for PyDestination {
             let out = self
                 .callback
                 .call1(py, (tensor.name.as_str(), info, space))?;
+            if self.stop.load(Ordering::Acquire) {
+                return Err(StagingError::new_err(CLOSED_IN_CALLBACK));
+            }
             if out.is_none(py) {
                 return Ok(None);
             }
@@ -278,6 +295,7 @@ pub(crate) fn stage(
     let checkpoint = open_checkpoint(py, paths, remote.clone())?;
     let selection = selection(&checkpoint, select, rows)?;
     let given = Given::default();
+    let stop = Arc::new(AtomicBool::new(false));
     let mut loader = Loader::new()
         .backend(backend)
         .device(gpu.unwrap_or(0))
@@ -290,6 +308,7 @@ pub(crate) fn stage(
         loader = loader.raw_destination(PyDestination {
             callback,
             given: Arc::clone(&given),
+            stop: Arc::clone(&stop),
         });
     }
     let load = py
@@ -328,29 +347,37 @@ pub(crate) fn stage(
         held: load.held_memory(),
         device_index: i32::try_from(gpu.unwrap_or(0)).unwrap_or(i32::MAX),
         given,
-        state: Mutex::new(State {
-            load: Some(load),
+        stop,
+        stepping: Mutex::new(None),
+        info: Mutex::new(Info {
             records: Vec::new(),
             report,
+            total_bytes: total,
+            ended: false,
             progress: bar,
         }),
+        load: Mutex::new(Some(load)),
     })
 }
 
-struct State {
-    /// `None` once the load has ended (done, failed or interrupted): its buffers are freed.
-    load: Option<Load<'static>>,
+/// What the methods other than `next` read: updated after each step, never locked across the
+/// destination callback.
+struct Info {
     records: Vec<TensorRecord>,
     /// The report as of the last tensor (final once the load has ended).
     report: LoadReport,
+    total_bytes: u64,
+    ended: bool,
     progress: Option<ProgressBar>,
 }
 
-impl State {
-    fn end(&mut self) {
-        if let Some(load) = self.load.take() {
+impl Info {
+    /// Records the end of the load, with its final report.
+    fn end(&mut self, load: Option<Load<'static>>) {
+        if let Some(load) = load {
             self.report = load.report();
         }
+        self.ended = true;
         if let Some(bar) = self.progress.take() {
             bar.finish();
         }
@@ -360,7 +387,14 @@ impl State {
 /// A load in progress: iterate it for `(name, tensor)` in file order; `report()` at any time.
 #[pyclass(module = "safetensors_staging._native", name = "_Load", frozen)]
 pub(crate) struct PyLoad {
-    state: Mutex<State>,
+    /// `None` once the load has ended (done, failed, closed or interrupted): its buffers are
+    /// freed. Locked by a step for its whole length.
+    load: Mutex<Option<Load<'static>>>,
+    /// The thread running a step, if any: the destination callback runs on it.
+    stepping: Mutex<Option<ThreadId>>,
+    /// Set by `close()` from inside the destination callback.
+    stop: Arc<AtomicBool>,
+    info: Mutex<Info>,
     given: Given,
     ledger: Option<Ledger>,
     held: HeldMemory,
@@ -373,29 +407,60 @@ enum Step {
     Failed(Error),
 }
 
+/// Clears `stepping` when a step ends, also by a panic.
+struct Stepping<'a>(&'a Mutex<Option<ThreadId>>);
+
+impl Drop for Stepping<'_> {
+    fn drop(&mut self) {
+        *locked(self.0) = None;
+    }
+}
+
 impl PyLoad {
+    /// Whether the calling thread is inside a step of this load (in its destination callback).
+    fn in_own_callback(&self) -> bool {
+        *locked(&self.stepping) == Some(std::thread::current().id())
+    }
+
     fn step(&self) -> Step {
-        let mut state = locked(&self.state);
-        let item = state.load.as_mut().and_then(Iterator::next);
+        let mut load = locked(&self.load);
+        *locked(&self.stepping) = Some(std::thread::current().id());
+        let item = {
+            let _stepping = Stepping(&self.stepping);
+            load.as_mut().and_then(Iterator::next)
+        };
+        let mut info = locked(&self.info);
         match item {
             Some(Ok(tensor)) => {
-                state
-                    .records
+                info.records
                     .push(TensorRecord::new(tensor.meta(), tensor.path()));
-                if let Some(bar) = &state.progress {
+                if let Some(bar) = &info.progress {
                     bar.inc(tensor.len() as u64);
+                }
+                if let Some(load) = load.as_ref() {
+                    info.report = load.report();
                 }
                 Step::Tensor(Box::new(tensor))
             }
             Some(Err(error)) => {
-                state.end();
-                Step::Failed(error)
+                info.end(load.take());
+                if self.stop.load(Ordering::Acquire) {
+                    Step::Done
+                } else {
+                    Step::Failed(error)
+                }
             }
             None => {
-                state.end();
+                info.end(load.take());
                 Step::Done
             }
         }
+    }
+
+    /// Ends the load now (waiting for a step another thread is running).
+    fn end(&self) {
+        let mut load = locked(&self.load);
+        locked(&self.info).end(load.take());
     }
 
     /// The Python object for a loaded tensor: the caller's own object when it was read into
@@ -450,6 +515,13 @@ impl PyLoad {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<(String, Py<PyAny>)>> {
+        if self.in_own_callback() {
+            return Err(StagingError::new_err(
+                "next() was called on a load from inside its own destination callback, which \
+                 runs inside next(): return the destination (or None) instead; close() stops \
+                 the load",
+            ));
+        }
         // The lock is taken with the GIL released: another thread iterating the same load
         // waits without holding the GIL this one needs for a destination callback.
         match py.detach(|| self.step()) {
@@ -467,24 +539,33 @@ impl PyLoad {
         }
     }
 
-    /// Ends the load now, freeing its staging buffers; tensors already handed out stay.
+    /// Ends the load now, freeing its staging buffers; tensors already handed out stay. From
+    /// inside the load's own destination callback: the load stops before the tensor being asked
+    /// for is read, and the iteration ends.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| locked(&self.state).end());
+        if self.in_own_callback() {
+            self.stop.store(true, Ordering::Release);
+        } else {
+            py.detach(|| self.end());
+        }
         locked(&self.given).clear();
     }
 
     /// The report: the same keys as `stage --json` (paths, fallbacks, peaks, `bytes_read`,
-    /// backend, mode, `passed_over`, `tensor_list`), as a JSON string.
+    /// backend, mode, `passed_over`, `tensor_list`), as a JSON string. While a tensor is being
+    /// loaded (from the destination callback, or another thread), the report as of the last
+    /// tensor handed out.
     fn report_json(&self, py: Python<'_>) -> PyResult<String> {
         py.detach(|| {
-            let state = locked(&self.state);
-            let report = state
-                .load
-                .as_ref()
-                .map_or_else(|| state.report.clone(), Load::report);
+            let report = match self.load.try_lock() {
+                Ok(load) => load.as_ref().map(Load::report),
+                Err(TryLockError::Poisoned(load)) => load.into_inner().as_ref().map(Load::report),
+                Err(TryLockError::WouldBlock) => None,
+            };
+            let info = locked(&self.info);
             serde_json::to_string(&JsonReport {
-                report,
-                tensor_list: state.records.clone(),
+                report: report.unwrap_or_else(|| info.report.clone()),
+                tensor_list: info.records.clone(),
             })
         })
         .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -493,18 +574,15 @@ impl PyLoad {
     /// The backend chosen.
     #[getter]
     fn backend(&self, py: Python<'_>) -> String {
-        py.detach(|| locked(&self.state).report.backend.clone())
+        py.detach(|| locked(&self.info).report.backend.clone())
     }
 
-    /// The bytes every tensor selected holds together.
+    /// The bytes every tensor selected holds together (0 once the load has ended).
     #[getter]
     fn total_bytes(&self, py: Python<'_>) -> u64 {
         py.detach(|| {
-            let state = locked(&self.state);
-            state
-                .load
-                .as_ref()
-                .map_or(0, |load| load.checkpoint().total_bytes())
+            let info = locked(&self.info);
+            if info.ended { 0 } else { info.total_bytes }
         })
     }
 
