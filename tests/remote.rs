@@ -287,6 +287,182 @@ fn without_etags_a_replaced_object_of_another_size_is_noticed() {
     assert!(message.contains("changed during the load"), "{message}");
 }
 
+/// A load of one request at a time on one I/O thread (nothing read ahead of the consumer) that
+/// takes its first tensor, then has shard 1 replaced by bytes of the same size with one byte
+/// flipped (a fine-tune re-uploaded with the same shapes), then drains the rest.
+fn replace_same_size_mid_load(
+    faults: Faults,
+) -> (Contents, Loaded, Option<Error>, Load<'static>, RangeServer) {
+    let server = RangeServer::start().unwrap();
+    server.set_faults(faults);
+    let (dir, contents) = sharded(&server, "/m");
+    let mut serial = options();
+    serial.concurrency = 1;
+    let mut load = loader(serial, 1).open(server.url("/m")).unwrap();
+    let first = load.next().unwrap().unwrap();
+    assert_eq!(first.name(), "embed");
+    assert_eq!(first.to_vec().unwrap(), contents["embed"]);
+    let mut replaced = std::fs::read(dir.path().join("model-00001-of-00002.safetensors")).unwrap();
+    let last = replaced.len() - 1;
+    replaced[last] ^= 0xff;
+    server.put("/m/model-00001-of-00002.safetensors", replaced);
+    let (loaded, error) = drain(&mut load);
+    (contents, loaded, error, load, server)
+}
+
+#[test]
+fn with_last_modified_only_a_same_size_replacement_is_an_error_naming_it() {
+    // The server honours If-Unmodified-Since (a 412), or ignores it (the response's
+    // Last-Modified is compared).
+    for ignore_conditions in [false, true] {
+        let (_, loaded, error, load, server) = replace_same_size_mid_load(Faults {
+            no_etag: true,
+            ignore_conditions,
+            ..Faults::default()
+        });
+        let message = error.expect("the replaced object is noticed").to_string();
+        assert!(message.contains("changed during the load"), "{message}");
+        assert!(message.contains("Last-Modified"), "{message}");
+        assert!(
+            message.contains(&server.url("/m/model-00001-of-00002.safetensors")),
+            "{message}"
+        );
+        assert!(loaded.is_empty(), "nothing after the change: {loaded:?}");
+        assert_eq!(load.report().unchanged_by, "last-modified");
+        let log = server.log();
+        let tensor_gets: Vec<_> = gets(&log)
+            .into_iter()
+            .filter(|l| l.range.is_some_and(|(a, _)| a > 7))
+            .collect();
+        assert!(
+            tensor_gets
+                .iter()
+                .all(|l| l.if_unmodified_since.is_some() && l.if_match.is_none()),
+            "every read is conditional on the date: {tensor_gets:#?}"
+        );
+        if !ignore_conditions {
+            assert!(log.iter().any(|l| l.status == 412), "{log:#?}");
+        }
+    }
+}
+
+#[test]
+fn with_etags_a_server_ignoring_if_match_is_caught_by_the_response_etag() {
+    let (_, loaded, error, load, _server) = replace_same_size_mid_load(Faults {
+        ignore_conditions: true,
+        ..Faults::default()
+    });
+    let message = error.expect("the replaced object is noticed").to_string();
+    assert!(message.contains("changed during the load"), "{message}");
+    assert!(message.contains("ETag"), "{message}");
+    assert!(loaded.is_empty(), "{loaded:?}");
+    assert_eq!(load.report().unchanged_by, "etag");
+}
+
+#[test]
+fn without_any_validator_only_the_size_is_checked_and_the_report_says_so() {
+    // Documented: with neither ETag nor Last-Modified a replacement of the same size cannot be
+    // seen. The load goes on, and `unchanged_by` tells the caller how little was checked.
+    let (contents, loaded, error, load, server) = replace_same_size_mid_load(Faults {
+        no_etag: true,
+        no_last_modified: true,
+        ..Faults::default()
+    });
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(load.report().unchanged_by, "size");
+    assert_eq!(loaded.len(), contents.len() - 1);
+    let log = server.log();
+    assert!(
+        gets(&log)
+            .iter()
+            .all(|l| l.if_match.is_none() && l.if_unmodified_since.is_none()),
+        "nothing to be conditional on"
+    );
+}
+
+#[test]
+fn without_an_etag_a_cut_body_is_asked_for_whole_again_never_resumed() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    let mut load = loader(options(), 2).open(server.url("/m")).unwrap();
+    server.set_faults(Faults {
+        no_etag: true,
+        truncate_first: true,
+        ..Faults::default()
+    });
+    server.clear_log();
+    let (loaded, error) = drain(&mut load);
+    // (The headers were read with ETags; the version recorded then has one, so this load is
+    // validated by ETag, which the server now leaves out: every response is refused.)
+    let message = error
+        .expect("a response without the ETag recorded is refused")
+        .to_string();
+    assert!(message.contains("no ETag"), "{message}");
+    assert!(loaded.is_empty(), "{loaded:?}");
+
+    // A server without ETags from the start: the cut range is asked for again whole, under
+    // If-Unmodified-Since, and the load is byte-exact.
+    let server = RangeServer::start().unwrap();
+    server.set_faults(Faults {
+        no_etag: true,
+        truncate_first: true,
+        ..Faults::default()
+    });
+    let (_dir, contents2) = sharded(&server, "/m");
+    let mut load = loader(options(), 2).open(server.url("/m")).unwrap();
+    let (loaded, error) = drain(&mut load);
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &contents2);
+    assert_eq!(load.report().unchanged_by, "last-modified");
+    let log = server.log();
+    let tensor_gets: Vec<_> = gets(&log)
+        .into_iter()
+        .filter(|l| l.range.is_some_and(|(a, _)| a > 7))
+        .collect();
+    // Each range was cut once and asked for again, whole: the same range twice, no suffix.
+    let mut ranges: Vec<_> = tensor_gets
+        .iter()
+        .map(|l| (l.path.clone(), l.range))
+        .collect();
+    let asked = ranges.len();
+    ranges.sort();
+    ranges.dedup();
+    assert!(!ranges.is_empty());
+    assert_eq!(asked, 2 * ranges.len(), "{tensor_gets:#?}");
+    let _ = contents;
+
+    // Every body cut: an error after max_retries whole retries per range, naming the object.
+    let mut load = loader(options(), 1).open(server.url("/m")).unwrap();
+    server.set_faults(Faults {
+        no_etag: true,
+        truncate_always: true,
+        ..Faults::default()
+    });
+    server.clear_log();
+    let (loaded, error) = drain(&mut load);
+    assert!(loaded.is_empty());
+    let message = error.unwrap().to_string();
+    assert!(
+        message.contains("embed") && message.contains("offset"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&server.url("/m/model-00001-of-00002.safetensors")),
+        "{message}"
+    );
+    // Each range at most 1 + max_retries times, whole each time; the one that failed that often.
+    let log = server.log();
+    let mut tries = std::collections::HashMap::new();
+    for get in gets(&log) {
+        *tries.entry((get.path.clone(), get.range)).or_insert(0) += 1;
+    }
+    assert_eq!(
+        tries.values().max(),
+        Some(&(1 + options().max_retries)),
+        "{tries:?}"
+    );
+}
+
 #[test]
 fn missing_and_denied_objects_are_one_clear_error() {
     let server = RangeServer::start().unwrap();

@@ -568,6 +568,10 @@ where
         self.source.mode()
     }
 
+    fn unchanged_by(&self) -> &'static str {
+        self.source.unchanged_by()
+    }
+
     fn open(&self, path: &Path) -> Result<R::File, ReadError> {
         self.source.open(path)
     }

@@ -1,6 +1,7 @@
 //! A plain HTTP/1.1 server on loopback that serves objects from memory with `HEAD`, ranged
-//! `GET`, `ETag` and `If-Match`, and scripted faults: the first request of each range failing
-//! with 503, bodies cut short, denied paths, objects replaced while a load runs. For tests of
+//! `GET`, `ETag` and `If-Match`, `Last-Modified` and `If-Unmodified-Since`, and scripted
+//! faults: the first request of each range failing with 503, bodies cut short, denied paths,
+//! objects replaced while a load runs, validators left out or conditions ignored. For tests of
 //! the remote reader against a real socket and a real HTTP client.
 
 use std::collections::{HashMap, HashSet};
@@ -24,6 +25,11 @@ pub struct Faults {
     pub denied: HashSet<String>,
     /// Send no `ETag` (and so ignore `If-Match`).
     pub no_etag: bool,
+    /// Send no `Last-Modified` (and so ignore `If-Unmodified-Since`).
+    pub no_last_modified: bool,
+    /// Ignore `If-Match` and `If-Unmodified-Since` (answer as if they were not sent), as a
+    /// server that does not implement conditional requests does.
+    pub ignore_conditions: bool,
 }
 
 /// One request the server answered.
@@ -37,11 +43,29 @@ pub struct Logged {
     pub range: Option<(u64, u64)>,
     /// The status answered.
     pub status: u16,
+    /// The request's `If-Match`, if any.
+    pub if_match: Option<String>,
+    /// The request's `If-Unmodified-Since`, if any, as sent.
+    pub if_unmodified_since: Option<String>,
 }
+
+/// One object: its bytes, its ETag and its modification time (seconds since the epoch).
+#[derive(Debug, Clone)]
+struct Object {
+    bytes: Arc<Vec<u8>>,
+    etag: String,
+    modified: u64,
+}
+
+/// The modification time of the first object put: 2026-01-01T00:00:00Z; each later put is one
+/// second later, so a replaced object has a later `Last-Modified` (HTTP dates have whole
+/// seconds: a replacement within the same second is invisible to `Last-Modified`, as on any
+/// server).
+const FIRST_MODIFIED: u64 = 1_767_225_600;
 
 #[derive(Debug, Default)]
 struct State {
-    objects: HashMap<String, (Arc<Vec<u8>>, String)>,
+    objects: HashMap<String, Object>,
     faults: Faults,
     seen: HashSet<(String, Option<(u64, u64)>)>,
     seen_ends: HashSet<(String, Option<u64>)>,
@@ -101,14 +125,17 @@ impl RangeServer {
         format!("http://{}{path}", self.addr)
     }
 
-    /// Serves `bytes` at `path` under a new ETag (replacing what was there).
+    /// Serves `bytes` at `path` under a new ETag and a later `Last-Modified` (replacing what
+    /// was there).
     pub fn put(&self, path: &str, bytes: Vec<u8>) {
         let mut state = self.state();
         state.versions += 1;
-        let etag = format!("\"v{}\"", state.versions);
-        state
-            .objects
-            .insert(path.to_owned(), (Arc::new(bytes), etag));
+        let object = Object {
+            bytes: Arc::new(bytes),
+            etag: format!("\"v{}\"", state.versions),
+            modified: FIRST_MODIFIED + state.versions,
+        };
+        state.objects.insert(path.to_owned(), object);
     }
 
     /// Starts a server on `addr` (`127.0.0.1:9000`; port 0 for any).
@@ -169,14 +196,46 @@ enum Answer {
     Listing(String),
     Head {
         len: u64,
-        etag: Option<String>,
+        validators: Validators,
     },
     Body {
         bytes: Arc<Vec<u8>>,
         range: Option<(u64, u64)>,
-        etag: Option<String>,
+        validators: Validators,
         cut: bool,
     },
+}
+
+/// The validators an answer carries.
+struct Validators {
+    etag: Option<String>,
+    last_modified: Option<String>,
+}
+
+impl Validators {
+    fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        if let Some(etag) = &self.etag {
+            write!(out, "ETag: {etag}\r\n")?;
+        }
+        if let Some(date) = &self.last_modified {
+            write!(out, "Last-Modified: {date}\r\n")?;
+        }
+        Ok(())
+    }
+}
+
+/// An HTTP date (`Thu, 01 Jan 2026 00:00:00 GMT`).
+fn http_date(seconds: u64) -> String {
+    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds))
+}
+
+/// Seconds since the epoch of an HTTP date.
+fn parse_http_date(text: &str) -> Option<u64> {
+    httpdate::parse_http_date(text.trim())
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
 }
 
 /// A query parameter's value, percent-decoded.
@@ -222,21 +281,17 @@ fn xml_escape(text: &str) -> String {
 
 /// S3's `ListObjectsV2` (path style: `GET /bucket?list-type=2&prefix=...&delimiter=/`) over the
 /// objects whose path starts with `/bucket/`, in one page.
-fn list_objects(
-    objects: &HashMap<String, (Arc<Vec<u8>>, String)>,
-    bucket_path: &str,
-    query: &str,
-) -> String {
+fn list_objects(objects: &HashMap<String, Object>, bucket_path: &str, query: &str) -> String {
     let bucket = bucket_path.trim_matches('/');
     let prefix = query_param(query, "prefix").unwrap_or_default();
     let delimiter = query_param(query, "delimiter").unwrap_or_default();
     let root = format!("/{bucket}/");
     let mut keys: Vec<(&str, usize, &str)> = objects
         .iter()
-        .filter_map(|(path, (bytes, etag))| {
+        .filter_map(|(path, object)| {
             let key = path.strip_prefix(&root)?;
             key.starts_with(&prefix)
-                .then_some((key, bytes.len(), etag.as_str()))
+                .then_some((key, object.bytes.len(), object.etag.as_str()))
         })
         .collect();
     keys.sort_unstable();
@@ -324,6 +379,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
         let (path, query) = (path.to_owned(), query.to_owned());
         let mut range = None;
         let mut if_match = None;
+        let mut if_unmodified_since = None;
         loop {
             let mut header = String::new();
             if reader.read_line(&mut header)? == 0 {
@@ -337,6 +393,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                 match name.trim().to_ascii_lowercase().as_str() {
                     "range" => range = parse_range(value),
                     "if-match" => if_match = Some(value.trim().to_owned()),
+                    "if-unmodified-since" => if_unmodified_since = Some(value.trim().to_owned()),
                     _ => {}
                 }
             }
@@ -354,17 +411,32 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                     Answer::Listing(list_objects(&state.objects, &path, &query))
                 }
                 None => Answer::Status(404),
-                Some((bytes, etag)) => {
+                Some(object) => {
+                    let bytes = &object.bytes;
                     let range = range.map(|r| resolve(r, bytes.len() as u64));
-                    let etag = (!faults.no_etag).then(|| etag.clone());
-                    let stale =
-                        matches!((&if_match, &etag), (Some(want), Some(have)) if want != have);
-                    if stale {
+                    let validators = Validators {
+                        etag: (!faults.no_etag).then(|| object.etag.clone()),
+                        last_modified: (!faults.no_last_modified)
+                            .then(|| http_date(object.modified)),
+                    };
+                    let etag_stale = matches!(
+                        (&if_match, &validators.etag),
+                        (Some(want), Some(have)) if want != have
+                    );
+                    // RFC 9110 13.1.4: evaluated only without If-Match, and only when the
+                    // server has a modification date.
+                    let date_stale = if_match.is_none()
+                        && validators.last_modified.is_some()
+                        && if_unmodified_since
+                            .as_deref()
+                            .and_then(parse_http_date)
+                            .is_some_and(|since| object.modified > since);
+                    if (etag_stale || date_stale) && !faults.ignore_conditions {
                         Answer::Status(412)
                     } else if method == "HEAD" {
                         Answer::Head {
                             len: bytes.len() as u64,
-                            etag,
+                            validators,
                         }
                     } else if method != "GET" {
                         Answer::Status(405)
@@ -376,7 +448,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                         Answer::Body {
                             bytes: Arc::clone(bytes),
                             range,
-                            etag,
+                            validators,
                             cut: faults.truncate_always || (first_end && faults.truncate_first),
                         }
                     }
@@ -398,6 +470,8 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                 path,
                 range,
                 status,
+                if_match,
+                if_unmodified_since,
             });
             answer
         };
@@ -412,17 +486,15 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                     xml.len()
                 )?;
             }
-            Answer::Head { len, etag } => {
+            Answer::Head { len, validators } => {
                 write!(out, "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n")?;
-                if let Some(etag) = etag {
-                    write!(out, "ETag: {etag}\r\n")?;
-                }
+                validators.write(&mut out)?;
                 write!(out, "Accept-Ranges: bytes\r\n\r\n")?;
             }
             Answer::Body {
                 bytes,
                 range,
-                etag,
+                validators,
                 cut,
             } => {
                 let total = bytes.len() as u64;
@@ -440,9 +512,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                 } else {
                     write!(out, "HTTP/1.1 200 OK\r\n")?;
                 }
-                if let Some(etag) = etag {
-                    write!(out, "ETag: {etag}\r\n")?;
-                }
+                validators.write(&mut out)?;
                 write!(out, "Content-Length: {}\r\n\r\n", body.len())?;
                 if cut {
                     out.write_all(&body[..body.len() / 2])?;

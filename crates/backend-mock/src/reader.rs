@@ -159,6 +159,10 @@ impl<R: Reader> Reader for FaultyReader<R> {
         self.inner.mode()
     }
 
+    fn unchanged_by(&self) -> &'static str {
+        self.inner.unchanged_by()
+    }
+
     fn open(&self, path: &Path) -> Result<Self::File, ReadError> {
         if self.fail_open {
             return Err(ReadError::Io(io::Error::new(

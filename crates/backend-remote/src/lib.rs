@@ -17,12 +17,22 @@
 //!   arrives. Nothing is buffered beyond the body chunks in flight, so the memory held does not
 //!   grow with the checkpoint. A GPU backend puts this reader behind pinned bounce buffers.
 //!
-//! Every request after a file's header is read is conditional on the version seen then: its
-//! ETag (`If-Match`), or for a server without ETags its size. An object replaced during the load
-//! is an error naming it; nothing read from the new object is handed out. Transient failures
-//! (5xx, dropped connections, a body cut short) are retried by `object_store` with exponential
-//! backoff, at most [`Options::max_retries`] times within [`Options::retry_timeout`]; a body cut
-//! short resumes from where it stopped, conditional on the same ETag.
+//! Every request after a file's header is read is conditional on the version seen then, by the
+//! strongest validator the server gives: its ETag (`If-Match`), else its `Last-Modified`
+//! (`If-Unmodified-Since`), else only its size. Every response is checked too (a server may
+//! ignore the condition): its size and that validator must equal the recorded ones. An object
+//! replaced during the load is an error naming it; nothing read from the new object is handed
+//! out. A server with neither ETag nor `Last-Modified` can only be checked by size: a
+//! replacement of the same size is then not seen, and the report says so (`unchanged_by`:
+//! `size`). `Last-Modified` has whole seconds: a replacement within the second of the original
+//! write is invisible to it.
+//!
+//! Transient failures (5xx, dropped connections, a body cut short) are retried by
+//! `object_store` with exponential backoff, at most [`Options::max_retries`] times within
+//! [`Options::retry_timeout`]; with an ETag, a body cut short resumes from where it stopped,
+//! conditional on the same ETag. Without one, a cut body is never resumed (the rest could come
+//! from another version): its whole range is asked for again, conditional and checked like the
+//! first, at most [`Options::max_retries`] times.
 //!
 //! Configuration is each cloud's standard environment (for S3: `AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`; a plain
@@ -99,12 +109,37 @@ impl Default for Options {
     }
 }
 
+/// How a load knows its objects are the versions whose headers it read (the report's
+/// `unchanged_by`), weakest last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Validator {
+    /// The server gives ETags: every request is `If-Match`, every response's ETag compared.
+    Etag,
+    /// No ETag but `Last-Modified`: every request is `If-Unmodified-Since`, every response's
+    /// `Last-Modified` compared (whole seconds).
+    LastModified,
+    /// Neither: only the size is compared, so a replacement of the same size is not seen.
+    Size,
+}
+
+impl Validator {
+    /// Its name in reports: `etag`, `last-modified`, `size`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Etag => "etag",
+            Self::LastModified => "last-modified",
+            Self::Size => "size",
+        }
+    }
+}
+
 /// What a file was when its header was read: the version every later request is conditional on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Version {
     size: u64,
     etag: Option<String>,
-    last_modified: DateTime<Utc>,
+    /// `None` when the server sent no `Last-Modified` (object_store then says the epoch).
+    last_modified: Option<DateTime<Utc>>,
 }
 
 impl Version {
@@ -112,7 +147,16 @@ impl Version {
         Self {
             size: meta.size,
             etag: meta.e_tag.clone(),
-            last_modified: meta.last_modified,
+            last_modified: (meta.last_modified != DateTime::<Utc>::UNIX_EPOCH)
+                .then_some(meta.last_modified),
+        }
+    }
+
+    fn validator(&self) -> Validator {
+        match (&self.etag, &self.last_modified) {
+            (Some(_), _) => Validator::Etag,
+            (None, Some(_)) => Validator::LastModified,
+            (None, None) => Validator::Size,
         }
     }
 
@@ -128,27 +172,53 @@ impl Version {
             .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             });
+        let modified = self.last_modified.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
         FileIdentity {
             dev: 0,
             ino,
             size: self.size,
-            mtime: self.last_modified.timestamp(),
-            mtime_nsec: i64::from(self.last_modified.timestamp_subsec_nanos()),
+            mtime: modified.timestamp(),
+            mtime_nsec: i64::from(modified.timestamp_subsec_nanos()),
         }
     }
 
-    /// Whether `now` is another version than this one: another size, or another ETag.
-    fn differs(&self, now: &Version) -> bool {
-        let etags_differ = matches!((&self.etag, &now.etag), (Some(a), Some(b)) if a != b);
-        etags_differ || now.size != self.size
+    /// How `now` (what a response says) differs from this version, by its size and this
+    /// version's validator; `None` when it is the same version as far as they tell.
+    fn differs(&self, now: &Version) -> Option<String> {
+        if now.size != self.size {
+            return Some(format!("it is now {} bytes", now.size));
+        }
+        match (self.validator(), &now.etag, &now.last_modified) {
+            (Validator::Etag, Some(etag), _) if Some(etag) != self.etag.as_ref() => {
+                Some(format!("it is now ETag {etag}"))
+            }
+            (Validator::Etag, None, _) => Some("a response carried no ETag".to_owned()),
+            (Validator::LastModified, _, Some(date))
+                if Some(date) != self.last_modified.as_ref() =>
+            {
+                Some(format!("it is now Last-Modified {}", date.to_rfc2822()))
+            }
+            (Validator::LastModified, _, None) => {
+                Some("a response carried no Last-Modified".to_owned())
+            }
+            _ => None,
+        }
     }
 
     fn describe(&self) -> String {
-        match &self.etag {
-            Some(etag) => format!("ETag {etag}"),
-            None => format!("{} bytes", self.size),
+        match (&self.etag, &self.last_modified) {
+            (Some(etag), _) => format!("ETag {etag}"),
+            (None, Some(date)) => format!("Last-Modified {}", date.to_rfc2822()),
+            (None, None) => format!("{} bytes", self.size),
         }
     }
+}
+
+/// An object's version as its header was read, and the first difference any response showed.
+#[derive(Debug, Clone)]
+struct Tracked {
+    version: Version,
+    changed: Option<String>,
 }
 
 /// Counters of what a [`Remote`] asked for and received.
@@ -170,7 +240,9 @@ struct Inner {
     permits: tokio::sync::Semaphore,
     pace: Option<Pace>,
     range_size: usize,
-    versions: Mutex<HashMap<String, Version>>,
+    max_retries: usize,
+    retry_backoff: Duration,
+    versions: Mutex<HashMap<String, Tracked>>,
     gets: AtomicU64,
     heads: AtomicU64,
     bytes: AtomicU64,
@@ -318,6 +390,8 @@ impl Remote {
                 permits: tokio::sync::Semaphore::new(options.concurrency.max(1)),
                 pace: options.bandwidth.map(Pace::new),
                 range_size: options.range_size.max(4096),
+                max_retries: options.max_retries,
+                retry_backoff: options.retry_backoff,
                 versions: Mutex::new(HashMap::new()),
                 gets: AtomicU64::new(0),
                 heads: AtomicU64::new(0),
@@ -400,20 +474,39 @@ impl Inner {
         })
     }
 
+    fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tracked>> {
+        self.versions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Records `version` as the one `url`'s reads are conditional on.
     fn record(&self, url: &str, version: &Version) {
-        self.versions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(url.to_owned(), version.clone());
+        let tracked = Tracked {
+            version: version.clone(),
+            changed: None,
+        };
+        self.versions().insert(url.to_owned(), tracked);
     }
 
     fn recorded(&self, url: &str) -> Option<Version> {
-        self.versions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(url)
-            .cloned()
+        self.versions().get(url).map(|t| t.version.clone())
+    }
+
+    /// Notes that a response showed `object` changed (kept, so that the tensor being read is
+    /// not handed out even if the error that came with it was not the one reported), and
+    /// returns the error.
+    fn changed(&self, object: &Object, detail: &str) -> io::Error {
+        if let Some(tracked) = self.versions().get_mut(&object.url) {
+            tracked.changed.get_or_insert_with(|| detail.to_owned());
+        }
+        object.changed(detail)
+    }
+
+    /// The weakest validator of the objects opened so far.
+    fn validator(&self) -> Option<Validator> {
+        self.versions()
+            .values()
+            .map(|t| t.version.validator())
+            .max()
     }
 
     /// Opens `path`: its version as recorded when its header was read, else as it is now.
@@ -450,19 +543,45 @@ impl Inner {
     async fn diagnose(&self, object: &Object, error: io::Error) -> io::Error {
         self.heads.fetch_add(1, Ordering::Relaxed);
         match self.store.head(&object.key).await {
-            Ok(meta) => {
-                let now = Version::of(&meta);
-                if object.version.differs(&now) {
-                    return object.changed(&format!("it is now {}", now.describe()));
-                }
-                error
-            }
+            Ok(meta) => match object.version.differs(&Version::of(&meta)) {
+                Some(detail) => self.changed(object, &detail),
+                None => error,
+            },
             Err(_) => error,
         }
     }
 
-    /// One ranged `GET`, conditional on `object`'s version, streamed into `dst`.
+    /// One ranged `GET`, conditional on `object`'s version, streamed into `dst`. Without an
+    /// ETag a body cut short is not resumed: the whole range is asked for again, at most
+    /// `max_retries` times (with an ETag object_store resumes it, conditional on the ETag).
     async fn fetch_range(&self, object: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        let mut retries = 0;
+        loop {
+            match self.fetch_range_once(object, offset, dst).await {
+                Err(Failure::Body(e))
+                    if object.version.etag.is_none() && retries < self.max_retries =>
+                {
+                    let doubling = 1u32 << retries.min(8);
+                    let backoff = self
+                        .retry_backoff
+                        .saturating_mul(doubling)
+                        .min(Duration::from_secs(15));
+                    retries += 1;
+                    drop(e);
+                    tokio::time::sleep(backoff).await;
+                }
+                Err(Failure::Body(e) | Failure::Request(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+
+    async fn fetch_range_once(
+        &self,
+        object: &Object,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Failure> {
         let end = offset + dst.len() as u64;
         let url = &object.url;
         let at = |what: String| format!("GET {url} bytes {offset}..{end}: {what}");
@@ -470,59 +589,71 @@ impl Inner {
             .permits
             .acquire()
             .await
-            .map_err(|e| io::Error::other(at(e.to_string())))?;
+            .map_err(|e| Failure::Request(io::Error::other(at(e.to_string()))))?;
         self.gets.fetch_add(1, Ordering::Relaxed);
+        let version = &object.version;
         let options = GetOptions {
             range: Some(GetRange::Bounded(offset..end)),
-            if_match: object.version.etag.clone(),
+            if_match: version.etag.clone(),
+            // Only without an ETag: If-Match is the stronger condition, and a server evaluates
+            // If-Unmodified-Since only when If-Match is absent.
+            if_unmodified_since: version.last_modified.filter(|_| version.etag.is_none()),
             ..GetOptions::default()
         };
         let result = match self.store.get_opts(&object.key, options).await {
             Ok(result) => result,
             Err(e @ object_store::Error::Precondition { .. }) => {
-                return Err(object.changed(&e.to_string()));
+                return Err(Failure::Request(self.changed(object, &e.to_string())));
             }
             Err(e) => {
                 let error = io::Error::new(kind_of(&e), at(e.to_string()));
-                return Err(self.diagnose(object, error).await);
+                return Err(Failure::Request(self.diagnose(object, error).await));
             }
         };
-        // A server that ignores If-Match still says what it sent.
-        let now = Version::of(&result.meta);
-        if object.version.differs(&now) {
-            return Err(object.changed(&format!("it is now {}", now.describe())));
+        // Every response is checked: a server may ignore the condition.
+        if let Some(detail) = version.differs(&Version::of(&result.meta)) {
+            return Err(Failure::Request(self.changed(object, &detail)));
         }
         if result.range != (offset..end) {
-            return Err(io::Error::new(
+            return Err(Failure::Request(io::Error::new(
                 io::ErrorKind::InvalidData,
                 at(format!("the server sent bytes {:?}", result.range)),
-            ));
+            )));
         }
         let mut body = result.into_stream();
         let mut filled = 0usize;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| io::Error::new(kind_of(&e), at(e.to_string())))?;
+            let chunk =
+                chunk.map_err(|e| Failure::Body(io::Error::new(kind_of(&e), at(e.to_string()))))?;
             if let Some(pace) = &self.pace {
                 pace.take(chunk.len()).await;
             }
             let Some(target) = dst.get_mut(filled..filled + chunk.len()) else {
-                return Err(io::Error::new(
+                return Err(Failure::Request(io::Error::new(
                     io::ErrorKind::InvalidData,
                     at("the body is longer than the range".to_owned()),
-                ));
+                )));
             };
             target.copy_from_slice(&chunk);
             filled += chunk.len();
             self.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
         if filled != dst.len() {
-            return Err(io::Error::new(
+            return Err(Failure::Body(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 at(format!("the body ended after {filled} bytes")),
-            ));
+            )));
         }
         Ok(())
     }
+}
+
+/// Why one ranged `GET` failed: the request (not retried here: object_store already did what
+/// can be done), or the body after a good answer (cut short: the whole range may be asked for
+/// again when there is no ETag to resume under).
+enum Failure {
+    Request(io::Error),
+    Body(io::Error),
 }
 
 /// An object opened for reading, at the version its reads are conditional on.
@@ -738,17 +869,32 @@ impl Reader for RemoteReader {
         Ok(len)
     }
 
+    fn unchanged_by(&self) -> &'static str {
+        self.inner.validator().unwrap_or(Validator::Etag).as_str()
+    }
+
     fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
-        // Every read was conditional on the recorded version; what is left to check is that the
-        // recorded version is the one whose header was read.
+        // Every read was conditional on the recorded version and every response was compared
+        // with it. Left to check: that no response since showed another version (its error may
+        // not be the one reported: a pipelined read stops at its first failure), and that the
+        // recorded version is the one whose header was read (a header read through another
+        // `Remote`, as the Python door's metadata is, has its own record).
         let url = self
             .inner
             .key(path)
             .map(|key| self.inner.root.url_of(&key))
             .map_err(|e| e.to_string())?;
-        match self.inner.recorded(&url) {
-            Some(version) if version.identity() == *identity => Ok(()),
-            Some(version) => Err(format!(
+        let tracked = self.inner.versions().get(&url).cloned();
+        match tracked {
+            Some(Tracked {
+                changed: Some(detail),
+                version,
+            }) => Err(format!(
+                "changed during the load (it was read at {}): {detail}",
+                version.describe()
+            )),
+            Some(Tracked { version, .. }) if version.identity() == *identity => Ok(()),
+            Some(Tracked { version, .. }) => Err(format!(
                 "was replaced since its header was read (it is now {})",
                 version.describe()
             )),

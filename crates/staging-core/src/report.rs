@@ -75,6 +75,11 @@ pub struct LoadReport {
     /// Backends passed over before this one was chosen, each with why (`"cufile: no CUDA
     /// driver: ..."`); empty unless the backend was chosen automatically.
     pub passed_over: Vec<String>,
+    /// How the reader knows each file is still the one whose header was read (the weakest over
+    /// the files): `file-identity` for local files (device, inode, size, modification time),
+    /// and for object storage `etag`, `last-modified` or `size` (a replacement of the same size
+    /// is then not seen).
+    pub unchanged_by: &'static str,
     /// Why the backend runs its POSIX path when its library's own path was asked for
     /// automatically and could not run (no usable `libcufile`, say); `None` otherwise.
     pub mode_reason: Option<String>,

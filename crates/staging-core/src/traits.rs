@@ -121,6 +121,14 @@ pub trait Reader: Send + Sync {
         dst: DeviceRegion<'_, Self::Space>,
     ) -> Result<usize, ReadError>;
 
+    /// How this reader knows a file is still the one whose header was read, for the report's
+    /// `unchanged_by`: by default `file-identity` (device, inode, size and modification time on
+    /// the local file system, as [`verify_unchanged`](Self::verify_unchanged) checks); a reader
+    /// of another store names its own way (`etag`, `last-modified`, `size`).
+    fn unchanged_by(&self) -> &'static str {
+        "file-identity"
+    }
+
     /// Whether `path` is still the file whose header was read (`identity`), checked when a file
     /// is opened and after every tensor is read, before it is handed out; `Err` says what
     /// changed. By default, the file's metadata on the local file system; a reader of another

@@ -196,6 +196,10 @@ impl<R: Reader> Reader for Counted<'_, R> {
         self.inner.mode()
     }
 
+    fn unchanged_by(&self) -> &'static str {
+        self.inner.unchanged_by()
+    }
+
     fn open(&self, path: &std::path::Path) -> std::result::Result<R::File, ReadError> {
         self.inner.open(path)
     }

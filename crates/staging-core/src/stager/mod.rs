@@ -196,6 +196,7 @@ where
         LoadReport {
             backend: self.reader.name().to_owned(),
             mode: self.reader.mode(),
+            unchanged_by: self.reader.unchanged_by(),
             passed_over: Vec::new(),
             mode_reason: None,
             files: self.checkpoint.files().len(),
