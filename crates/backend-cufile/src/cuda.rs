@@ -4,8 +4,14 @@
 //! `cudarc` panics when `libcuda` is missing, so [`CudaDevice::open`] checks
 //! `is_culib_present()` before its first call. Errors are formatted from the `CUresult` itself,
 //! never through `cuGetErrorString`.
+//!
+//! The caller's current context stays the caller's: every call that needs the device's context
+//! makes it current through [`CudaDevice::bind`], which pushes it only when another context (or
+//! none) is current and pops it when its guard drops, on every path (errors, `Drop` of buffers,
+//! whichever thread frees a tensor). Nothing here calls `cuCtxSetCurrent`.
 
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{DriverError, result, sys};
@@ -76,7 +82,8 @@ impl CudaDevice {
             device,
             context,
         };
-        this.bind().map_err(cuda("cuCtxSetCurrent"))?;
+        // The context can be made current (and is not left so).
+        drop(this.bind().map_err(cuda("cuCtxPushCurrent"))?);
         Ok(Arc::new(this))
     }
 
@@ -90,10 +97,91 @@ impl CudaDevice {
         self.context
     }
 
-    /// Makes the device's primary context current on this thread.
-    pub fn bind(&self) -> Result<(), DriverError> {
-        // SAFETY: the context was retained in `open` and is released only on drop.
-        unsafe { result::ctx::set_current(self.context) }
+    /// Makes the device's primary context current on this thread for as long as the guard
+    /// lives: pushed when another context (or none) is current, and popped when the guard
+    /// drops, so the caller's context is current again. When it already is current, nothing is
+    /// pushed.
+    pub fn bind(&self) -> Result<BoundContext<'_>, DriverError> {
+        if result::ctx::get_current()? == Some(self.context) {
+            return Ok(BoundContext {
+                pushed: false,
+                _device: PhantomData,
+            });
+        }
+        // SAFETY: the context was retained in `open` and is released only when this device is
+        // dropped, which the guard's borrow prevents while it is pushed.
+        unsafe { sys::cuCtxPushCurrent_v2(self.context) }.result()?;
+        Ok(BoundContext {
+            pushed: true,
+            _device: PhantomData,
+        })
+    }
+}
+
+impl CudaDevice {
+    /// Waits for the work queued on `stream` of this device's primary context (null: the legacy
+    /// default stream, which a DLPack producer orders after its own current stream when asked
+    /// for stream 1), with the context bound only for the call.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of this device's primary context.
+    pub unsafe fn synchronize(&self, stream: sys::CUstream) -> Result<(), DeviceError> {
+        let _bound = self
+            .bind()
+            .map_err(|e| device_error("cuCtxPushCurrent", e))?;
+        // SAFETY: forwarded caller contract; the stream's context is current.
+        unsafe { result::stream::synchronize(stream) }
+            .map_err(|e| device_error("cuStreamSynchronize", e))
+    }
+}
+
+/// A device's context made current by [`CudaDevice::bind`]; dropping it makes the context that
+/// was current before current again. It stays on the thread that made it (a context stack is
+/// per thread), and guards drop in the reverse order of their making, as scopes do.
+#[derive(Debug)]
+#[must_use = "the device's context is current only while the guard lives"]
+pub struct BoundContext<'a> {
+    pushed: bool,
+    /// Borrows the device (its context stays retained) and is neither `Send` nor `Sync`.
+    _device: PhantomData<(&'a CudaDevice, *const ())>,
+}
+
+impl Drop for BoundContext<'_> {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops the context `bind` pushed on this thread (the guard is not `Send`);
+            // guards are scoped, so it is the top of the thread's stack.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
+/// The context current on this thread when it was made, made current again when it drops if
+/// something (code of `cudarc`'s, which binds its context with `cuCtxSetCurrent`) replaced it.
+#[derive(Debug)]
+pub(crate) struct CallerContext {
+    saved: Option<sys::CUcontext>,
+    _thread: PhantomData<*const ()>,
+}
+
+impl CallerContext {
+    pub(crate) fn save() -> Self {
+        Self {
+            saved: result::ctx::get_current().ok().flatten(),
+            _thread: PhantomData,
+        }
+    }
+}
+
+impl Drop for CallerContext {
+    fn drop(&mut self) {
+        let now = result::ctx::get_current().ok().flatten();
+        if now != self.saved {
+            // SAFETY: the saved context was current on this thread when this guard was made
+            // (or none was: null unbinds), and the caller keeps it alive meanwhile.
+            let _ = unsafe { result::ctx::set_current(self.saved.unwrap_or(std::ptr::null_mut())) };
+        }
     }
 }
 
@@ -160,7 +248,7 @@ impl Drop for CudaBuffer {
         if self.ptr == 0 {
             return;
         }
-        let _ = self.device.bind();
+        let _bound = self.device.bind();
         // SAFETY: `ptr` came from cuMemAlloc and is freed once, here; nothing borrows it now.
         let _ = unsafe { result::free_sync(self.ptr) };
     }
@@ -193,9 +281,10 @@ impl DeviceAllocator for CudaAllocator {
     type Buffer = CudaBuffer;
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
-        self.device
+        let _bound = self
+            .device
             .bind()
-            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+            .map_err(|e| device_error("cuCtxPushCurrent", e))?;
         let (free, total) = result::mem_get_info().map_err(|e| device_error("cuMemGetInfo", e))?;
         Ok(MemoryInfo {
             free: free as u64,
@@ -225,7 +314,7 @@ impl DeviceAllocator for CudaAllocator {
                 }
             }
         };
-        self.device.bind().map_err(failed)?;
+        let _bound = self.device.bind().map_err(failed)?;
         // SAFETY: a plain allocation of `len` bytes in the bound context.
         let ptr = unsafe { result::malloc_sync(len) }.map_err(failed)?;
         Ok(CudaBuffer { ptr, len, device })
@@ -241,9 +330,10 @@ impl DeviceAllocator for CudaAllocator {
         if dst.is_empty() {
             return Ok(());
         }
-        self.device
+        let _bound = self
+            .device
             .bind()
-            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+            .map_err(|e| device_error("cuCtxPushCurrent", e))?;
         // SAFETY: the source range lies inside `src`'s allocation (checked above) and `dst` is a
         // valid host slice of the copied length; the copy is synchronous.
         unsafe { result::memcpy_dtoh_sync(dst, src.ptr + offset as u64) }
@@ -273,9 +363,9 @@ const MEMHOSTALLOC_PORTABLE: u32 = 1;
 impl PinnedBuffer {
     /// Allocates `len` pinned bytes.
     pub fn new(device: &Arc<CudaDevice>, len: usize) -> Result<Self, DeviceError> {
-        device
+        let _bound = device
             .bind()
-            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+            .map_err(|e| device_error("cuCtxPushCurrent", e))?;
         // SAFETY: a plain pinned allocation; the memory is written before it is read.
         let ptr = unsafe { result::malloc_host(len.max(1), MEMHOSTALLOC_PORTABLE) }
             .map_err(|e| device_error("cuMemHostAlloc", e))?;
@@ -331,9 +421,10 @@ impl PinnedBuffer {
                 "copy larger than the bounce buffer",
             ));
         }
-        self.device
+        let device = Arc::clone(&self.device);
+        let _bound = device
             .bind()
-            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+            .map_err(|e| device_error("cuCtxPushCurrent", e))?;
         if self.stream.is_null() {
             self.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
                 .map_err(|e| device_error("cuStreamCreate", e))?;
@@ -356,9 +447,10 @@ impl PinnedBuffer {
         if !self.pending {
             return Ok(());
         }
-        self.device
+        let device = Arc::clone(&self.device);
+        let _bound = device
             .bind()
-            .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+            .map_err(|e| device_error("cuCtxPushCurrent", e))?;
         // SAFETY: the stream was created by this buffer and is destroyed only on drop.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| device_error("cuStreamSynchronize", e))?;
@@ -369,7 +461,8 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        let _ = self.device.bind();
+        let device = Arc::clone(&self.device);
+        let _bound = device.bind();
         if !self.stream.is_null() {
             // SAFETY: the stream belongs to this buffer; a copy still running is waited for
             // before the pinned memory it reads is freed, and the stream is destroyed once.
@@ -396,9 +489,10 @@ impl backend_gds::Pinned for PinnedBuffer {
 impl backend_gds::Gpu for CudaDevice {
     type Space = CudaMemory;
     type Pinned = PinnedBuffer;
+    type Bound<'a> = BoundContext<'a>;
 
-    fn bind(&self) -> Result<(), DeviceError> {
-        CudaDevice::bind(self).map_err(|e| device_error("cuCtxSetCurrent", e))
+    fn bind(&self) -> Result<BoundContext<'_>, DeviceError> {
+        CudaDevice::bind(self).map_err(|e| device_error("cuCtxPushCurrent", e))
     }
 
     fn pinned(gpu: &Arc<Self>, len: usize) -> Result<PinnedBuffer, DeviceError> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use staging_core::{DeviceBuffer, DeviceError, DeviceRegion};
 
-use crate::cuda::{CudaBuffer, CudaMemory};
+use crate::cuda::{CallerContext, CudaBuffer, CudaMemory};
 use crate::errors::cuda_code;
 
 /// Why a buffer could not become a `CudaSlice`.
@@ -55,6 +55,7 @@ impl CudaBuffer {
         self,
         stream: &Arc<CudaStream>,
     ) -> Result<CudaSlice<u8>, (Self, HandoverError)> {
+        let _caller = CallerContext::save();
         if let Err(e) = self.check_handover(stream) {
             return Err((self, e));
         }
@@ -82,6 +83,8 @@ impl CudaBuffer {
             });
         }
         if context.is_event_tracking() {
+            // cudarc binds its context with cuCtxSetCurrent; the caller's comes back after.
+            let _caller = CallerContext::save();
             // `upgrade_device_ptr` creates two events and panics if it cannot; make sure it can,
             // so that a failure is an error here rather than a panic there.
             for _ in 0..2 {
@@ -105,6 +108,8 @@ pub fn cuda_region<'a, M>(
 where
     M: DevicePtrMut<u8>,
 {
+    // cudarc binds the stream's context with cuCtxSetCurrent; the caller's comes back after.
+    let _caller = CallerContext::save();
     let len = memory.len();
     let ptr = {
         // The guard records a write on `stream` when dropped; the synchronize below then covers

@@ -166,8 +166,15 @@ pub trait Gpu: Send + Sync + 'static {
     /// Its pinned host buffers.
     type Pinned: Pinned;
 
-    /// Makes the device current on this thread.
-    fn bind(&self) -> Result<(), DeviceError>;
+    /// What [`bind`](Self::bind) returns: while it lives the device is current on this
+    /// thread; dropping it makes current again what was current before.
+    type Bound<'a>
+    where
+        Self: 'a;
+
+    /// Makes the device current on this thread until the guard drops, which restores the
+    /// caller's current context or device.
+    fn bind(&self) -> Result<Self::Bound<'_>, DeviceError>;
 
     /// Allocates a pinned host buffer of `len` bytes on `gpu` (which the buffer may keep).
     fn pinned(gpu: &Arc<Self>, len: usize) -> Result<Self::Pinned, DeviceError>
@@ -391,7 +398,7 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
         let file_offset = i64::try_from(offset).map_err(|_| invalid("offset too large"))?;
         let buf_offset =
             i64::try_from(dst.offset_in_base()).map_err(|_| invalid("buffer offset too large"))?;
-        self.gpu.bind().map_err(device_read_error)?;
+        let _bound = self.gpu.bind().map_err(device_read_error)?;
         let size = dst.len().min(handle.api.max_read());
         // SAFETY: `dst` is a live, exclusively borrowed device region of at least `size` bytes in
         // the bound context, `buf_offset` bytes from its allocation's base; by the `FileApi`

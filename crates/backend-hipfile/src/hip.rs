@@ -1,7 +1,13 @@
 //! The HIP runtime, declared here and loaded at run time from `libamdhip64`: the dozen calls the
 //! backend makes, one table loaded once. hipError_t 0 is success, 2 out-of-memory, 100 no device.
+//!
+//! The caller's current device stays the caller's: every call that needs the device makes it
+//! current through [`HipDevice::bind`], which sets it only when another device is current and
+//! sets the caller's back when its guard drops, on every path (errors, `Drop` of buffers,
+//! whichever thread frees a tensor).
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,6 +46,7 @@ pub struct HipRuntime {
     init: unsafe extern "C" fn(c_uint) -> HipError,
     get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
     set_device: unsafe extern "C" fn(c_int) -> HipError,
+    get_device: unsafe extern "C" fn(*mut c_int) -> HipError,
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     free: unsafe extern "C" fn(*mut c_void) -> HipError,
@@ -87,6 +94,8 @@ impl HipRuntime {
                     .map_err(missing("hipGetDeviceCount"))?,
                 set_device: dl::symbol(&library, "hipSetDevice")
                     .map_err(missing("hipSetDevice"))?,
+                get_device: dl::symbol(&library, "hipGetDevice")
+                    .map_err(missing("hipGetDevice"))?,
                 mem_get_info: dl::symbol(&library, "hipMemGetInfo")
                     .map_err(missing("hipMemGetInfo"))?,
                 malloc: dl::symbol(&library, "hipMalloc").map_err(missing("hipMalloc"))?,
@@ -171,13 +180,79 @@ impl HipDevice {
             runtime,
             ordinal: index,
         };
-        device.runtime.check("hipSetDevice", device.set())?;
+        // The device can be made current (and is not left so).
+        drop(device.bind()?);
         Ok(Arc::new(device))
     }
 
-    fn set(&self) -> HipError {
+    /// Makes this device current on this thread for as long as the guard lives: set only when
+    /// another device is current, and that one set back when the guard drops.
+    pub fn bind(&self) -> Result<BoundDevice<'_>, Error> {
+        let rt = &self.runtime;
+        let mut current: c_int = 0;
+        // SAFETY: writes one int.
+        rt.check("hipGetDevice", unsafe { (rt.get_device)(&mut current) })?;
+        if current == self.ordinal {
+            return Ok(BoundDevice {
+                restore: None,
+                device: self,
+                _thread: PhantomData,
+            });
+        }
         // SAFETY: the ordinal was checked against the device count.
-        unsafe { (self.runtime.set_device)(self.ordinal) }
+        rt.check("hipSetDevice", unsafe { (rt.set_device)(self.ordinal) })?;
+        Ok(BoundDevice {
+            restore: Some(current),
+            device: self,
+            _thread: PhantomData,
+        })
+    }
+
+    /// Waits for the work queued on `stream` of this device (null: its default stream, which a
+    /// DLPack producer orders after its own current stream when asked for stream 0), with the
+    /// device current only for the call.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of this device.
+    pub unsafe fn synchronize(&self, stream: *mut c_void) -> Result<(), DeviceError> {
+        let _bound = self.bound()?;
+        let rt = &self.runtime;
+        // SAFETY: forwarded caller contract; the device is current.
+        match unsafe { (rt.stream_synchronize)(stream) } {
+            HIP_SUCCESS => Ok(()),
+            code => Err(rt.device_error("hipStreamSynchronize", code)),
+        }
+    }
+
+    fn bound(&self) -> Result<BoundDevice<'_>, DeviceError> {
+        self.bind().map_err(|e| match e {
+            Error::Hip {
+                call,
+                code,
+                message,
+            } => DeviceError::new(call, format!("{message} ({code})")),
+            other => DeviceError::new("hipSetDevice", other.to_string()),
+        })
+    }
+}
+
+/// A device made current by [`HipDevice::bind`]; dropping it makes the device that was current
+/// before current again. It stays on the thread that made it (the current device is per thread).
+#[derive(Debug)]
+#[must_use = "the device is current only while the guard lives"]
+pub struct BoundDevice<'a> {
+    restore: Option<c_int>,
+    device: &'a HipDevice,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for BoundDevice<'_> {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: `previous` was the current device of this thread when the guard was made,
+            // so it is a valid ordinal of this runtime.
+            let _ = unsafe { (self.device.runtime.set_device)(previous) };
+        }
     }
 }
 
@@ -215,7 +290,7 @@ impl Drop for HipBuffer {
         if self.ptr.is_null() {
             return;
         }
-        let _ = self.device.set();
+        let _bound = self.device.bind();
         // SAFETY: `ptr` came from hipMalloc and is freed once, here.
         let _ = unsafe { (self.device.runtime.free)(self.ptr) };
     }
@@ -245,10 +320,7 @@ impl DeviceAllocator for HipAllocator {
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
         let rt = &self.device.runtime;
-        let status = self.device.set();
-        if status != HIP_SUCCESS {
-            return Err(rt.device_error("hipSetDevice", status));
-        }
+        let _bound = self.device.bound()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: writes two size_t values.
         let status = unsafe { (rt.mem_get_info)(&mut free, &mut total) };
@@ -285,10 +357,10 @@ impl DeviceAllocator for HipAllocator {
                 }
             }
         };
-        let status = self.device.set();
-        if status != HIP_SUCCESS {
-            return Err(failed(status));
-        }
+        let _bound = self.device.bind().map_err(|e| AllocError::Failed {
+            requested: len,
+            detail: e.to_string(),
+        })?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: a plain allocation of `len` bytes on the current device.
         let status = unsafe { (rt.malloc)(&mut ptr, len) };
@@ -313,10 +385,7 @@ impl DeviceAllocator for HipAllocator {
             return Ok(());
         }
         let rt = &self.device.runtime;
-        let status = self.device.set();
-        if status != HIP_SUCCESS {
-            return Err(rt.device_error("hipSetDevice", status));
-        }
+        let _bound = self.device.bound()?;
         // SAFETY: the source range lies inside `src` (checked above), `dst` is valid for its
         // length, and hipMemcpy is synchronous.
         let status = unsafe {
@@ -363,7 +432,8 @@ impl backend_gds::Pinned for HipPinned {
         if !self.pending {
             return Ok(());
         }
-        backend_gds::Gpu::bind(&*self.device)?;
+        let device = Arc::clone(&self.device);
+        let _bound = device.bound()?;
         let rt = &self.device.runtime;
         // SAFETY: the stream was created by this buffer and is destroyed only on drop.
         match unsafe { (rt.stream_synchronize)(self.stream) } {
@@ -380,7 +450,7 @@ impl Drop for HipPinned {
     fn drop(&mut self) {
         let rt = &self.device.runtime;
         if !self.stream.is_null() {
-            let _ = self.device.set();
+            let _bound = self.device.bind();
             // SAFETY: the stream belongs to this buffer; a copy still running is waited for
             // before the pinned memory it reads is freed, and the stream is destroyed once.
             unsafe {
@@ -396,12 +466,10 @@ impl Drop for HipPinned {
 impl backend_gds::Gpu for HipDevice {
     type Space = HipMemory;
     type Pinned = HipPinned;
+    type Bound<'a> = BoundDevice<'a>;
 
-    fn bind(&self) -> Result<(), DeviceError> {
-        match self.set() {
-            HIP_SUCCESS => Ok(()),
-            code => Err(self.runtime.device_error("hipSetDevice", code)),
-        }
+    fn bind(&self) -> Result<BoundDevice<'_>, DeviceError> {
+        self.bound()
     }
 
     fn pinned(gpu: &Arc<Self>, len: usize) -> Result<HipPinned, DeviceError> {
@@ -432,7 +500,7 @@ impl backend_gds::Gpu for HipDevice {
                 "copy larger than the bounce buffer",
             ));
         }
-        backend_gds::Gpu::bind(self)?;
+        let _bound = self.bound()?;
         if src.stream.is_null() {
             let mut stream = std::ptr::null_mut();
             // SAFETY: writes one stream handle, owned by `src` from here on.

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 pub use backend_gds::{ActiveMode, RequestedMode};
 pub use errors::Error;
-pub use hip::{HipAllocator, HipBuffer, HipDevice, HipMemory, HipPinned, HipRuntime};
+pub use hip::{BoundDevice, HipAllocator, HipBuffer, HipDevice, HipMemory, HipPinned, HipRuntime};
 pub use sys::{Driver, HipFileApi, MAX_READ};
 
 /// The hipFile reader: the shared GDS-style reader over the hipFile driver and a HIP device.

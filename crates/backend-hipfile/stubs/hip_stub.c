@@ -1,10 +1,14 @@
 /* A stand-in for libamdhip64.so for tests without AMD hardware: "device memory" is host memory
  * from malloc. Only the runtime calls the backend makes are exported. Environment:
- *   STUB_HIP_DEVICES     device count (default 1)
+ *   STUB_HIP_DEVICES     device count (default 1; stub_hip_set_devices() overrides it)
  *   STUB_HIP_TOTAL_MIB   device memory in MiB (default 1024)
  *   STUB_HIP_INIT_ERROR  hipError_t hipInit returns (default 0)
  * Asynchronous copies are deferred until their stream is synchronized (deferred_stream.h, in
- * backend-gds); stub_hip_async_copies() counts those performed. */
+ * backend-gds); stub_hip_async_copies() counts those performed.
+ *
+ * The current device is per thread, 0 until hipSetDevice, as in HIP. Every allocation remembers
+ * the device current when it was made: a free or copy of it while another device is current is
+ * counted by stub_hip_wrong_device(); stub_hip_sets() counts hipSetDevice calls. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,20 +19,44 @@
 typedef int hipError_t;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static size_t used = 0;
-static int current = -1;
+static __thread int current = 0;
+static long devices_override = -1;
+static size_t sets, wrong_device;
 
 static long env_long(const char *name, long fallback) { const char *v = getenv(name); return v ? atol(v) : fallback; }
 static size_t total_bytes(void) { return (size_t)env_long("STUB_HIP_TOTAL_MIB", 1024) << 20; }
+static long device_count(void) {
+    long n = __atomic_load_n(&devices_override, __ATOMIC_RELAXED);
+    return n >= 0 ? n : env_long("STUB_HIP_DEVICES", 1);
+}
+void stub_hip_set_devices(long n) { __atomic_store_n(&devices_override, n, __ATOMIC_RELAXED); }
+size_t stub_hip_sets(void) { return __atomic_load_n(&sets, __ATOMIC_RELAXED); }
+size_t stub_hip_wrong_device(void) { return __atomic_load_n(&wrong_device, __ATOMIC_RELAXED); }
+
+/* Every live allocation has a 64-byte header: its size, its device and links in a list. */
+struct stub_alloc { size_t n; int device; struct stub_alloc *prev, *next; };
+static struct stub_alloc live = {0, 0, &live, &live};
+static void check_device_of(const void *ptr) {
+    int device = -1;
+    pthread_mutex_lock(&mu);
+    for (struct stub_alloc *a = live.next; a != &live; a = a->next) {
+        const char *start = (const char *)a + 64;
+        if ((const char *)ptr >= start && (const char *)ptr <= start + a->n) { device = a->device; break; }
+    }
+    pthread_mutex_unlock(&mu);
+    if (device >= 0 && device != current) __atomic_fetch_add(&wrong_device, 1, __ATOMIC_RELAXED);
+}
 
 hipError_t hipInit(unsigned flags) { (void)flags; return (hipError_t)env_long("STUB_HIP_INIT_ERROR", 0); }
-hipError_t hipGetDeviceCount(int *count) { *count = (int)env_long("STUB_HIP_DEVICES", 1); return *count > 0 ? 0 : 100; }
+hipError_t hipGetDeviceCount(int *count) { *count = (int)device_count(); return *count > 0 ? 0 : 100; }
 hipError_t hipSetDevice(int device) {
-    if (device < 0 || device >= env_long("STUB_HIP_DEVICES", 1)) return 101; /* hipErrorInvalidDevice */
+    __atomic_fetch_add(&sets, 1, __ATOMIC_RELAXED);
+    if (device < 0 || device >= device_count()) return 101; /* hipErrorInvalidDevice */
     current = device;
     return 0;
 }
+hipError_t hipGetDevice(int *device) { *device = current; return 0; }
 hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
-    if (current < 0) return 101;
     pthread_mutex_lock(&mu);
     *total = total_bytes();
     *free_bytes = *total > used ? *total - used : 0;
@@ -40,7 +68,10 @@ hipError_t hipMalloc(void **ptr, size_t n) {
     if (used + n > total_bytes()) { pthread_mutex_unlock(&mu); return 2; /* hipErrorOutOfMemory */ }
     char *raw = malloc(n + 64);
     if (!raw) { pthread_mutex_unlock(&mu); return 2; }
-    *(size_t *)raw = n;
+    struct stub_alloc *a = (struct stub_alloc *)raw;
+    a->n = n;
+    a->device = current;
+    a->prev = &live; a->next = live.next; live.next->prev = a; live.next = a;
     used += n;
     pthread_mutex_unlock(&mu);
     *ptr = raw + 64;
@@ -48,17 +79,23 @@ hipError_t hipMalloc(void **ptr, size_t n) {
 }
 hipError_t hipFree(void *ptr) {
     if (!ptr) return 0;
-    char *raw = (char *)ptr - 64;
+    check_device_of(ptr);
+    struct stub_alloc *a = (struct stub_alloc *)((char *)ptr - 64);
     pthread_mutex_lock(&mu);
-    used -= *(size_t *)raw;
+    used -= a->n;
+    a->prev->next = a->next; a->next->prev = a->prev;
     pthread_mutex_unlock(&mu);
-    free(raw);
+    free(a);
     return 0;
 }
-hipError_t hipMemcpy(void *dst, const void *src, size_t n, int kind) { (void)kind; memcpy(dst, src, n); return 0; }
+hipError_t hipMemcpy(void *dst, const void *src, size_t n, int kind) {
+    check_device_of(kind == 2 ? src : dst); /* 2: device to host */
+    memcpy(dst, src, n);
+    return 0;
+}
 /* Asynchronous copies are deferred until their stream is synchronized (deferred_stream.h). */
 hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, struct stub_stream *s) {
-    (void)kind;
+    check_device_of(kind == 2 ? src : dst);
     return stub_stream_enqueue(s, dst, src, n);
 }
 hipError_t hipHostMalloc(void **ptr, size_t n, unsigned flags) { (void)flags; *ptr = malloc(n ? n : 1); return *ptr ? 0 : 2; }

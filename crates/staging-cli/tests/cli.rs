@@ -62,8 +62,10 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
             "mode_reason",
             "taken_device_bytes",
             "bytes_read",
+            "unchanged_by",
         ])
     );
+    assert_eq!(report["unchanged_by"], "file-identity");
     assert_eq!(
         keys(&report["paths"]),
         set(&["destination", "device", "host"])
