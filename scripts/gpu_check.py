@@ -22,7 +22,12 @@ usage: gpu_check.py --stage PATH [--size-gib 8] [--dir /dev/shm/staging-gpu-chec
 7. A torch.distributed group of one (NCCL on the GPU, gloo in a dry run) through
    `load_file(..., process_group=...)`, bytes compared: a smoke test of the many-ranks path
    (one GPU: multi-GPU exchange is not run).
-8. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
+8. The caller's context: `torch.cuda.current_device()` and `cuCtxGetCurrent` are the same
+   after `load_file` and after freeing its tensors; then, with a context of the caller's own
+   (`cuCtxCreate`) current, still that one after a load and its close. And destinations
+   created and filled on a busy side stream (the current stream during the load): the load's
+   bytes, not the fill, are what they hold after (the library waits for that stream).
+9. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
    every row shows its ratio to it. fastsafetensors (its wheel carried over), when importable,
    is a row of its own.
 Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
@@ -310,6 +315,69 @@ print(json.dumps({"max_abs_diff": float((gpu - cpu).abs().max()), "same_weights"
                   "devices": sorted({str(v.device) for v in weights.values()})}))
 """
 
+CONTEXT = r"""
+import ctypes, gc, json, sys
+import torch
+import safetensors_staging as st
+path, device = sys.argv[1], sys.argv[2]
+cuda = ctypes.CDLL("libcuda.so.1")
+def current():
+    c = ctypes.c_void_p()
+    cuda.cuCtxGetCurrent(ctypes.byref(c))
+    return c.value
+def state():
+    return [torch.cuda.current_device(), current()]
+torch.cuda.set_device(device); torch.zeros(1, device=device); torch.cuda.synchronize()
+seen = {"torch's context, before": state()}
+weights = st.load_file(path, device)
+seen["after load_file"] = state()
+del weights; gc.collect(); torch.cuda.synchronize()
+seen["after freeing its tensors"] = state()
+# A context of the caller's own on the same device, current: the library must push and pop its
+# primary context around every call, never replace the caller's.
+index = torch.cuda.current_device()
+dev, mine = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuDeviceGet(ctypes.byref(dev), index)
+rc = cuda.cuCtxCreate_v2(ctypes.byref(mine), 0, dev)
+own = {"created": rc, "context": mine.value, "before": current()}
+it = st.stage(path, device)
+names = [name for name, _ in it]
+own["after a load (tensors dropped as they came)"] = current()
+it.close(); gc.collect()
+own["after close"] = current()
+cuda.cuCtxDestroy_v2(mine)
+ok = (all(v == seen["torch's context, before"] for v in seen.values())
+      and rc == 0 and own["after a load (tensors dropped as they came)"] == mine.value
+      and own["after close"] == mine.value)
+print(json.dumps({"ok": ok, "torch": seen, "own": own, "tensors": len(names)}))
+"""
+
+DESTINATION_SYNC = r"""
+import glob, json, os, sys
+import torch
+import safetensors_staging as st
+from safetensors.torch import load_file
+path, device = sys.argv[1], sys.argv[2]
+torch.cuda.set_device(device)
+want = {}
+for f in sorted(glob.glob(os.path.join(path, "*.safetensors")))[:1]:
+    want.update(load_file(f, device=device))
+names = sorted(want, key=lambda n: -want[n].numel())[:4]
+side = torch.cuda.Stream()
+def destination(name, info):
+    # Queued on the current (side) stream behind ~50 ms of spinning: unless the library waits
+    # for this stream before writing, the fill lands after the load's bytes and overwrites them.
+    t = torch.empty(info.nbytes, dtype=torch.uint8, device=device)
+    torch.cuda._sleep(100_000_000)
+    t.fill_(7)
+    return t
+with torch.cuda.stream(side):
+    got = st.load_file(path, device, select=names, destination=destination)
+torch.cuda.synchronize()
+bad = [n for n in names if not torch.equal(got[n], want[n].reshape(-1).view(torch.uint8))]
+print(json.dumps({"tensors": len(names), "bad": bad}))
+"""
+
 
 def python_rows(args, results, facts, total_bytes, device, env):
     """The Python package's rows: load_file on the device (and under a budget), bytes compared on
@@ -349,6 +417,30 @@ def python_rows(args, results, facts, total_bytes, device, env):
     else:
         row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
     results.append(row)
+    if device != "cpu":
+        # The caller's current device and context are the same after a load and after its
+        # tensors are freed (torch's primary context current, then a context of the caller's own).
+        code, out, err, *_ = run_child([sys.executable, "-c", CONTEXT, args.dir, device], env=env, gpu=True)
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            facts["caller's current device and CUDA context unchanged by load and free"] = (
+                f"{'yes' if r['ok'] else 'NO'}: torch {r['torch']}, own context {r['own']}")
+            if not r["ok"]:
+                results.append({"what": "caller's context unchanged", "exit": 1, "peak_rss_mib": 0,
+                                "bytes_exact": "NO: the context moved", "error": json.dumps(r)[:300]})
+        else:
+            facts["caller's context check"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+        # A destination still being written on the caller's current stream is waited for.
+        code, out, err, *_ = run_child([sys.executable, "-c", DESTINATION_SYNC, args.dir, device], env=env, gpu=True)
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            facts["destination filled on a busy side stream, then loaded into"] = (
+                "bytes exact" if not r["bad"] else f"NO: {r['bad']} overwritten")
+            if r["bad"]:
+                results.append({"what": "destination stream synchronization", "exit": 1, "peak_rss_mib": 0,
+                                "bytes_exact": f"NO: {len(r['bad'])} differ", "error": json.dumps(r)[:300]})
+        else:
+            facts["destination synchronization check"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
     minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
     if os.path.isdir(minilm):
         work = os.path.join(args.dir, "minilm-seeded")

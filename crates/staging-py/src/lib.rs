@@ -11,6 +11,7 @@
 //! - `errors`: the `StagingError` hierarchy;
 //! - `testing`: the Rust suite's malformed checkpoints, for the Python tests.
 
+mod destination;
 mod errors;
 mod export;
 mod info;

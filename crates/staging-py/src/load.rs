@@ -24,67 +24,24 @@ use pyo3::types::{PyDict, PyString};
 use safetensors_staging::cufile::RequestedMode;
 use safetensors_staging::mock::Ledger;
 use safetensors_staging::{
-    AutoOptions, Backend, Checkpoint, DestinationError, Error, HeldMemory, HostOptions, JsonReport,
-    Load, LoadReport, Loader, RawDestination, RowRange, Selection, StagingPath, StagingPolicy,
-    Tensor, TensorMeta, TensorRecord,
+    AutoOptions, Backend, Checkpoint, Error, HeldMemory, HostOptions, JsonReport, Load, LoadReport,
+    Loader, RowRange, Selection, StagingPath, StagingPolicy, Tensor, TensorMeta, TensorRecord,
 };
 
+use crate::destination::{GivenMap, PyDestination};
 use crate::errors::{self, BackendUnavailableError, StagingError};
 use crate::export::{Memory, Staged};
 use crate::info::{TensorInfo, open_checkpoint, remote_options};
 
-/// Tensors the destination callback gave memory for, kept alive until handed back, by name.
-type Given = Arc<Mutex<HashMap<String, Py<PyAny>>>>;
-
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave these maps or the load half-updated in a way
     // that matters more than the panic itself, which PyO3 already turned into an exception.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The destination callback. The Python side (`_destination_adapter`) calls the user's function
-/// and checks what it returns (a contiguous, writable tensor or array on the load's device);
-/// here the answer is `(address, nbytes, object)`, and the object is kept alive until its tensor
-/// is handed out.
-struct PyDestination {
-    callback: Py<PyAny>,
-    given: Given,
-    /// The load's `stop`: set when the callback closed its own load.
-    stop: Arc<AtomicBool>,
-}
-
 /// The error a load stopped by `close()` from its own destination callback ends with; the
 /// iteration then ends quietly, as after any `close()`.
-const CLOSED_IN_CALLBACK: &str = "the load was closed by its own destination callback";
-
-// SAFETY: the region is the memory of the object the callback returned, checked on the Python
-// side to be contiguous, writable, on the memory space named and `nbytes` long; it is kept alive
-// in `given` until its tensor is handed out. The caller of `stage(destination=...)` promises, as
-// documented there, not to touch that memory until then.
-unsafe impl RawDestination for PyDestination {
-    fn region(
-        &mut self,
-        tensor: &TensorMeta,
-        space: &'static str,
-    ) -> Result<Option<(usize, usize)>, DestinationError> {
-        Python::attach(|py| -> PyResult<Option<(usize, usize)>> {
-            let info = TensorInfo::new(tensor);
-            let out = self
-                .callback
-                .call1(py, (tensor.name.as_str(), info, space))?;
-            if self.stop.load(Ordering::Acquire) {
-                return Err(StagingError::new_err(CLOSED_IN_CALLBACK));
-            }
-            if out.is_none(py) {
-                return Ok(None);
-            }
-            let (address, nbytes, object): (usize, usize, Py<PyAny>) = out.extract(py)?;
-            locked(&self.given).insert(tensor.name.clone(), object);
-            Ok(Some((address, nbytes)))
-        })
-        .map_err(|e| Box::new(e) as DestinationError)
-    }
-}
+pub(crate) const CLOSED_IN_CALLBACK: &str = "the load was closed by its own destination callback";
 
 /// Where a load runs: `"cpu"` (host memory) or a GPU (`"cuda"`, with its index).
 fn backend(
@@ -294,7 +251,7 @@ pub(crate) fn stage(
     let remote = remote_options(concurrency, range_size, retries, bandwidth, store_options);
     let checkpoint = open_checkpoint(py, paths, remote.clone())?;
     let selection = selection(&checkpoint, select, rows)?;
-    let given = Given::default();
+    let given = GivenMap::default();
     let stop = Arc::new(AtomicBool::new(false));
     let mut loader = Loader::new()
         .backend(backend)
@@ -305,11 +262,12 @@ pub(crate) fn stage(
         .select(selection)
         .remote(remote);
     if let Some(callback) = destination {
-        loader = loader.raw_destination(PyDestination {
+        loader = loader.raw_destination(PyDestination::new(
             callback,
-            given: Arc::clone(&given),
-            stop: Arc::clone(&stop),
-        });
+            Arc::clone(&given),
+            Arc::clone(&stop),
+            gpu.unwrap_or(0),
+        ));
     }
     let load = py
         .detach(move || -> Result<Load<'static>, Error> {
@@ -395,7 +353,7 @@ pub(crate) struct PyLoad {
     /// Set by `close()` from inside the destination callback.
     stop: Arc<AtomicBool>,
     info: Mutex<Info>,
-    given: Given,
+    given: GivenMap,
     ledger: Option<Ledger>,
     held: HeldMemory,
     device_index: i32,
@@ -469,7 +427,8 @@ impl PyLoad {
         let fallback = tensor.fallback().map(|f| format!("{f:?}"));
         match tensor.path() {
             StagingPath::Destination => {
-                locked(&self.given).remove(tensor.name()).ok_or_else(|| {
+                let given = locked(&self.given).remove(tensor.name());
+                given.map(|g| g.object.clone_ref(py)).ok_or_else(|| {
                     errors::to_py(Error::Load(staging_core::Error::Internal(format!(
                         "tensor {:?} was read into a destination that was not kept",
                         tensor.name()

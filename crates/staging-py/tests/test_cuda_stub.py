@@ -3,8 +3,9 @@
 here; system memory stands for device memory). What this checks is the package's part: that a
 `device="cuda:0"` load goes to the cuFile backend, that each tensor is exported through DLPack as
 CUDA memory of device 0 (`kDLCUDA`, the right dtype, shape and bytes), and that dropping the last
-reference frees the allocation in the driver. It does not check torch adopting CUDA memory, which
-needs a GPU (`scripts/gpu-check.sh`)."""
+reference frees the allocation in the driver, in its own context, leaving the caller's current
+context (here device 1's) current. It does not check torch adopting CUDA memory, which needs a GPU
+(`scripts/gpu-check.sh`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,25 @@ get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 driver = ctypes.CDLL("libcuda.so")
 driver.stub_cuda_live_allocation.restype = ctypes.c_size_t
 driver.stub_cuda_live_allocation.argtypes = [ctypes.c_uint64]
+driver.stub_cuda_wrong_context.restype = ctypes.c_size_t
+driver.stub_cuda_set_devices.argtypes = [ctypes.c_long]
+
+# The caller's current context is device 1's (as after torch.cuda.set_device(1)); the load is on
+# device 0. It must still be device 1's after loading and after each tensor is freed.
+driver.stub_cuda_set_devices(2)
+driver.cuInit(0)
+device1, caller = ctypes.c_int(), ctypes.c_void_p()
+driver.cuDeviceGet(ctypes.byref(device1), 1)
+driver.cuDevicePrimaryCtxRetain(ctypes.byref(caller), device1)
+driver.cuCtxSetCurrent(caller)
+def current():
+    context = ctypes.c_void_p()
+    driver.cuCtxGetCurrent(ctypes.byref(context))
+    return context.value
+moved = []
+def check(when):
+    if current() != caller.value:
+        moved.append(when)
 
 path = sys.argv[1]
 # One allocation per tensor (no sub-allocation, no reading neighbours together), so that each
@@ -60,8 +80,10 @@ for name, staged in it:
     }
     del tensor, capsule  # a capsule nobody consumed: its destructor runs the deleter
     entry["live_after_capsule"] = driver.stub_cuda_live_allocation(data) if data else None
+    check(f"loading {name}")
     del staged  # the last reference: the memory goes back to the driver
     entry["live_after_drop"] = driver.stub_cuda_live_allocation(data) if data else None
+    check(f"freeing {name}")
     seen.append(entry)
 report = json.loads(it.report_json())
 held = it.held()
@@ -73,9 +95,11 @@ free, total = ctypes.c_size_t(), ctypes.c_size_t()
 driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
 in_use_with_tensors = total.value - free.value
 del tensors, again
+check("freeing the second load's tensors")
 driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
 print(json.dumps({"tensors": seen, "backend": report["backend"], "mode": report["mode"], "held": held,
-                  "in_use_with_tensors": in_use_with_tensors, "in_use_after": total.value - free.value}))
+                  "in_use_with_tensors": in_use_with_tensors, "in_use_after": total.value - free.value,
+                  "context_moved": moved, "wrong_context": driver.stub_cuda_wrong_context()}))
 """
 
 
@@ -117,3 +141,122 @@ def test_cuda_tensors_are_dlpack_cuda_exports_freed_by_their_last_reference(tmp_
     assert result["held"] == {"device": 0, "host": 0, "caller": 0}
     assert result["in_use_with_tensors"] >= sum(map(len, contents.values()))
     assert result["in_use_after"] == 0
+    # The caller's current context (device 1's) was never moved, and nothing was freed in
+    # another context than its own (the DLPack deleter runs wherever the last reference goes).
+    assert result["context_moved"] == []
+    assert result["wrong_context"] == 0
+
+
+# A DLPack producer of CUDA memory written in Python (no GPU, no CUDA torch): its memory comes
+# from the stub driver's cuMemAlloc (host memory there), and its `__dlpack__` records the stream
+# the consumer asked for, as torch's does before ordering that stream after its own.
+DESTINATION_CHILD = r"""
+import ctypes, json, sys
+import safetensors_staging as st
+from safetensors_staging import _native
+
+driver = ctypes.CDLL("libcuda.so")
+driver.stub_cuda_null_stream_syncs.restype = ctypes.c_size_t
+driver.stub_cuda_live_allocation.restype = ctypes.c_size_t
+driver.stub_cuda_live_allocation.argtypes = [ctypes.c_uint64]
+driver.cuInit(0)
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+driver.cuDeviceGet(ctypes.byref(dev), 0)
+driver.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+driver.cuCtxSetCurrent(ctx)
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+class Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+class Managed(ctypes.Structure):
+    _fields_ = [("version", Version), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER),
+                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+new_capsule = ctypes.pythonapi.PyCapsule_New
+new_capsule.restype = ctypes.py_object
+new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+deleted = []
+@DELETER
+def deleter(ptr):
+    deleted.append(ptr)
+
+class CudaArray:
+    def __init__(self, nbytes, device_id=0, strides=None, read_only=False, lanes=1):
+        self.ptr = ctypes.c_uint64()
+        assert driver.cuMemAlloc_v2(ctypes.byref(self.ptr), nbytes) == 0
+        ctypes.memset(self.ptr.value, 0, nbytes)
+        self.nbytes, self.device_id, self.read_only, self.lanes = nbytes, device_id, read_only, lanes
+        self.shape = (ctypes.c_int64 * 1)(nbytes)
+        self.strides = None if strides is None else (ctypes.c_int64 * 1)(strides)
+        self.streams = []
+        self.managed = []
+    def __dlpack_device__(self):
+        return (2, self.device_id)  # kDLCUDA
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        self.streams.append(stream)
+        m = Managed()
+        m.version = Version(1, 0)
+        m.deleter = deleter
+        m.flags = 1 if self.read_only else 0
+        m.dl_tensor = DLTensor(self.ptr.value, DLDevice(2, self.device_id), 1, DLDataType(1, 8, self.lanes),
+                               self.shape, self.strides, 0)
+        self.managed.append(m)
+        return new_capsule(ctypes.addressof(m), b"dltensor_versioned", None)
+    def bytes(self):
+        return ctypes.string_at(self.ptr.value, self.nbytes)
+
+path, case = sys.argv[1], sys.argv[2]
+made = {}
+def destination(name, info):
+    if name != "w":
+        return None
+    kwargs = {"bad_device": {"device_id": 1}, "strided": {"strides": 2}, "read_only": {"read_only": True},
+              "lanes": {"lanes": 2}}.get(case, {})
+    made[name] = CudaArray(info.nbytes, **kwargs)
+    made["syncs_before"] = driver.stub_cuda_null_stream_syncs()
+    return made[name]
+try:
+    it = _native._stage([path], gpu=0, backend_name="cufile", destination=destination, threads=1)
+    got = dict(it)
+    w = made["w"]
+    print(json.dumps({"same_object": got["w"] is w, "bytes": w.bytes().hex(), "streams": w.streams,
+                      "syncs": driver.stub_cuda_null_stream_syncs() - made["syncs_before"],
+                      "deleted": len(deleted), "path": [e["path"] for e in json.loads(it.report_json())["tensor_list"] if e["name"] == "w"]}))
+except st.StagingError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e), "deleted": len(deleted)}))
+"""
+
+
+@pytest.mark.parametrize("case", ["ok", "bad_device", "strided", "read_only", "lanes"])
+def test_cuda_destinations_are_checked_and_synchronized_in_rust(tmp_path: Path, stubs: dict, case: str) -> None:
+    """A CUDA destination is taken through DLPack by the library itself: exported for the
+    default stream (stream 1, which a producer such as torch orders after its current stream),
+    that stream synchronized before the write, the memory kept alive (its DLPack deleter called)
+    until the tensor is handed out; and device, contiguity, writability and dtype checked."""
+    specs = [("w", "F32", (64,)), ("b", "F32", (7,))]
+    contents = write_safetensors(tmp_path / "model.safetensors", specs, seed=5)
+    out = subprocess.run([sys.executable, "-c", DESTINATION_CHILD, str(tmp_path / "model.safetensors"), case],
+                         capture_output=True, text=True, env={**os.environ, **stubs}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if case == "ok":
+        assert result["same_object"], result
+        assert bytes.fromhex(result["bytes"]) == contents["w"]
+        assert result["path"] == ["destination"]
+        assert result["streams"] == [1], "exported for the legacy default stream"
+        assert result["syncs"] >= 1, "the default stream was synchronized before the write"
+        assert result["deleted"] == 1, "the DLPack tensor was released once the tensor was handed out"
+        return
+    assert result["error"] == "DestinationError", result
+    expected = {"bad_device": "the load is on cuda:0 but the destination is on cuda:1", "strided": "not contiguous",
+                "read_only": "read-only", "lanes": "2 lanes"}[case]
+    assert expected in result["message"], result["message"]
+    assert 'tensor "w"' in result["message"], result["message"]
+    assert result["deleted"] == 1, "a refused destination is released too"

@@ -15,6 +15,7 @@ import safetensors.torch
 import torch
 
 import safetensors_staging as st
+from safetensors_staging import _native
 import safetensors_staging.numpy as stn
 from conftest import BITS, every_dtype_specs, write_safetensors, write_sharded
 
@@ -243,6 +244,16 @@ def test_destination_errors(minilm_dir: Path) -> None:
         st.load_file(minilm_dir, select=[name], destination=lambda n, i: torch.empty(384, 2)[:, 0])
     with pytest.raises(st.DestinationError, match="expected a torch.Tensor"):
         st.load_file(minilm_dir, select=[name], destination=lambda n, i: bytearray(2000))
+    # Checked in Rust, through DLPack: a read-only array, and no bare addresses from Python.
+    frozen = np.zeros(4000, dtype=np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(st.DestinationError, match="read-only"):
+        st.load_file(minilm_dir, select=[name], destination=lambda n, i: frozen)
+    assert not frozen.any(), "nothing was written into it"
+    with pytest.raises(st.DestinationError, match="does not export DLPack"):
+        st.load_file(minilm_dir, select=[name], destination=lambda n, i: (frozen.ctypes.data, frozen.nbytes, frozen))
+    with pytest.raises(st.DestinationError, match="does not export DLPack"):
+        list(_native._stage([str(minilm_dir)], select=[name], destination=lambda n, i: frozen.ctypes.data))
 
     def fails(n, i):
         raise ValueError("no room")

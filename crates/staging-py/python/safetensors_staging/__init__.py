@@ -127,47 +127,6 @@ def _gpu_index(device: Any) -> Optional[int]:
     raise ValueError(f"device={device!r}: expected \"cpu\", \"cuda\", \"cuda:N\" or a torch.device")
 
 
-def _region(obj: Any, name: str, space: str, gpu: Optional[int]) -> Tuple[int, int]:
-    """The memory of a destination the callback returned, checked: `(address, nbytes)`."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        if not obj.is_contiguous():
-            raise DestinationError(f"tensor {name!r}: the destination tensor is not contiguous")
-        device = obj.device
-        if space == "host":
-            if device.type != "cpu":
-                raise DestinationError(
-                    f"tensor {name!r}: the load is in host memory but the destination is on {device}"
-                )
-        elif device.type != "cuda" or device.index != gpu:
-            raise DestinationError(
-                f"tensor {name!r}: the load is on cuda:{gpu} but the destination is on {device}"
-            )
-        return obj.data_ptr(), obj.numel() * obj.element_size()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(obj, numpy.ndarray):
-        if space != "host":
-            raise DestinationError(f"tensor {name!r}: a NumPy array cannot receive a tensor on cuda:{gpu}")
-        if not obj.flags.c_contiguous or not obj.flags.writeable:
-            raise DestinationError(f"tensor {name!r}: the destination array is not contiguous and writable")
-        return obj.ctypes.data, obj.nbytes
-    raise DestinationError(
-        f"tensor {name!r}: the destination returned {type(obj).__name__}; "
-        "expected a torch.Tensor, a numpy.ndarray or None"
-    )
-
-
-def _destination_adapter(user: Callable[[str, TensorInfo], Any], gpu: Optional[int]) -> Callable[..., Any]:
-    def adapter(name: str, info: TensorInfo, space: str) -> Optional[Tuple[int, int, Any]]:
-        obj = user(name, info)
-        if obj is None:
-            return None
-        address, nbytes = _region(obj, name, space, gpu)
-        return address, nbytes, obj
-
-    return adapter
-
-
 def _to_torch(staged: Any, unsupported_dtypes: str) -> "torch.Tensor":
     import torch
 
@@ -327,7 +286,7 @@ def _stage(
         backend_name=backend,
         select=select,
         rows=rows,
-        destination=None if destination is None else _destination_adapter(destination, gpu),
+        destination=destination,
         memory_cap=memory_cap,
         chunk_size=chunk_size,
         threads=threads,
@@ -370,10 +329,17 @@ def stage(
         `{"w": "1/4"}` (part 1 of 4 near-equal parts, as `numpy.array_split`); or a function of
         `(name, TensorInfo)` returning such a range or None.
     destination: a function of `(name, TensorInfo)` returning a contiguous, writable tensor (or
-        NumPy array) on the load's device to read that tensor's bytes into, or None to let the
-        library allocate. The object returned is the one yielded; it must not be touched until
-        then. Its dtype and shape are the caller's choice; it must hold at least
-        `TensorInfo.nbytes`.
+        NumPy array, or any DLPack array) on the load's device to read that tensor's bytes into,
+        or None to let the library allocate. The object returned is the one yielded; it must
+        not be touched until then. Its dtype and shape are the caller's choice; it must hold at
+        least `TensorInfo.nbytes`. The library takes it through DLPack and checks device,
+        contiguity, writability, dtype and size itself. A CUDA tensor is imported for the
+        device's default stream, which torch orders after its current stream, and that stream
+        is synchronized before anything is written: work queued on the tensor's current stream
+        before the callback returned is finished first; work on other streams is the caller's
+        to finish. From inside the callback, the load's `report()`, `backend`, `total_bytes`
+        and `held()` work (the report as of the last tensor handed out), `close()` ends the
+        load before this tensor is read, and iterating the load raises `StagingError`.
     memory_cap: bytes of device memory the load may use (the GPU's free memory is replaced by
         this budget; for "cpu" the capacity of the host backend's device buffers). Tensors that
         do not fit take the host path.

@@ -86,7 +86,7 @@ def _stage(
     backend_name: str = "auto",
     select: Union[None, Iterable[str], Callable[[str], bool]] = None,
     rows: Union[None, Mapping[str, Any], Callable[[str, TensorInfo], Any]] = None,
-    destination: Optional[Callable[[str, TensorInfo, str], Optional[Tuple[int, int, Any]]]] = None,
+    destination: Optional[Callable[[str, TensorInfo], Any]] = None,
     memory_cap: Optional[int] = None,
     chunk_size: Optional[int] = None,
     threads: Optional[int] = None,
