@@ -463,6 +463,130 @@ fn without_an_etag_a_cut_body_is_asked_for_whole_again_never_resumed() {
     );
 }
 
+/// Opens and drains `url` on this thread; the bytes of every tensor, or the error.
+fn load_all(url: &str) -> Result<Loaded, Error> {
+    let mut load = loader(options(), 2).open(url)?;
+    let (loaded, error) = drain(&mut load);
+    error.map_or(Ok(loaded), Err)
+}
+
+#[test]
+fn async_callers_load_from_spawn_blocking_and_get_an_error_on_a_worker() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    let url = server.url("/m");
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for runtime in [&multi, &current] {
+        runtime.block_on(async {
+            // From a blocking thread, as the error message recommends: it works.
+            let u = url.clone();
+            let loaded = tokio::task::spawn_blocking(move || load_all(&u))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_exact(&loaded, &contents);
+            // On a worker (an async task): a clear error, no panic.
+            let u = url.clone();
+            let error = tokio::spawn(async move { load_all(&u).map(|_| ()) })
+                .await
+                .expect("no panic")
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("spawn_blocking"), "{error}");
+            // In the runtime's own block_on as well.
+            let error = load_all(&url).map(|_| ()).unwrap_err().to_string();
+            assert!(error.contains("async task"), "{error}");
+        });
+    }
+}
+
+#[test]
+fn a_remote_load_dropped_in_async_code_does_not_panic() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, contents) = sharded(&server, "/m");
+    let url = server.url("/m");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut load = tokio::task::spawn_blocking(move || loader(options(), 2).open(url))
+            .await
+            .unwrap()
+            .unwrap();
+        // Half-read: a tensor taken, the rest still held by the load (and its runtime).
+        let (load, first) = tokio::task::spawn_blocking(move || {
+            let first = load.next().unwrap().unwrap();
+            (load, first)
+        })
+        .await
+        .unwrap();
+        assert_eq!(first.to_vec().unwrap(), contents[first.name()]);
+        // Dropped in a worker task and in block_on's future: tokio would panic dropping a
+        // runtime here; the remote's runtime shuts down in the background instead.
+        tokio::spawn(async move { drop(load) })
+            .await
+            .expect("no panic");
+        drop(first);
+    });
+    let load = loader(options(), 1).open(server.url("/m")).unwrap();
+    runtime.block_on(async move { drop(load) });
+}
+
+#[test]
+fn an_interrupt_ends_a_stalled_get_promptly() {
+    let server = RangeServer::start().unwrap();
+    let (_dir, _) = sharded(&server, "/m");
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut stalling = options();
+    stalling.request_timeout = Duration::from_secs(120);
+    stalling.interrupt = Some(safetensors_staging::remote::Interrupt::new({
+        let fired = std::sync::Arc::clone(&fired);
+        move || fired.load(std::sync::atomic::Ordering::Acquire)
+    }));
+    for threads in [1, 3] {
+        fired.store(false, std::sync::atomic::Ordering::Release);
+        server.set_faults(Faults::default());
+        let mut load = loader(stalling.clone(), threads)
+            .open(server.url("/m"))
+            .unwrap();
+        server.set_faults(Faults {
+            stall: true,
+            ..Faults::default()
+        });
+        let interrupter = {
+            let fired = std::sync::Arc::clone(&fired);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                fired.store(true, std::sync::atomic::Ordering::Release);
+                Instant::now()
+            })
+        };
+        let (loaded, error) = drain(&mut load);
+        let ended = Instant::now();
+        let fired_at = interrupter.join().unwrap();
+        assert!(loaded.is_empty());
+        let message = error
+            .expect("the stalled load ends with an error")
+            .to_string();
+        assert!(message.contains("interrupted"), "{message}");
+        let after = ended.saturating_duration_since(fired_at);
+        assert!(
+            after < Duration::from_secs(5),
+            "ended {after:?} after the interrupt (the request timeout is 120 s)"
+        );
+    }
+}
+
 #[test]
 fn missing_and_denied_objects_are_one_clear_error() {
     let server = RangeServer::start().unwrap();

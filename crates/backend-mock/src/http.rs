@@ -30,6 +30,9 @@ pub struct Faults {
     /// Ignore `If-Match` and `If-Unmodified-Since` (answer as if they were not sent), as a
     /// server that does not implement conditional requests does.
     pub ignore_conditions: bool,
+    /// Every `GET` is read and never answered (the connection stays open until the server
+    /// stops), as a server that stopped answering does.
+    pub stall: bool,
 }
 
 /// One request the server answered.
@@ -102,8 +105,9 @@ impl RangeServer {
                     }
                     let Ok(stream) = stream else { continue };
                     let state = Arc::clone(&state);
+                    let stop = Arc::clone(&stop);
                     std::thread::spawn(move || {
-                        let _ = serve(stream, &state);
+                        let _ = serve(stream, &state, &stop);
                     });
                 }
             })
@@ -354,7 +358,7 @@ fn resolve(range: (u64, u64), len: u64) -> (u64, u64) {
     }
 }
 
-fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
+fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Result<()> {
     // Each answer is written whole and then flushed: without TCP_NODELAY a response split over
     // several small writes waits on the client's delayed ACK (40 ms per request, measured).
     stream.set_nodelay(true)?;
@@ -397,6 +401,16 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
                     _ => {}
                 }
             }
+        }
+        let stall = method == "GET" && {
+            let state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.faults.stall
+        };
+        if stall {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            return Ok(());
         }
         let answer = {
             let mut state = state.lock().unwrap_or_else(|p| p.into_inner());

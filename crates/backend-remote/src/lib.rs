@@ -34,6 +34,14 @@
 //! from another version): its whole range is asked for again, conditional and checked like the
 //! first, at most [`Options::max_retries`] times.
 //!
+//! Calls block the calling thread until their requests are done, on a runtime of the `Remote`'s
+//! own: from a plain thread, or from a blocking thread of the caller's async runtime
+//! (`tokio::task::spawn_blocking`); a call from an async task (a runtime worker thread, or a
+//! runtime's `block_on`) is an error, since it would stall that runtime. A `Remote` may be
+//! dropped anywhere, in async code too. [`Options::interrupt`] ends a call within about 50 ms
+//! of its predicate turning true (the Python door ties it to Ctrl-C), however long the server
+//! takes to answer.
+//!
 //! Configuration is each cloud's standard environment (for S3: `AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`; a plain
 //! `http://` endpoint is allowed because it says so), then [`Options::config`] (object_store's
@@ -65,6 +73,7 @@ use staging_core::{
 use location::Location;
 pub use location::{Scheme, is_remote};
 use pace::Pace;
+use std::future::Future;
 
 /// How a [`Remote`] reads.
 #[derive(Debug, Clone)]
@@ -92,6 +101,30 @@ pub struct Options {
     /// `aws_access_key_id`, `allow_http`, `google_service_account`, `azure_storage_account_name`,
     /// ...), applied after the environment.
     pub config: Vec<(String, String)>,
+    /// Asked every 50 ms while a call waits on the network: once it says true, the call ends
+    /// with an error, "interrupted" (default: none).
+    pub interrupt: Option<Interrupt>,
+}
+
+/// A predicate that interrupts a [`Remote`]'s calls ([`Options::interrupt`]).
+#[derive(Clone)]
+pub struct Interrupt(Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl Interrupt {
+    /// Interrupts the calls once `fired` returns true (it is called from the I/O threads).
+    pub fn new(fired: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(fired))
+    }
+
+    fn fired(&self) -> bool {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Interrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Interrupt(..)")
+    }
 }
 
 impl Default for Options {
@@ -105,6 +138,7 @@ impl Default for Options {
             request_timeout: Duration::from_secs(300),
             bandwidth: None,
             config: Vec::new(),
+            interrupt: None,
         }
     }
 }
@@ -236,7 +270,8 @@ pub struct Stats {
 struct Inner {
     root: Location,
     store: Arc<dyn ObjectStore>,
-    runtime: tokio::runtime::Runtime,
+    runtime: OwnedRuntime,
+    interrupt: Option<Interrupt>,
     permits: tokio::sync::Semaphore,
     pace: Option<Pace>,
     range_size: usize,
@@ -246,6 +281,48 @@ struct Inner {
     gets: AtomicU64,
     heads: AtomicU64,
     bytes: AtomicU64,
+}
+
+/// The `Remote`'s runtime, shut down without blocking when dropped: dropping a tokio runtime
+/// from async code panics, and a `Load` may well be dropped there.
+#[derive(Debug)]
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnedRuntime {
+    fn get(&self) -> io::Result<&tokio::runtime::Runtime> {
+        self.0
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the I/O runtime was shut down"))
+    }
+}
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+const IN_ASYNC_TASK: &str = "called from an async task, which it would block: load from a \
+     blocking thread (tokio::task::spawn_blocking)";
+
+/// Whether this thread is running an async task (a runtime worker thread, or a runtime's
+/// `block_on`): there, a task is polled under tokio's cooperative budget, which runs out; on a
+/// blocking thread (`spawn_blocking`) or any other thread it never does.
+fn in_async_task() -> bool {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return false;
+    }
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    for _ in 0..=1024 {
+        let mut unit = std::pin::pin!(tokio::task::coop::consume_budget());
+        if unit.as_mut().poll(&mut cx).is_pending() {
+            return true;
+        }
+    }
+    false
 }
 
 /// One object store or HTTP server, opened at a URL's root: the [`Store`] a checkpoint is
@@ -370,6 +447,9 @@ impl Remote {
     /// store that cannot be configured (no region, say) is an error naming `url`.
     pub fn open(url: &Path, options: &Options) -> Result<Self, Error> {
         let invalid = |message: String| path_error(url, io::ErrorKind::InvalidInput, message);
+        if in_async_task() {
+            return Err(invalid(IN_ASYNC_TASK.to_owned()));
+        }
         let location = Location::parse(url).map_err(&invalid)?;
         let root = Location {
             key: Key::default(),
@@ -386,7 +466,8 @@ impl Remote {
             inner: Arc::new(Inner {
                 root,
                 store,
-                runtime,
+                runtime: OwnedRuntime(Some(runtime)),
+                interrupt: options.interrupt.clone(),
                 permits: tokio::sync::Semaphore::new(options.concurrency.max(1)),
                 pace: options.bandwidth.map(Pace::new),
                 range_size: options.range_size.max(4096),
@@ -442,15 +523,44 @@ impl Inner {
         Ok(location.key)
     }
 
-    /// Runs `future` on this store's runtime, from a thread outside any async runtime.
+    /// Runs `future` to its end on this store's runtime, blocking this thread: a plain thread
+    /// or a blocking thread of another runtime, never an async task. Interruptible.
     fn block_on<T>(&self, future: impl Future<Output = io::Result<T>>) -> io::Result<T> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(io::Error::other(
-                "called from inside an async runtime: load from a blocking thread \
-                 (tokio::task::spawn_blocking)",
-            ));
+        let runtime = self.runtime.get()?;
+        let future = self.interruptible(future);
+        if tokio::runtime::Handle::try_current().is_err() {
+            return runtime.block_on(future);
         }
-        self.runtime.block_on(future)
+        if in_async_task() {
+            return Err(io::Error::other(IN_ASYNC_TASK));
+        }
+        // A blocking thread of the caller's runtime, whose context is set here (so tokio's
+        // `block_on` would refuse): the future is polled here, with this store's runtime
+        // entered, and that runtime's own threads drive its I/O and timers.
+        let _entered = runtime.enter();
+        futures::executor::block_on(future)
+    }
+
+    /// `future`, ended early with an "interrupted" error once the interrupt predicate fires.
+    async fn interruptible<T>(&self, future: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+        let Some(interrupt) = &self.interrupt else {
+            return future.await;
+        };
+        let watch = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if interrupt.fired() {
+                    // Not `ErrorKind::Interrupted`: readers retry that one, as for EINTR.
+                    return io::Error::other("interrupted");
+                }
+            }
+        };
+        let future = std::pin::pin!(future);
+        let watch = std::pin::pin!(watch);
+        match futures::future::select(future, watch).await {
+            futures::future::Either::Left((done, _)) => done,
+            futures::future::Either::Right((interrupted, _)) => Err(interrupted),
+        }
     }
 
     fn head(&self, key: &Key) -> io::Result<ObjectMeta> {

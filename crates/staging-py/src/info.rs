@@ -112,7 +112,15 @@ pub(crate) fn open_checkpoint(
     remote: RemoteOptions,
 ) -> PyResult<Checkpoint> {
     py.detach(move || Loader::new().remote(remote).read_headers(&paths))
-        .map_err(errors::to_py)
+        .map_err(|e| interrupted_or(py, e))
+}
+
+/// A pending `KeyboardInterrupt` (Ctrl-C stopped a remote read), else `error`.
+pub(crate) fn interrupted_or(py: Python<'_>, error: safetensors_staging::Error) -> PyErr {
+    match py.check_signals() {
+        Err(interrupted) => interrupted,
+        Ok(()) => errors::to_py(error),
+    }
 }
 
 /// The remote keywords (`concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`)
@@ -136,6 +144,7 @@ pub(crate) fn remote_options(
     }
     options.bandwidth = bandwidth;
     options.config = store_options.unwrap_or_default().into_iter().collect();
+    options.interrupt = crate::interrupt::on_ctrl_c();
     options
 }
 

@@ -15,6 +15,7 @@ mod destination;
 mod errors;
 mod export;
 mod info;
+mod interrupt;
 mod load;
 mod testing;
 

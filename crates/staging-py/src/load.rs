@@ -31,7 +31,7 @@ use safetensors_staging::{
 use crate::destination::{GivenMap, PyDestination};
 use crate::errors::{self, BackendUnavailableError, StagingError};
 use crate::export::{Memory, Staged};
-use crate::info::{TensorInfo, open_checkpoint, remote_options};
+use crate::info::{TensorInfo, interrupted_or, open_checkpoint, remote_options};
 
 pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave these maps or the load half-updated in a way
@@ -274,7 +274,7 @@ pub(crate) fn stage(
             let prepared = loader.prepare()?;
             prepared.open_checkpoint(checkpoint)
         })
-        .map_err(errors::to_py)?;
+        .map_err(|e| interrupted_or(py, e))?;
     let report = load.report();
     if let Some(index) = gpu
         && report.backend == "host"
@@ -485,7 +485,7 @@ impl PyLoad {
         // waits without holding the GIL this one needs for a destination callback.
         match py.detach(|| self.step()) {
             Step::Done => Ok(None),
-            Step::Failed(error) => Err(errors::to_py(error)),
+            Step::Failed(error) => Err(interrupted_or(py, error)),
             Step::Tensor(tensor) => {
                 if let Err(interrupted) = py.check_signals() {
                     drop(tensor);

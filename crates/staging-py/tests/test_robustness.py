@@ -216,3 +216,80 @@ def test_dlpack_capsules_consumed_or_not_free_their_memory(tmp_path: Path) -> No
     del as_numpy
     gc.collect()
     assert it.ledger_outstanding() == (0, 0) and it.held() == ZERO
+
+
+STALLED_GET = textwrap.dedent(
+    r"""
+    import json, os, signal, sys, threading, time
+    from email.utils import formatdate
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import safetensors_staging as st
+
+    data = open(sys.argv[1], "rb").read()
+    stall = threading.Event()
+    done = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        # A server of one object with ranged GETs, that stops answering GETs once `stall` is set
+        # (the connection stays open: only a timeout would end such a request).
+        def log_message(self, *args):
+            pass
+        def head(self, status, length, extra=()):
+            self.send_response(status)
+            self.send_header("Content-Length", str(length))
+            self.send_header("Last-Modified", formatdate(1767225600, usegmt=True))
+            for k, v in extra:
+                self.send_header(k, v)
+            self.end_headers()
+        def do_HEAD(self):
+            self.head(200, len(data))
+        def do_GET(self):
+            if stall.is_set():
+                done.wait(600)
+                return
+            a, b = self.headers["Range"].split("=")[1].split("-")
+            a, b = int(a), int(b)
+            self.head(206, b - a + 1, [("Content-Range", f"bytes {a}-{b}/{len(data)}")])
+            self.wfile.write(data[a:b + 1])
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/model.safetensors"
+    it = st.stage(url, concurrency=1, threads=1, backend="mock")
+    first = next(it)
+    stall.set()
+    sent = []
+    def interrupt():
+        time.sleep(0.5)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt).start()
+    try:
+        for name, tensor in it:
+            pass
+        outcome = "finished"
+    except KeyboardInterrupt:
+        outcome = "KeyboardInterrupt"
+    except st.StagingError as e:
+        outcome = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - sent[0] if sent else None
+    it.close()
+    del first
+    done.set()
+    print(json.dumps({"outcome": outcome, "after_signal_s": elapsed, "held": it.held(),
+                      "ledger": it.ledger_outstanding()}))
+    """
+)
+
+
+def test_ctrl_c_ends_a_load_stalled_on_a_get_within_a_second(tmp_path: Path) -> None:
+    """A server that stops answering mid-load: Ctrl-C raises `KeyboardInterrupt` within about a
+    second (the request timeout is 300 s), and the load holds nothing after."""
+    write_safetensors(tmp_path / "model.safetensors", [("a", "F32", (64,)), ("b", "F32", (1 << 16,)), ("c", "F32", (8,))])
+    out = subprocess.run([sys.executable, "-c", STALLED_GET, str(tmp_path / "model.safetensors")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "KeyboardInterrupt", result
+    assert result["after_signal_s"] < 1.5, result
+    assert result["held"] == ZERO and result["ledger"] == [0, 0], result
