@@ -6,9 +6,11 @@ only what was asked for."""
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -102,11 +104,10 @@ def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) ->
         result["message"] = str(e)
     result["seconds"] = time.perf_counter() - start
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    # The group is torn down as a caller would, after a failed load too; an abort there fails
+    # the spawn (see the teardown test below).
     dist.barrier()
-    # Leave without tearing the gloo group down: its destructor, racing a peer that already
-    # left, has aborted a process ("terminate called without an active exception") once in
-    # CI after every result was written. A failure inside a load shows as a missing result.
-    os._exit(0)
+    dist.destroy_process_group()
 
 
 def run_ranks(world: int, scenario: str, paths: List[str], tmp_path: Path) -> List[Dict[str, Any]]:
@@ -217,3 +218,65 @@ def test_small_pieces_of_one_owner_travel_together():
     assert _units(batch, 4 * mib) == [[0, 1], [2], [3], [4], [5], [6, 7, 8, 9, 10], [11]]
     assert _units(batch, 64 * mib) == [[0, 1], list(range(2, 12))]
     assert [i for unit in _units(batch, 1 << 10) for i in unit] == list(range(len(batch)))
+
+
+def _teardown_worker(rank: int, world: int, path: str, out: str, rounds: int) -> None:
+    """`rounds` times: a group made, a load that fails mid-exchange (a read error injected on
+    the last rank), a second load on the same group that must work, then the group torn down
+    by the caller, as a training script would. The process then exits normally: an abort in
+    any teardown (gloo's "terminate called without an active exception") fails the spawn."""
+    import safetensors_staging as st
+
+    original = st.Stage.__next__
+    want = _reference(path)
+    outcomes = []
+    for round_ in range(rounds):
+        dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{round_}", rank=rank,
+                                world_size=world, timeout=TIMEOUT)
+        calls = {"n": 0}
+
+        def failing(self):
+            calls["n"] += 1
+            if calls["n"] == 3 + round_ % 3:
+                raise st.ReadError("injected: read failed")
+            return original(self)
+
+        if rank == world - 1:
+            st.Stage.__next__ = failing
+        # Nothing of the failed load may keep the group alive: with the garbage collector off,
+        # the group's reference count is what it was (a reference cycle through the exception
+        # kept it, and gloo's tensors, until interpreter exit, where the process aborted).
+        gc.disable()
+        group = dist.group.WORLD
+        refs = sys.getrefcount(group)
+        try:
+            st.load_file(path, process_group=group, batch_bytes=1 << 20, relay_chunk=1 << 18)
+            first = "finished"
+        except st.StagingError as e:
+            first = type(e).__name__
+        leaked = sys.getrefcount(group) - refs
+        del group
+        gc.enable()
+        st.Stage.__next__ = original
+        got = st.load_file(path, process_group=dist.group.WORLD, batch_bytes=1 << 20, relay_chunk=1 << 18)
+        bad = [n for n in want if not _same(got[n], want[n])]
+        outcomes.append([first, len(got), bad, leaked])
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(outcomes))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_failed_load_leaves_the_group_usable_and_its_teardown_clean(world, sharded_with_a_big_tensor, tmp_path):
+    rounds = 20
+    out = tmp_path / f"teardown-{world}"
+    out.mkdir()
+    # join=True raises if any rank exits non-zero or is killed (SIGABRT from a C++ terminate).
+    mp.spawn(_teardown_worker, args=(world, str(sharded_with_a_big_tensor), str(out), rounds), nprocs=world, join=True)
+    want = _reference(str(sharded_with_a_big_tensor))
+    for r in range(world):
+        outcomes = json.loads((out / f"rank{r}.json").read_text())
+        assert len(outcomes) == rounds
+        for first, kept, bad, leaked in outcomes:
+            assert first == "ReadError", outcomes
+            assert kept == len(want) and bad == [], outcomes
+            assert leaked == 0, f"the failed load left {leaked} references to the group: {outcomes}"

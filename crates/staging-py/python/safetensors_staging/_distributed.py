@@ -15,6 +15,10 @@ Before the plan, and before each batch of pieces is exchanged, the ranks agree o
 failing rank broadcasts its error and every rank raises the same `StagingError` subclass, with
 "rank R: " in front. No rank waits on a broadcast from a rank that has failed, and none goes on
 with a partial model. A rank that dies outright is caught by the group's own timeout.
+
+A failed load leaves nothing of the group behind: the exception raised carries no frames of the
+exchange (see `_without_frames`), so the caller's `destroy_process_group()` really destroys the
+group, and the group can load again meanwhile.
 """
 
 from __future__ import annotations
@@ -63,6 +67,31 @@ class _Agreement:
         raise raised
 
 
+def _without_frames(error: BaseException) -> BaseException:
+    """`error`, with the tracebacks of it, its cause and its context dropped.
+
+    Those tracebacks hold the exchange's frames, and with them the process group and the tensors
+    its collectives used, in a reference cycle (an exception kept in a local of a frame in its
+    own traceback) that only the garbage collector breaks: perhaps at interpreter exit, after
+    `destroy_process_group()` could not destroy the group. Gloo's worker thread then drops its
+    last reference to such a tensor while the interpreter finalizes, needs the GIL for it, and
+    the process aborts ("terminate called without an active exception", backtrace through
+    `ProcessGroupGloo::runLoop` and `TensorImpl::decref_pyobject`; seen here about once in 10
+    runs of a failing 2-rank load). Dropped, they are freed at once. The message names the rank,
+    tensor, file and offset; the re-raised exception's traceback starts at the caller's call.
+    """
+    seen = set()
+    pending: List[Optional[BaseException]] = [error]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        pending += [e.__cause__, e.__context__]
+    return error
+
+
 class GroupStage:
     """A load across a process group: an iterator of `(name, tensor)` (the tensors this rank
     keeps, in file order), with `report()` (this rank's own load's keys plus `rank`, `world`,
@@ -77,7 +106,14 @@ class GroupStage:
         return self
 
     def __next__(self) -> Tuple[str, Any]:
-        return next(self._generator)
+        try:
+            return next(self._generator)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            self.close()
+            # `error` is cleared when this block ends, so no frame here keeps it either.
+            raise _without_frames(error)
 
     def __enter__(self) -> "GroupStage":
         return self
