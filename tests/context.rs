@@ -16,13 +16,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use backend_cufile::cudarc::driver::{CudaContext, CudaSlice, CudaStream, result, sys};
-use backend_cufile::{CudaMemory, RequestedMode, cuda_region};
+use backend_cufile::RequestedMode;
+use backend_cufile::cudarc::driver::{CudaContext, result, sys};
 use backend_mock::fixtures::{Contents, TensorSpec, write_file};
-use safetensors_staging::{
-    Backend, Destination, DestinationError, DeviceRegion, Loader, StagingPath, StagingPolicy,
-    Tensor, TensorMeta,
-};
+use safetensors_staging::{Backend, Loader, StagingPath, StagingPolicy, Tensor};
 
 const MIB: usize = 1 << 20;
 
@@ -92,35 +89,21 @@ fn cufile_loader(mode: RequestedMode, threads: usize, cap: Option<u64>) -> Loade
         library: Some(cuda_stubs().cufile.clone()),
         bounce_size: 64 << 10,
     };
-    let policy = StagingPolicy::builder()
+    Loader::new()
+        .backend(Backend::Cufile(options))
+        .policy(policy(threads))
+        .memory_cap(cap)
+}
+
+/// No headroom, 1 MiB chunks and staging, `threads` I/O threads.
+fn policy(threads: usize) -> StagingPolicy {
+    StagingPolicy::builder()
         .headroom(0, u64::MAX)
         .chunk_size(MIB)
         .staging_size(MIB)
         .io_threads(threads)
         .build()
-        .unwrap();
-    Loader::new()
-        .backend(Backend::Cufile(options))
-        .policy(policy)
-        .memory_cap(cap)
-}
-
-/// Reads tensor `b` into a slice the caller allocated with `cudarc`.
-struct IntoSlice<'a> {
-    slice: &'a mut CudaSlice<u8>,
-    stream: Arc<CudaStream>,
-}
-
-impl Destination<CudaMemory> for IntoSlice<'_> {
-    fn region(
-        &mut self,
-        tensor: &TensorMeta,
-    ) -> Result<Option<DeviceRegion<'_, CudaMemory>>, DestinationError> {
-        if tensor.name != "b" {
-            return Ok(None);
-        }
-        Ok(Some(cuda_region(self.slice, &self.stream)?))
-    }
+        .unwrap()
 }
 
 /// Drops `tensors` on a new thread whose current context is `context` (or none), and checks it
@@ -199,7 +182,7 @@ fn cuda_the_callers_current_context_is_the_same_before_and_after_everything() {
     assert_eq!(current(), Some(caller), "the hand-over moved the context");
     drop(load);
     {
-        let destination = IntoSlice {
+        let destination = common::IntoSlice {
             slice: &mut mine,
             stream: Arc::clone(&stream),
         };
@@ -287,16 +270,9 @@ fn hip_the_callers_current_device_is_the_same_before_and_after_everything() {
                 bounce_size: 64 << 10,
                 ..backend_hipfile::Options::default()
             };
-            let policy = StagingPolicy::builder()
-                .headroom(0, u64::MAX)
-                .chunk_size(MIB)
-                .staging_size(MIB)
-                .io_threads(threads)
-                .build()
-                .unwrap();
             let load = Loader::new()
                 .backend(Backend::Hipfile(options))
-                .policy(policy)
+                .policy(policy(threads))
                 .memory_cap(Some(4 * MIB as u64))
                 .open(&path)
                 .unwrap();

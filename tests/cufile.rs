@@ -141,13 +141,10 @@ fn the_posix_path_copies_with_cumemcpyhtodasync() {
 // ---- Hand-over: a loaded tensor becomes memory the caller owns, a caller's `cudarc` slice a
 // ---- destination; the budget keeps counting what the caller took.
 
+use backend_cufile::HandoverError;
 use backend_cufile::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use backend_cufile::{CudaMemory, HandoverError, cuda_region};
 use backend_mock::fixtures::{Contents, TensorSpec, write_file};
-use safetensors_staging::{
-    Backend, Destination, DestinationError, DeviceRegion, Loader, StagingPath, StagingPolicy,
-    TensorMeta,
-};
+use safetensors_staging::{Backend, Loader, StagingPath, StagingPolicy};
 use std::sync::Arc;
 
 const MIB: usize = 1 << 20;
@@ -277,24 +274,6 @@ fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
     assert_eq!(back, contents["c"]);
 }
 
-/// Reads tensor `b` into a slice the caller allocated with `cudarc`.
-struct IntoSlice<'a> {
-    slice: &'a mut CudaSlice<u8>,
-    stream: Arc<CudaStream>,
-}
-
-impl Destination<CudaMemory> for IntoSlice<'_> {
-    fn region(
-        &mut self,
-        tensor: &TensorMeta,
-    ) -> Result<Option<DeviceRegion<'_, CudaMemory>>, DestinationError> {
-        if tensor.name != "b" {
-            return Ok(None);
-        }
-        Ok(Some(cuda_region(self.slice, &self.stream)?))
-    }
-}
-
 #[test]
 fn a_cudarc_slice_is_a_destination_without_unsafe() {
     let dir = tempfile::tempdir().unwrap();
@@ -302,7 +281,7 @@ fn a_cudarc_slice_is_a_destination_without_unsafe() {
     let stream = cuda_stream();
     let mut mine = stream.clone_htod(&vec![0u8; 2 * MIB]).unwrap();
     {
-        let destination = IntoSlice {
+        let destination = common::IntoSlice {
             slice: &mut mine,
             stream: Arc::clone(&stream),
         };

@@ -83,3 +83,24 @@ where
         &back[..4]
     );
 }
+
+/// A destination that reads tensor `b` into a slice the caller allocated with `cudarc`.
+pub(crate) struct IntoSlice<'a> {
+    pub(crate) slice: &'a mut backend_cufile::cudarc::driver::CudaSlice<u8>,
+    pub(crate) stream: std::sync::Arc<backend_cufile::cudarc::driver::CudaStream>,
+}
+
+impl staging_core::Destination<backend_cufile::CudaMemory> for IntoSlice<'_> {
+    fn region(
+        &mut self,
+        tensor: &staging_core::TensorMeta,
+    ) -> Result<
+        Option<staging_core::DeviceRegion<'_, backend_cufile::CudaMemory>>,
+        staging_core::DestinationError,
+    > {
+        if tensor.name != "b" {
+            return Ok(None);
+        }
+        Ok(Some(backend_cufile::cuda_region(self.slice, &self.stream)?))
+    }
+}

@@ -19,11 +19,9 @@ import pytest
 
 from conftest import REPO, write_safetensors
 
-CHILD = r"""
-import ctypes, json, sys
-from safetensors_staging import _native
-import safetensors_staging as st
-
+# DLPack's structures, for the child scripts.
+DLPACK_CTYPES = r"""
+import ctypes
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 class DLDataType(ctypes.Structure):
@@ -32,6 +30,13 @@ class DLTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
                 ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+"""
+
+CHILD = DLPACK_CTYPES + r"""
+import ctypes, json, sys
+from safetensors_staging import _native
+import safetensors_staging as st
+
 get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 get_pointer.restype = ctypes.c_void_p
 get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -150,7 +155,7 @@ def test_cuda_tensors_are_dlpack_cuda_exports_freed_by_their_last_reference(tmp_
 # A DLPack producer of CUDA memory written in Python (no GPU, no CUDA torch): its memory comes
 # from the stub driver's cuMemAlloc (host memory there), and its `__dlpack__` records the stream
 # the consumer asked for, as torch's does before ordering that stream after its own.
-DESTINATION_CHILD = r"""
+DESTINATION_CHILD = DLPACK_CTYPES + r"""
 import ctypes, json, sys
 import safetensors_staging as st
 from safetensors_staging import _native
@@ -165,14 +170,6 @@ driver.cuDeviceGet(ctypes.byref(dev), 0)
 driver.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 driver.cuCtxSetCurrent(ctx)
 
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 class Version(ctypes.Structure):
     _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
 DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
