@@ -1,5 +1,5 @@
-//! Every malformed input in DESIGN.md gets its own clear error from `Checkpoint`, naming the file,
-//! and never a panic, a hang or a partial result.
+//! Every malformed input the README's "Guarantees" lists gets its own clear error from
+//! `Checkpoint`, naming the file, and never a panic, a hang or a partial result.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 

@@ -1,9 +1,10 @@
 //! The staging policy: which path a tensor takes, and the sizes the write loop works with.
 //!
-//! The contract (DESIGN.md): a caller's destination first; else a device buffer of its own when
-//! free memory is at least `len + headroom(len)`, `headroom(len) = max(256 MiB, len / 4)`; else,
-//! or when that allocation fails with out-of-memory, host assembly through one bounded staging
-//! buffer. The headroom is a heuristic, not a guarantee that later work will not run out of memory.
+//! The contract (the README's "The staging policy, in plain words"): a caller's destination
+//! first; else a device buffer of its own when free memory is at least `len + headroom(len)`,
+//! `headroom(len) = max(256 MiB, len / 4)`; else, or when that allocation fails with
+//! out-of-memory, host assembly through one bounded staging buffer. The headroom is a heuristic,
+//! not a guarantee that later work will not run out of memory.
 //!
 //! A [`StagingPolicy`] is built by [`PolicyBuilder`], which refuses zero where zero means
 //! nothing (a chunk, a staging buffer, a thread, a slot, a divisor): those fields are
@@ -52,8 +53,8 @@ pub enum FallbackCause {
     AllocationRace,
 }
 
-/// The numbers the stager works with. Defaults follow DESIGN.md; build other values with
-/// [`StagingPolicy::builder`].
+/// The numbers the stager works with. Defaults follow the README's policy section; build others
+/// with [`StagingPolicy::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StagingPolicy {
