@@ -668,7 +668,7 @@ impl Inner {
         let mut retries = 0;
         loop {
             match self.fetch_range_once(object, offset, dst).await {
-                Err(Failure::Body(e))
+                Err(Failure::Body(_))
                     if object.version.etag.is_none() && retries < self.max_retries =>
                 {
                     let doubling = 1u32 << retries.min(8);
@@ -677,7 +677,6 @@ impl Inner {
                         .saturating_mul(doubling)
                         .min(Duration::from_secs(15));
                     retries += 1;
-                    drop(e);
                     tokio::time::sleep(backoff).await;
                 }
                 Err(Failure::Body(e) | Failure::Request(e)) => return Err(e),

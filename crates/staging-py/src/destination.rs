@@ -227,7 +227,6 @@ impl PyDestination {
     /// `given` until the tensor is handed out.
     fn take(
         &self,
-        py: Python<'_>,
         tensor: &TensorMeta,
         space: &'static str,
         object: Bound<'_, PyAny>,
@@ -308,7 +307,6 @@ impl PyDestination {
             object: object.unbind(),
             memory: Some(imported),
         };
-        let _ = py;
         locked(&self.given).insert(name.clone(), given);
         Ok((address, nbytes))
     }
@@ -338,7 +336,7 @@ unsafe impl RawDestination for PyDestination {
             if out.is_none(py) {
                 return Ok(None);
             }
-            self.take(py, tensor, space, out.into_bound(py)).map(Some)
+            self.take(tensor, space, out.into_bound(py)).map(Some)
         })
         .map_err(|e| Box::new(e) as DestinationError)
     }

@@ -124,8 +124,10 @@ pub(crate) fn interrupted_or(py: Python<'_>, error: safetensors_staging::Error) 
 }
 
 /// The remote keywords (`concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`)
-/// as the loader's remote options; `None` keeps the default.
+/// as the loader's remote options; `None` keeps the default. When `paths` name a URL, Ctrl-C
+/// interrupts its reads (the SIGINT hook is installed only then).
 pub(crate) fn remote_options(
+    paths: &[PathBuf],
     concurrency: Option<usize>,
     range_size: Option<usize>,
     retries: Option<usize>,
@@ -144,7 +146,12 @@ pub(crate) fn remote_options(
     }
     options.bandwidth = bandwidth;
     options.config = store_options.unwrap_or_default().into_iter().collect();
-    options.interrupt = crate::interrupt::on_ctrl_c();
+    if paths
+        .iter()
+        .any(|p| safetensors_staging::remote::is_remote(p))
+    {
+        options.interrupt = crate::interrupt::on_ctrl_c();
+    }
     options
 }
 
@@ -279,7 +286,14 @@ pub(crate) fn open(
     bandwidth: Option<u64>,
     store_options: Option<BTreeMap<String, String>>,
 ) -> PyResult<PyCheckpoint> {
-    let remote = remote_options(concurrency, range_size, retries, bandwidth, store_options);
+    let remote = remote_options(
+        &paths,
+        concurrency,
+        range_size,
+        retries,
+        bandwidth,
+        store_options,
+    );
     Ok(PyCheckpoint {
         checkpoint: open_checkpoint(py, paths, remote)?,
     })

@@ -248,7 +248,14 @@ pub(crate) fn stage(
 ) -> PyResult<PyLoad> {
     let backend = backend(backend_name, gpu, direct_io, cufile_mode, cufile_lib)?;
     let policy = policy(chunk_size, threads, staging_slots, coalesce_below)?;
-    let remote = remote_options(concurrency, range_size, retries, bandwidth, store_options);
+    let remote = remote_options(
+        &paths,
+        concurrency,
+        range_size,
+        retries,
+        bandwidth,
+        store_options,
+    );
     let checkpoint = open_checkpoint(py, paths, remote.clone())?;
     let selection = selection(&checkpoint, select, rows)?;
     let given = GivenMap::default();
