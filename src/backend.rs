@@ -6,6 +6,7 @@
 use staging_core::host::HostAllocator;
 
 use crate::error::{Error, Result};
+use crate::options::Device;
 
 /// Which backend loads the tensors.
 #[derive(Debug, Clone)]
@@ -150,17 +151,23 @@ impl Chosen {
     }
 }
 
-/// Opens `backend` on `device` (when set, it replaces the device in the backend's options); a
-/// host or mock device holds at most `host_capacity` bytes.
+/// Opens `backend` for `device`; a host or mock device holds at most `host_capacity` bytes.
+///
+/// This is where `auto` and "a GPU was asked for" are decided, for every door:
+/// - `auto` on device `auto`: cuFile, then hipFile (GPU 0, or the backend options' own device),
+///   else the host backend, each GPU backend passed over recorded with why;
+/// - `auto` on `cpu`: the host backend;
+/// - `auto` on GPU `n` (`cuda:N`): cuFile, then hipFile; neither usable is [`Error::NoGpu`];
+///   on `hip:N`: hipFile only, or [`Error::NoGpu`];
+/// - a named backend: that one, on the GPU given (or its options' device for `auto`); a device
+///   it cannot load onto is [`Error::DeviceMismatch`].
 // With no GPU backend built, `auto`'s two "not built" reasons are pushed one after the other.
 #[allow(clippy::vec_init_then_push)]
 pub(crate) fn open(
     backend: &Backend,
-    device: Option<usize>,
+    device: Device,
     host_capacity: Option<u64>,
 ) -> Result<Chosen> {
-    #[cfg(not(any(feature = "cufile", feature = "hipfile")))]
-    let _ = device; // no GPU backend in this build
     let host = |options| {
         Chosen::plain(Opened::Host {
             options,
@@ -170,8 +177,23 @@ pub(crate) fn open(
             },
         })
     };
+    let mismatch = |hint| Error::DeviceMismatch {
+        backend: backend.name(),
+        device: device.to_string(),
+        hint,
+    };
+    let gpu = device.gpu_index();
+    #[cfg(not(any(feature = "cufile", feature = "hipfile")))]
+    let _ = gpu; // no GPU backend in this build
     match backend {
+        Backend::Host(_) if gpu.is_some() => Err(mismatch(
+            "it loads into host memory: use device cpu (or auto)",
+        )),
         Backend::Host(options) => Ok(host(*options)),
+        #[cfg(feature = "mock")]
+        Backend::Mock if gpu.is_some() => Err(mismatch(
+            "it loads into host memory: use device cpu (or auto)",
+        )),
         #[cfg(feature = "mock")]
         Backend::Mock => {
             let (reader, allocator) = backend_mock::mock_backend();
@@ -182,18 +204,29 @@ pub(crate) fn open(
             Ok(Chosen::plain(Opened::Mock(Box::new((reader, allocator)))))
         }
         #[cfg(feature = "cufile")]
+        Backend::Cufile(_) if matches!(device, Device::Cpu | Device::Hip(_)) => Err(mismatch(
+            "it loads onto CUDA GPUs: use device cuda, cuda:N or N",
+        )),
+        #[cfg(feature = "cufile")]
         Backend::Cufile(options) => {
-            open_cufile(options, device).map_err(|e| Error::backend("cufile", e))
+            open_cufile(options, gpu).map_err(|e| Error::backend("cufile", e))
         }
         #[cfg(feature = "hipfile")]
+        Backend::Hipfile(_) if device == Device::Cpu => Err(mismatch(
+            "it loads onto HIP GPUs: use device hip:N, cuda:N or N",
+        )),
+        #[cfg(feature = "hipfile")]
         Backend::Hipfile(options) => {
-            open_hipfile(options, device).map_err(|e| Error::backend("hipfile", e))
+            open_hipfile(options, gpu).map_err(|e| Error::backend("hipfile", e))
         }
+        Backend::Auto(auto) if device == Device::Cpu => Ok(host(auto.host)),
         Backend::Auto(auto) => {
             let mut passed_over = Vec::new();
             #[cfg(feature = "cufile")]
-            {
-                match open_cufile(&auto.cufile, device) {
+            if matches!(device, Device::Hip(_)) {
+                passed_over.push(format!("cufile: device {device} is a HIP device"));
+            } else {
+                match open_cufile(&auto.cufile, gpu) {
                     Ok(chosen) => return Ok(chosen),
                     Err(
                         e @ (backend_cufile::Error::NoCudaDriver | backend_cufile::Error::NoDevice),
@@ -205,7 +238,7 @@ pub(crate) fn open(
             passed_over.push(Error::NotBuilt("cufile").to_string());
             #[cfg(feature = "hipfile")]
             {
-                match open_hipfile(&auto.hipfile, device) {
+                match open_hipfile(&auto.hipfile, gpu) {
                     Ok(mut chosen) => {
                         chosen.passed_over = passed_over;
                         return Ok(chosen);
@@ -219,6 +252,12 @@ pub(crate) fn open(
             }
             #[cfg(not(feature = "hipfile"))]
             passed_over.push(Error::NotBuilt("hipfile").to_string());
+            if gpu.is_some() {
+                return Err(Error::NoGpu {
+                    device: device.to_string(),
+                    passed_over,
+                });
+            }
             let mut chosen = host(auto.host);
             chosen.passed_over = passed_over;
             Ok(chosen)

@@ -2,6 +2,8 @@
 
 use std::error::Error as StdError;
 
+use staging_core::ErrorKind;
+
 /// Everything [`Loader`](crate::Loader) and [`Tensor`](crate::Tensor) can fail with.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -38,8 +40,45 @@ pub enum Error {
         /// The memory the destination gives.
         given: &'static str,
     },
+    /// An option's value does not parse, or the key is unknown.
+    #[error("option {key}={value:?}: {reason}")]
+    InvalidOption {
+        /// The key (`chunk_size`, `device`, ...).
+        key: String,
+        /// The value given.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The backend and the device asked for do not go together (`host` and a GPU, `cufile` and
+    /// `cpu`).
+    #[error("backend {backend} cannot load onto device {device}: {hint}")]
+    DeviceMismatch {
+        /// The backend asked for.
+        backend: &'static str,
+        /// The device asked for.
+        device: String,
+        /// What would go together.
+        hint: &'static str,
+    },
+    /// A GPU was asked for, and no GPU backend can run here.
+    #[error("device {device} was asked for, but no GPU backend can run here: {}", passed_over.join("; "))]
+    NoGpu {
+        /// The device asked for.
+        device: String,
+        /// `"backend: why"` for each GPU backend passed over.
+        passed_over: Vec<String>,
+    },
+    /// Copying a tensor's bytes off the device failed.
+    #[error("tensor {tensor:?}: {reason}")]
+    DeviceCopy {
+        /// The tensor.
+        tensor: String,
+        /// The device's error.
+        reason: String,
+    },
     /// A tensor's bytes cannot be had this way (a caller destination's bytes are the caller's;
-    /// a device copy failed; a buffer is too short).
+    /// a buffer is too short).
     #[error("tensor {tensor:?}: {reason}")]
     Tensor {
         /// The tensor.
@@ -50,6 +89,23 @@ pub enum Error {
 }
 
 impl Error {
+    /// What kind of failure this is: the classification Python's exception classes and C's
+    /// status codes are both derived from.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Load(error) => error.kind(),
+            Self::Backend { .. } | Self::NotBuilt(_) | Self::NoGpu { .. } => {
+                ErrorKind::BackendUnavailable
+            }
+            Self::UnknownBackend(_) | Self::InvalidOption { .. } | Self::DeviceMismatch { .. } => {
+                ErrorKind::InvalidOption
+            }
+            Self::DestinationSpace { .. } => ErrorKind::Destination,
+            Self::DeviceCopy { .. } => ErrorKind::Device,
+            Self::Tensor { .. } => ErrorKind::Usage,
+        }
+    }
+
     #[cfg(any(feature = "cufile", feature = "hipfile"))]
     pub(crate) fn backend(
         backend: &'static str,

@@ -14,6 +14,7 @@
 mod backend;
 mod error;
 mod loader;
+mod options;
 mod space;
 mod tensor;
 
@@ -24,14 +25,18 @@ pub mod cuda;
 pub use backend::{AutoOptions, Backend, HostOptions};
 pub use error::{Error, Result};
 pub use loader::{Load, Loader, Prepared};
+pub use options::{
+    BackendKind, CufileMode, Device, HipfileMode, LoadOptions, ValueKind, escape_name, parse_rows,
+    parse_size,
+};
 pub use space::KnownSpace;
 pub use tensor::{DeviceMemory, Tensor};
 
 pub use staging_core::{
-    Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, FallbackCause, Fallbacks,
-    HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, LoadReport, MemorySpace, PathCount,
-    PathTotals, Piece, Plan, PolicyBuilder, RawDestination, RowRange, Selection, ShardFile,
-    StagingPath, StagingPolicy, TensorMeta, TensorRecord,
+    Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, ErrorKind, FallbackCause,
+    Fallbacks, HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, LoadReport, MemorySpace,
+    PathCount, PathTotals, Piece, Plan, PolicyBuilder, RawDestination, RowRange, Selection,
+    ShardFile, StagingPath, StagingPolicy, TensorMeta, TensorRecord, is_url,
 };
 
 /// NVIDIA cuFile (GDS, compatibility mode) and POSIX backends for CUDA devices, and `cudarc`.

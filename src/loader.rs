@@ -18,6 +18,7 @@ use staging_core::{
 
 use crate::backend::{self, Backend, Chosen, Opened};
 use crate::error::{Error, Result};
+use crate::options::Device;
 use crate::space::sealed::Sealed;
 use crate::space::{AnyDestination, Boxed, KnownSpace};
 use crate::tensor::{Data, Held, Tensor};
@@ -55,8 +56,10 @@ const CARVE_BELOW: usize = 1 << 20;
 pub struct Loader<'d> {
     #[cfg(feature = "remote")]
     remote: backend_remote::Options,
+    #[cfg(feature = "remote")]
+    interrupt: Option<backend_remote::Interrupt>,
     backend: Backend,
-    device: Option<usize>,
+    device: Device,
     policy: StagingPolicy,
     memory_cap: Option<u64>,
     suballocate: bool,
@@ -90,8 +93,10 @@ impl Loader<'static> {
         Self {
             #[cfg(feature = "remote")]
             remote: backend_remote::Options::default(),
+            #[cfg(feature = "remote")]
+            interrupt: None,
             backend: Backend::default(),
-            device: None,
+            device: Device::Auto,
             policy: StagingPolicy::default(),
             memory_cap: None,
             suballocate: true,
@@ -108,9 +113,12 @@ impl<'d> Loader<'d> {
         self
     }
 
-    /// The GPU device index (default 0); it replaces the device in a GPU backend's options.
-    pub fn device(mut self, index: usize) -> Self {
-        self.device = Some(index);
+    /// Where the tensors go (default [`Device::Auto`]: a GPU when one is usable, else host
+    /// memory). A GPU ordinal (`.device(1)`) or [`Device::Gpu`] asks for a GPU: `auto` then
+    /// fails with [`Error::NoGpu`] rather than load into host memory; the index replaces the
+    /// device in a GPU backend's options.
+    pub fn device(mut self, device: impl Into<Device>) -> Self {
+        self.device = device.into();
         self
     }
 
@@ -172,6 +180,15 @@ impl<'d> Loader<'d> {
         self
     }
 
+    /// Asked every 50 ms while a read of a URL waits on the network: once it says true, the
+    /// load ends with an error, "interrupted" (Python's Ctrl-C). Kept when
+    /// [`remote`](Self::remote) options are set afterwards.
+    #[cfg(feature = "remote")]
+    pub fn interrupt(mut self, interrupt: backend_remote::Interrupt) -> Self {
+        self.interrupt = Some(interrupt);
+        self
+    }
+
     /// Reads and checks the headers of the checkpoint at `paths` (one path as
     /// [`open`](Self::open) takes it, or several files as [`open_files`](Self::open_files);
     /// local or URLs, read with this loader's remote options) without loading anything: the
@@ -182,10 +199,10 @@ impl<'d> Loader<'d> {
             [] => return Ok(Checkpoint::from_files::<_, &Path>([])?),
             [first, ..] => first.as_ref(),
         };
-        let store: Box<dyn staging_core::Store> = if looks_like_url(first) {
+        let store: Box<dyn staging_core::Store> = if staging_core::is_url(first) {
             #[cfg(feature = "remote")]
             {
-                Box::new(backend_remote::Remote::open(first, &self.remote)?)
+                Box::new(backend_remote::Remote::open(first, &self.remote_options())?)
             }
             #[cfg(not(feature = "remote"))]
             return Err(Error::NotBuilt("remote"));
@@ -198,10 +215,22 @@ impl<'d> Loader<'d> {
         })
     }
 
+    /// The remote options with the interrupt, if one was given.
+    #[cfg(feature = "remote")]
+    fn remote_options(&self) -> backend_remote::Options {
+        let mut options = self.remote.clone();
+        if self.interrupt.is_some() {
+            options.interrupt.clone_from(&self.interrupt);
+        }
+        options
+    }
+
     fn with_destination<'e>(self, destination: AnyDestination<'e>) -> Loader<'e> {
         Loader {
             #[cfg(feature = "remote")]
             remote: self.remote,
+            #[cfg(feature = "remote")]
+            interrupt: self.interrupt,
             backend: self.backend,
             device: self.device,
             policy: self.policy,
@@ -216,6 +245,8 @@ impl<'d> Loader<'d> {
     /// cannot run it fails here.
     pub fn prepare(self) -> Result<Prepared<'d>> {
         let chosen = backend::open(&self.backend, self.device, self.memory_cap)?;
+        #[cfg(feature = "remote")]
+        let remote = self.remote_options();
         let policy = if chosen.opened.is_host() {
             self.policy
         } else {
@@ -226,7 +257,7 @@ impl<'d> Loader<'d> {
         };
         Ok(Prepared {
             #[cfg(feature = "remote")]
-            remote: self.remote,
+            remote,
             chosen,
             policy,
             suballocate: self.suballocate,
@@ -341,7 +372,7 @@ impl<'d> Prepared<'d> {
 
     /// Where `path` is read from: a URL's store, or the local file system.
     fn source_of(&self, path: &Path) -> Result<Source> {
-        if !looks_like_url(path) {
+        if !staging_core::is_url(path) {
             return Ok(Source::Local);
         }
         #[cfg(feature = "remote")]
@@ -451,19 +482,6 @@ enum Source {
     /// An object store or HTTP server.
     #[cfg(feature = "remote")]
     Remote(backend_remote::Remote),
-}
-
-/// Whether `path` is written as a URL (`scheme://...`): such a path is never taken for a local
-/// file, so an unsupported scheme or a build without remote support says so.
-fn looks_like_url(path: &Path) -> bool {
-    path.to_str()
-        .and_then(|s| s.split_once("://"))
-        .is_some_and(|(scheme, _)| {
-            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-        })
 }
 
 /// A device tensor kept erased.

@@ -272,7 +272,10 @@ impl Tensor {
             }
             (_, Some(device)) => device
                 .copy_to_host(offset, dst)
-                .map_err(|e| Error::tensor(&self.meta.name, e.to_string())),
+                .map_err(|e| Error::DeviceCopy {
+                    tensor: self.meta.name.clone(),
+                    reason: e.to_string(),
+                }),
             (_, None) => Err(Error::tensor(
                 &self.meta.name,
                 "its bytes are in the caller's destination",

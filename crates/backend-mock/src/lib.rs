@@ -20,7 +20,8 @@ pub use staging_core;
 
 mod allocator;
 pub mod conformance;
-pub mod fixtures;
+/// The checkpoint writers (now `staging_core::write`), under the name the tests know.
+pub use staging_core::write as fixtures;
 pub mod http;
 pub mod malformed;
 mod reader;

@@ -71,7 +71,7 @@ use staging_core::{
 };
 
 use location::Location;
-pub use location::{Scheme, is_remote};
+pub use location::Scheme;
 use pace::Pace;
 use std::future::Future;
 

@@ -34,14 +34,6 @@ impl Scheme {
     }
 }
 
-/// Whether `path` is a URL of a store this crate reads (`s3://`, `gs://`, `az://`, `http(s)://`):
-/// how the one entry point tells a remote checkpoint from a local path.
-pub fn is_remote(path: &Path) -> bool {
-    path.to_str()
-        .and_then(|s| s.split_once("://"))
-        .is_some_and(|(scheme, _)| Scheme::of(scheme).is_some())
-}
-
 /// A URL split into its store's root (`s3://bucket`, `https://host:port`) and a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Location {
@@ -160,10 +152,5 @@ mod tests {
                 "{url}: {result:?}"
             );
         }
-        assert!(is_remote(Path::new("s3://b/k")));
-        assert!(is_remote(Path::new("HTTPS://h/k")));
-        assert!(!is_remote(Path::new("/models/s3://x")));
-        assert!(!is_remote(Path::new("models/model.safetensors")));
-        assert!(!is_remote(Path::new("file:///models")));
     }
 }

@@ -134,7 +134,7 @@ fn checksums_match_the_safetensors_crate_on_every_path() {
         ],
         &[
             "--backend",
-            "mock",
+            "host",
             "--device-memory",
             "1MiB",
             "--chunk-size",
@@ -150,7 +150,7 @@ fn checksums_match_the_safetensors_crate_on_every_path() {
             fixture.contents.len(),
             "{extra:?}"
         );
-        if extra.contains(&"mock") {
+        if extra.contains(&"--device-memory") {
             assert!(
                 report["paths"]["host"]["tensors"].as_u64().unwrap() > 0,
                 "the cap forces host paths"
@@ -241,12 +241,51 @@ fn human_output_lists_every_tensor_and_the_summary() {
     ];
     let path = dir.path().join("model.safetensors");
     write_file(&path, &specs, 9).unwrap();
-    let out = stage(&[path.to_str().unwrap(), "--backend", "mock"], dir.path());
+    let out = stage(&[path.to_str().unwrap(), "--backend", "host"], dir.path());
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("alpha"));
     assert!(out.stdout.contains("beta"));
     assert!(out.stdout.contains("loaded 2 tensors"), "{}", out.stdout);
+    assert!(out.stdout.contains("backend host"), "{}", out.stdout);
+}
+
+/// Built with `--features mock` (CI runs this file so too): the mock backend, its ledger checked
+/// by the command itself.
+#[cfg(feature = "mock")]
+#[test]
+fn the_mock_backend_is_there_when_built_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    write_file(&path, &[TensorSpec::bytes("alpha", 100)], 9).unwrap();
+    let out = stage(
+        &[
+            path.to_str().unwrap(),
+            "--backend",
+            "mock",
+            "--device-memory",
+            "1MiB",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("backend mock"), "{}", out.stdout);
+}
+
+/// A release build (no `mock` feature) has no mock backend, and says how to get one.
+#[cfg(not(feature = "mock"))]
+#[test]
+fn the_mock_backend_is_not_in_a_plain_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    write_file(&path, &[TensorSpec::bytes("alpha", 100)], 9).unwrap();
+    let out = stage(&[path.to_str().unwrap(), "--backend", "mock"], dir.path());
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("the mock backend is not built into this library (cargo feature `mock`)"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

@@ -309,7 +309,138 @@ pub enum Error {
     Internal(String),
 }
 
+/// What kind of failure an [`Error`] is: the one classification every door derives its own
+/// from (Python's exception classes, C's status codes, the `stage` command's message). Small
+/// and stable: a new error variant gets one of these, not a new kind, unless a caller would
+/// branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A path that does not exist.
+    NotFound,
+    /// A path the process may not open.
+    PermissionDenied,
+    /// Any other failure to open, inspect or read a file while reading the headers.
+    Io,
+    /// A header or index is malformed, disagrees with the files, or a file is shorter than its
+    /// header says.
+    InvalidCheckpoint,
+    /// A path is not a regular file, or a directory holds no checkpoint.
+    NotACheckpoint,
+    /// A read failed during the load, or a file changed under it.
+    Read,
+    /// A device allocation failed where the policy had no fallback left (the staging buffer),
+    /// or failed with something other than out-of-memory.
+    DeviceAllocation,
+    /// Host memory for a host-assembled tensor could not be allocated.
+    HostAllocation,
+    /// A device operation (memory query, copy) failed.
+    Device,
+    /// The caller's destination failed, or gave memory of the wrong kind.
+    Destination,
+    /// The caller's destination is shorter than the tensor.
+    DestinationTooSmall,
+    /// A selection names a tensor the checkpoint does not hold, or rows a tensor does not have.
+    Selection,
+    /// An option's value is malformed, out of range, or inconsistent with the others.
+    InvalidOption,
+    /// The backend or device asked for cannot run here (no driver, no device, no library, not
+    /// built in).
+    BackendUnavailable,
+    /// A tensor's bytes cannot be had the way asked for (already taken, another path).
+    Usage,
+    /// An invariant of the library did not hold: a bug.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind, for tables and tests.
+    pub const ALL: [ErrorKind; 16] = [
+        Self::NotFound,
+        Self::PermissionDenied,
+        Self::Io,
+        Self::InvalidCheckpoint,
+        Self::NotACheckpoint,
+        Self::Read,
+        Self::DeviceAllocation,
+        Self::HostAllocation,
+        Self::Device,
+        Self::Destination,
+        Self::DestinationTooSmall,
+        Self::Selection,
+        Self::InvalidOption,
+        Self::BackendUnavailable,
+        Self::Usage,
+        Self::Internal,
+    ];
+
+    /// The kind's name, as Python's `StagingError.kind` and the documentation spell it
+    /// (`"not-found"`, `"invalid-checkpoint"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "not-found",
+            Self::PermissionDenied => "permission-denied",
+            Self::Io => "io",
+            Self::InvalidCheckpoint => "invalid-checkpoint",
+            Self::NotACheckpoint => "not-a-checkpoint",
+            Self::Read => "read",
+            Self::DeviceAllocation => "device-allocation",
+            Self::HostAllocation => "host-allocation",
+            Self::Device => "device",
+            Self::Destination => "destination",
+            Self::DestinationTooSmall => "destination-too-small",
+            Self::Selection => "selection",
+            Self::InvalidOption => "invalid-option",
+            Self::BackendUnavailable => "backend-unavailable",
+            Self::Usage => "usage",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The kind of an operating-system error met while opening `path`-like things: not found
+    /// and permission denied are their own kinds, anything else is `otherwise`.
+    pub fn of_io(error: &std::io::Error, otherwise: ErrorKind) -> ErrorKind {
+        match error.kind() {
+            std::io::ErrorKind::NotFound => Self::NotFound,
+            std::io::ErrorKind::PermissionDenied => Self::PermissionDenied,
+            _ => otherwise,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Error {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Io { source, .. } => ErrorKind::of_io(source, ErrorKind::Io),
+            Self::Open { source, .. } => match source {
+                ReadError::Io(e) => ErrorKind::of_io(e, ErrorKind::Read),
+                _ => ErrorKind::Read,
+            },
+            Self::Header { .. }
+            | Self::Index { .. }
+            | Self::DuplicateFile { .. }
+            | Self::DuplicateTensor { .. }
+            | Self::Truncated { .. } => ErrorKind::InvalidCheckpoint,
+            Self::NotAFile { .. } | Self::NoCheckpoint { .. } => ErrorKind::NotACheckpoint,
+            Self::Read { .. } | Self::FileChanged { .. } => ErrorKind::Read,
+            Self::Allocation { .. } | Self::StagingBuffer { .. } => ErrorKind::DeviceAllocation,
+            Self::HostAllocation { .. } => ErrorKind::HostAllocation,
+            Self::Device { .. } => ErrorKind::Device,
+            Self::Destination { .. } => ErrorKind::Destination,
+            Self::DestinationTooSmall { .. } => ErrorKind::DestinationTooSmall,
+            Self::UnknownTensor { .. } | Self::Rows { .. } => ErrorKind::Selection,
+            Self::Policy(_) => ErrorKind::InvalidOption,
+            Self::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),

@@ -56,14 +56,15 @@ mod report;
 mod stager;
 mod suballoc;
 mod traits;
+pub mod write;
 mod write_loop;
 
 pub use checkpoint::{
     Checkpoint, Dtype, EntryKind, FileIdentity, INDEX_FILE_NAME, LocalFiles, MAX_HEADER_SIZE,
     MAX_INDEX_SIZE, Piece, Plan, RowRange, SINGLE_FILE_NAME, Selection, ShardFile, Store,
-    StoreFile, TensorMeta, natural_cmp,
+    StoreFile, TensorMeta, is_url, natural_cmp,
 };
-pub use error::{AllocError, DestinationError, DeviceError, Error, ReadError, Result};
+pub use error::{AllocError, DestinationError, DeviceError, Error, ErrorKind, ReadError, Result};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};
 pub use policy::{
     COALESCE_ALIGN, FallbackCause, MIB, PolicyBuilder, StagingPath, StagingPolicy,

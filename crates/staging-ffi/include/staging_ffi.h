@@ -58,7 +58,9 @@ enum stg_status
    */
   STG_INVALID_UTF8 = 101,
   /*
-   An argument is out of range or unknown (a backend name, a zero size).
+   An argument or option is out of range, unknown or inconsistent (a backend name, a zero
+   size, an unknown key of `stg_config_set`, a backend and device that do not go together),
+   or a tensor cannot be used the way asked for.
    */
   STG_INVALID_ARGUMENT = 102,
   /*
@@ -79,7 +81,8 @@ enum stg_status
    */
   STG_IO = 200,
   /*
-   A header or index is malformed or disagrees with the files.
+   A header or index is malformed or disagrees with the files, or a file is shorter than its
+   header says.
    */
   STG_INVALID_CHECKPOINT = 201,
   /*
@@ -87,7 +90,15 @@ enum stg_status
    */
   STG_NOT_A_CHECKPOINT = 202,
   /*
-   A read failed, a file ended early, or a file changed during the load.
+   A path does not exist.
+   */
+  STG_NOT_FOUND = 203,
+  /*
+   A path may not be opened by this process.
+   */
+  STG_PERMISSION_DENIED = 204,
+  /*
+   A read failed, or a file changed during the load.
    */
   STG_READ = 300,
   /*
@@ -112,13 +123,19 @@ enum stg_status
    */
   STG_DESTINATION_TOO_SMALL = 501,
   /*
-   The requested backend cannot run here (no CUDA driver, no device, no libcufile).
+   The requested backend cannot run here (no CUDA driver, no device, no libcufile), or a
+   GPU was asked for and none can be used.
    */
   STG_BACKEND_UNAVAILABLE = 600,
   /*
-   The configuration is inconsistent (a zero chunk size, zero threads).
+   No longer returned: an option that does not parse or an inconsistent configuration is
+   `STG_INVALID_ARGUMENT`. Kept so the number is not reused.
    */
   STG_INVALID_CONFIG = 700,
+  /*
+   A selection names a tensor the checkpoint does not hold, or rows a tensor does not have.
+   */
+  STG_SELECTION = 800,
   /*
    The library panicked; the handle that was in use should be freed.
    */
@@ -398,8 +415,9 @@ const char *stg_status_str(uint32_t status);
 const char *stg_version(void);
 
 /*
- Creates a configuration with the defaults: backend "auto", device 0, the staging policy's
- defaults, no device-memory cap, no destination.
+ Creates a configuration with the library's defaults (those of `stg_config_set`'s keys):
+ backend "auto", device "auto" (a GPU when one is usable, else host memory), the staging
+ policy's and the remote reader's defaults, every tensor, no destination.
 
  # Safety
  `out` must be NULL or valid for a write.
@@ -415,8 +433,47 @@ stg_status stg_config_new(struct stg_config **out);
 void stg_config_free(struct stg_config *config);
 
 /*
- Chooses the backend: "auto" (cuFile when a CUDA driver and a device are usable, else hipFile
- when a HIP runtime and a device are, else host), "host", "cufile" or "hipfile".
+ Sets one option by its key, the value spelled as the `stage` command's flag `--KEY` takes it
+ (sizes like "512MiB", booleans "true"/"false"); a repeatable key (`select`, `rows`,
+ `store_option`) adds one more. The keys (the library's `LoadOptions::KEYS`):
+
+ - `backend`: auto, host, cufile, hipfile (mock only in builds with it);
+ - `device`: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU,
+   or `STG_BACKEND_UNAVAILABLE` naming what was passed over), hip or hip:N (hipFile only);
+ - `memory_cap`, `chunk_size` (also the staging size unless `staging_size` is set),
+   `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
+   (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans);
+ - `cufile_mode` (auto, gds, compat, posix), `cufile_lib`, `hipfile_mode` (auto, hipfile,
+   posix), `hipfile_lib`, `hip_lib` (paths);
+ - `select` (a glob; a pattern without `*?[]{}` is a name that must exist), `rows`
+   (`GLOB=START:END` or `GLOB=RANK/PARTS`);
+ - for URLs: `concurrency`, `range_size`, `retries`, `bandwidth`, `store_option`
+   (`KEY=VALUE`, an object_store option).
+
+ An unknown key or a value that does not parse is `STG_INVALID_ARGUMENT`, the message (naming
+ both) in `stg_config_last_error`, and changes nothing.
+
+ # Safety
+ `config` must be NULL or live; `key` and `value` NULL or NUL-terminated.
+ */
+stg_status stg_config_set(struct stg_config *config, const char *key, const char *value);
+
+/*
+ Copies a description of the configuration's options (every key's value, defaults included,
+ as the library holds them; the `stage` command's `--print-options` prints the same) into
+ `buf` (truncated to `len - 1` bytes and NUL-terminated); `*written` gets the full length.
+
+ # Safety
+ `config` NULL or live; `buf` writable for `len` bytes; `written` valid for a write.
+ */
+stg_status stg_config_describe(const struct stg_config *config,
+                               char *buf,
+                               size_t len,
+                               size_t *written);
+
+/*
+ Chooses the backend: "auto", "host", "cufile" or "hipfile" (`stg_config_set(config,
+ "backend", name)`).
 
  # Safety
  `config` must be NULL or live; `name` NULL or NUL-terminated.
@@ -424,7 +481,9 @@ void stg_config_free(struct stg_config *config);
 stg_status stg_config_set_backend(struct stg_config *config, const char *name);
 
 /*
- Chooses the GPU device ordinal (cufile and hipfile backends).
+ Asks for GPU `index` (`stg_config_set(config, "device", "N")`): with backend "auto", a GPU
+ backend runs on it or the load fails with `STG_BACKEND_UNAVAILABLE`; it never falls back to
+ host memory. Without this call the device is "auto".
 
  # Safety
  `config` must be NULL or live.
@@ -432,7 +491,8 @@ stg_status stg_config_set_backend(struct stg_config *config, const char *name);
 stg_status stg_config_set_device(struct stg_config *config, uint32_t index);
 
 /*
- Sets the largest single read (bytes, at least 1).
+ Sets the largest single read (bytes, at least 1); also the staging buffer's size unless
+ `staging_size` is set (`stg_config_set(config, "chunk_size", ...)`).
 
  # Safety
  `config` must be NULL or live.
@@ -448,7 +508,8 @@ stg_status stg_config_set_chunk_size(struct stg_config *config, size_t bytes);
 stg_status stg_config_set_staging_size(struct stg_config *config, size_t bytes);
 
 /*
- Sets the headroom: `max(minimum, len / divisor)` (divisor at least 1).
+ Sets the headroom: `max(minimum, len / divisor)` (divisor at least 1): the keys
+ `headroom_min` and `headroom_divisor`.
 
  # Safety
  `config` must be NULL or live.
@@ -457,7 +518,7 @@ stg_status stg_config_set_headroom(struct stg_config *config, uint64_t minimum, 
 
 /*
  Caps device memory: the host backend's capacity, or a budget replacing a GPU's free-memory
- figure. 0 removes the cap.
+ figure (`memory_cap`). 0 removes the cap.
 
  # Safety
  `config` must be NULL or live.
@@ -506,7 +567,9 @@ stg_status stg_config_last_error(const struct stg_config *config,
                                  size_t *written);
 
 /*
- Plans how a group of `ranks` ranks reads the checkpoint at `path` once between them: every
+ Plans how a group of `ranks` ranks reads the checkpoint at `path` (what `stg_load_new` takes:
+ a directory, an index, a file, or the same at an `s3://`, `gs://`, `az://` or `http(s)://`
+ URL, read with the configuration's remote options) once between them: every
  tensor (or, for one straddling two ranks' shares, every row range of it) gets an owner rank,
  each rank about `total / ranks` bytes. Every rank computes the same plan from the same
  checkpoint; compare `stg_plan_fingerprint` across ranks to be sure. On failure `*out` is

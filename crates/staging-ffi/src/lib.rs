@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use safetensors_staging::{
-    Backend, Checkpoint, DestinationError, DeviceMemory, Error, Load, LoadReport, Loader, Plan,
-    PolicyBuilder, RawDestination, Selection, StagingPath, StagingPolicy, Tensor, TensorMeta,
+    DestinationError, DeviceMemory, Error, ErrorKind, Load, LoadOptions, LoadReport, Loader, Plan,
+    RawDestination, Selection, StagingPath, Tensor, TensorMeta,
 };
 
 /// The result of every fallible call. Numbers are stable.
@@ -35,7 +35,9 @@ pub enum stg_status {
     STG_NULL_ARGUMENT = 100,
     /// A string argument is not valid UTF-8.
     STG_INVALID_UTF8 = 101,
-    /// An argument is out of range or unknown (a backend name, a zero size).
+    /// An argument or option is out of range, unknown or inconsistent (a backend name, a zero
+    /// size, an unknown key of `stg_config_set`, a backend and device that do not go together),
+    /// or a tensor cannot be used the way asked for.
     STG_INVALID_ARGUMENT = 102,
     /// The tensor's device buffer was already taken, or the tensor is not on the device path.
     STG_NOT_A_DEVICE_BUFFER = 103,
@@ -46,11 +48,16 @@ pub enum stg_status {
     STG_BUSY = 105,
     /// A file could not be opened or read while parsing the checkpoint.
     STG_IO = 200,
-    /// A header or index is malformed or disagrees with the files.
+    /// A header or index is malformed or disagrees with the files, or a file is shorter than its
+    /// header says.
     STG_INVALID_CHECKPOINT = 201,
     /// A path is not a regular file, or a directory holds no checkpoint.
     STG_NOT_A_CHECKPOINT = 202,
-    /// A read failed, a file ended early, or a file changed during the load.
+    /// A path does not exist.
+    STG_NOT_FOUND = 203,
+    /// A path may not be opened by this process.
+    STG_PERMISSION_DENIED = 204,
+    /// A read failed, or a file changed during the load.
     STG_READ = 300,
     /// A device allocation failed with something other than out-of-memory, or no staging
     /// buffer could be allocated.
@@ -63,10 +70,14 @@ pub enum stg_status {
     STG_DESTINATION = 500,
     /// The destination callback returned a region shorter than the tensor.
     STG_DESTINATION_TOO_SMALL = 501,
-    /// The requested backend cannot run here (no CUDA driver, no device, no libcufile).
+    /// The requested backend cannot run here (no CUDA driver, no device, no libcufile), or a
+    /// GPU was asked for and none can be used.
     STG_BACKEND_UNAVAILABLE = 600,
-    /// The configuration is inconsistent (a zero chunk size, zero threads).
+    /// No longer returned: an option that does not parse or an inconsistent configuration is
+    /// `STG_INVALID_ARGUMENT`. Kept so the number is not reused.
     STG_INVALID_CONFIG = 700,
+    /// A selection names a tensor the checkpoint does not hold, or rows a tensor does not have.
+    STG_SELECTION = 800,
     /// The library panicked; the handle that was in use should be freed.
     STG_PANIC = 900,
     /// An invariant of the library did not hold (a bug, reported instead of a panic).
@@ -91,6 +102,8 @@ impl TryFrom<u32> for stg_status {
             200 => STG_IO,
             201 => STG_INVALID_CHECKPOINT,
             202 => STG_NOT_A_CHECKPOINT,
+            203 => STG_NOT_FOUND,
+            204 => STG_PERMISSION_DENIED,
             300 => STG_READ,
             400 => STG_ALLOCATION,
             401 => STG_HOST_ALLOCATION,
@@ -99,6 +112,7 @@ impl TryFrom<u32> for stg_status {
             501 => STG_DESTINATION_TOO_SMALL,
             600 => STG_BACKEND_UNAVAILABLE,
             700 => STG_INVALID_CONFIG,
+            800 => STG_SELECTION,
             900 => STG_PANIC,
             901 => STG_INTERNAL,
             other => return Err(other),
@@ -215,13 +229,12 @@ pub type stg_destination_fn = Option<
 
 /// Load settings. Create with `stg_config_new`, free with `stg_config_free`.
 pub struct stg_config {
-    backend: String,
-    device: usize,
-    policy: PolicyBuilder,
-    device_memory: Option<u64>,
+    /// The library's options: every setter, typed or `stg_config_set`, goes through its parser.
+    options: LoadOptions,
     destination: stg_destination_fn,
     user_data: *mut c_void,
-    selection: Option<Selection>,
+    /// A rank's share of a plan (`stg_config_set_plan_rank`).
+    plan_selection: Option<Selection>,
     last_error: Mutex<String>,
 }
 
@@ -457,6 +470,26 @@ impl stg_config {
     fn fail(&self, error: &dyn std::error::Error) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
     }
+
+    /// Sets `key` through the library's parser; a failure is kept for `stg_config_last_error`.
+    fn set(&mut self, key: &str, value: &str) -> stg_status {
+        match self.options.set(key, value) {
+            Ok(()) => stg_status::STG_OK,
+            Err(error) => {
+                self.fail(&error);
+                status_of(&error)
+            }
+        }
+    }
+
+    /// Sets a size or count that must be at least 1 (0 is `STG_INVALID_ARGUMENT`, as the typed
+    /// setters have always said).
+    fn set_positive(&mut self, key: &str, value: u64) -> stg_status {
+        if value == 0 {
+            return stg_status::STG_INVALID_ARGUMENT;
+        }
+        self.set(key, &value.to_string())
+    }
 }
 
 /// What `stg_load_new` and `stg_plan_new` share: checks the configuration, the path and the
@@ -504,37 +537,29 @@ fn guard(body: impl FnOnce() -> stg_status) -> stg_status {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(stg_status::STG_PANIC)
 }
 
+/// The status of a library error: derived from its kind, as Python's exception classes are.
 fn status_of(error: &Error) -> stg_status {
-    match error {
-        Error::Load(error) => status_of_load(error),
-        Error::Backend { .. } | Error::NotBuilt(_) => stg_status::STG_BACKEND_UNAVAILABLE,
-        Error::UnknownBackend(_) => stg_status::STG_INVALID_ARGUMENT,
-        Error::DestinationSpace { .. } => stg_status::STG_DESTINATION,
-        Error::Tensor { .. } => stg_status::STG_DEVICE,
-        _ => stg_status::STG_INTERNAL,
-    }
+    status_of_kind(error.kind())
 }
 
-fn status_of_load(error: &staging_core::Error) -> stg_status {
-    use staging_core::Error;
-    match error {
-        Error::Io { .. } => stg_status::STG_IO,
-        Error::Header { .. }
-        | Error::Index { .. }
-        | Error::DuplicateTensor { .. }
-        | Error::DuplicateFile { .. } => stg_status::STG_INVALID_CHECKPOINT,
-        Error::NotAFile { .. } | Error::NoCheckpoint { .. } => stg_status::STG_NOT_A_CHECKPOINT,
-        Error::Open { .. }
-        | Error::Read { .. }
-        | Error::Truncated { .. }
-        | Error::FileChanged { .. } => stg_status::STG_READ,
-        Error::Allocation { .. } | Error::StagingBuffer { .. } => stg_status::STG_ALLOCATION,
-        Error::HostAllocation { .. } => stg_status::STG_HOST_ALLOCATION,
-        Error::Device { .. } => stg_status::STG_DEVICE,
-        Error::DestinationTooSmall { .. } => stg_status::STG_DESTINATION_TOO_SMALL,
-        Error::Destination { .. } => stg_status::STG_DESTINATION,
-        Error::Policy(_) => stg_status::STG_INVALID_CONFIG,
-        Error::UnknownTensor { .. } | Error::Rows { .. } => stg_status::STG_INVALID_ARGUMENT,
+/// The status of each kind of error. Every kind but `Internal` has a status of its own kind;
+/// `tests::every_kind_has_a_status` checks none falls through.
+fn status_of_kind(kind: ErrorKind) -> stg_status {
+    match kind {
+        ErrorKind::NotFound => stg_status::STG_NOT_FOUND,
+        ErrorKind::PermissionDenied => stg_status::STG_PERMISSION_DENIED,
+        ErrorKind::Io => stg_status::STG_IO,
+        ErrorKind::InvalidCheckpoint => stg_status::STG_INVALID_CHECKPOINT,
+        ErrorKind::NotACheckpoint => stg_status::STG_NOT_A_CHECKPOINT,
+        ErrorKind::Read => stg_status::STG_READ,
+        ErrorKind::DeviceAllocation => stg_status::STG_ALLOCATION,
+        ErrorKind::HostAllocation => stg_status::STG_HOST_ALLOCATION,
+        ErrorKind::Device => stg_status::STG_DEVICE,
+        ErrorKind::Destination => stg_status::STG_DESTINATION,
+        ErrorKind::DestinationTooSmall => stg_status::STG_DESTINATION_TOO_SMALL,
+        ErrorKind::Selection => stg_status::STG_SELECTION,
+        ErrorKind::InvalidOption | ErrorKind::Usage => stg_status::STG_INVALID_ARGUMENT,
+        ErrorKind::BackendUnavailable => stg_status::STG_BACKEND_UNAVAILABLE,
         _ => stg_status::STG_INTERNAL,
     }
 }
@@ -564,6 +589,28 @@ unsafe fn copy_message(
     // SAFETY: checked non-null above; the caller guarantees it is writable.
     unsafe { *written = message.len() };
     stg_status::STG_OK
+}
+
+/// Copies `text` of a configuration into `buf`, as `copy_message` does.
+///
+/// # Safety
+/// `config` NULL or live; `buf` writable for `len` bytes; `written` valid for a write.
+unsafe fn copy_config_text(
+    config: *const stg_config,
+    buf: *mut c_char,
+    len: usize,
+    written: *mut usize,
+    text: impl FnOnce(&stg_config) -> String,
+) -> stg_status {
+    guard(|| {
+        // SAFETY: non-null pointers are live configurations by the caller's contract.
+        let Some(config) = (unsafe { config.as_ref() }) else {
+            return stg_status::STG_NULL_ARGUMENT;
+        };
+        let text = text(config);
+        // SAFETY: forwarded caller contract for `buf` and `written`.
+        unsafe { copy_message(&text, buf, len, written) }
+    })
 }
 
 /// Reads a C string argument as UTF-8.
@@ -609,7 +656,9 @@ pub extern "C" fn stg_status_str(status: u32) -> *const c_char {
         stg_status::STG_NOT_A_CHECKPOINT => {
             c"not a regular file, or a directory without a checkpoint"
         }
-        stg_status::STG_READ => c"a read failed or a file ended early",
+        stg_status::STG_NOT_FOUND => c"a path does not exist",
+        stg_status::STG_PERMISSION_DENIED => c"a path may not be opened",
+        stg_status::STG_READ => c"a read failed or a file changed during the load",
         stg_status::STG_ALLOCATION => c"a device allocation failed",
         stg_status::STG_HOST_ALLOCATION => c"a host allocation failed",
         stg_status::STG_DEVICE => c"a device operation failed",
@@ -618,7 +667,10 @@ pub extern "C" fn stg_status_str(status: u32) -> *const c_char {
             c"the destination region is shorter than the tensor"
         }
         stg_status::STG_BACKEND_UNAVAILABLE => c"the backend cannot run here",
-        stg_status::STG_INVALID_CONFIG => c"the configuration is inconsistent",
+        stg_status::STG_INVALID_CONFIG => c"the configuration is inconsistent (no longer returned)",
+        stg_status::STG_SELECTION => {
+            c"a selection names a tensor or rows the checkpoint does not have"
+        }
         stg_status::STG_PANIC => c"the library panicked",
         stg_status::STG_INTERNAL => c"an invariant of the library did not hold (a bug)",
     };
@@ -633,8 +685,9 @@ pub extern "C" fn stg_version() -> *const c_char {
 
 // ---- configuration -------------------------------------------------------------------------
 
-/// Creates a configuration with the defaults: backend "auto", device 0, the staging policy's
-/// defaults, no device-memory cap, no destination.
+/// Creates a configuration with the library's defaults (those of `stg_config_set`'s keys):
+/// backend "auto", device "auto" (a GPU when one is usable, else host memory), the staging
+/// policy's and the remote reader's defaults, every tensor, no destination.
 ///
 /// # Safety
 /// `out` must be NULL or valid for a write.
@@ -645,13 +698,10 @@ pub unsafe extern "C" fn stg_config_new(out: *mut *mut stg_config) -> stg_status
             return stg_status::STG_NULL_ARGUMENT;
         }
         let config = Box::new(stg_config {
-            backend: "auto".into(),
-            device: 0,
-            policy: StagingPolicy::builder(),
-            device_memory: None,
+            options: LoadOptions::new(),
             destination: None,
             user_data: std::ptr::null_mut(),
-            selection: None,
+            plan_selection: None,
             last_error: Mutex::new(String::new()),
         });
         // SAFETY: `out` is non-null and valid for a write by the caller's contract.
@@ -687,8 +737,65 @@ unsafe fn with_config(
     })
 }
 
-/// Chooses the backend: "auto" (cuFile when a CUDA driver and a device are usable, else hipFile
-/// when a HIP runtime and a device are, else host), "host", "cufile" or "hipfile".
+/// Sets one option by its key, the value spelled as the `stage` command's flag `--KEY` takes it
+/// (sizes like "512MiB", booleans "true"/"false"); a repeatable key (`select`, `rows`,
+/// `store_option`) adds one more. The keys (the library's `LoadOptions::KEYS`):
+///
+/// - `backend`: auto, host, cufile, hipfile (mock only in builds with it);
+/// - `device`: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU,
+///   or `STG_BACKEND_UNAVAILABLE` naming what was passed over), hip or hip:N (hipFile only);
+/// - `memory_cap`, `chunk_size` (also the staging size unless `staging_size` is set),
+///   `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
+///   (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans);
+/// - `cufile_mode` (auto, gds, compat, posix), `cufile_lib`, `hipfile_mode` (auto, hipfile,
+///   posix), `hipfile_lib`, `hip_lib` (paths);
+/// - `select` (a glob; a pattern without `*?[]{}` is a name that must exist), `rows`
+///   (`GLOB=START:END` or `GLOB=RANK/PARTS`);
+/// - for URLs: `concurrency`, `range_size`, `retries`, `bandwidth`, `store_option`
+///   (`KEY=VALUE`, an object_store option).
+///
+/// An unknown key or a value that does not parse is `STG_INVALID_ARGUMENT`, the message (naming
+/// both) in `stg_config_last_error`, and changes nothing.
+///
+/// # Safety
+/// `config` must be NULL or live; `key` and `value` NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stg_config_set(
+    config: *mut stg_config,
+    key: *const c_char,
+    value: *const c_char,
+) -> stg_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_config(config, |c| {
+            let (key, value) = match (utf8(key), utf8(value)) {
+                (Ok(key), Ok(value)) => (key, value),
+                (Err(status), _) | (_, Err(status)) => return status,
+            };
+            c.set(key, value)
+        })
+    }
+}
+
+/// Copies a description of the configuration's options (every key's value, defaults included,
+/// as the library holds them; the `stage` command's `--print-options` prints the same) into
+/// `buf` (truncated to `len - 1` bytes and NUL-terminated); `*written` gets the full length.
+///
+/// # Safety
+/// `config` NULL or live; `buf` writable for `len` bytes; `written` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stg_config_describe(
+    config: *const stg_config,
+    buf: *mut c_char,
+    len: usize,
+    written: *mut usize,
+) -> stg_status {
+    // SAFETY: forwarded caller contract.
+    unsafe { copy_config_text(config, buf, len, written, |c| format!("{:#?}", c.options)) }
+}
+
+/// Chooses the backend: "auto", "host", "cufile" or "hipfile" (`stg_config_set(config,
+/// "backend", name)`).
 ///
 /// # Safety
 /// `config` must be NULL or live; `name` NULL or NUL-terminated.
@@ -700,32 +807,26 @@ pub unsafe extern "C" fn stg_config_set_backend(
     // SAFETY: forwarded caller contract.
     unsafe {
         with_config(config, |c| match utf8(name) {
-            Ok(name @ ("auto" | "host" | "cufile" | "hipfile")) => {
-                c.backend = name.to_owned();
-                stg_status::STG_OK
-            }
-            Ok(_) => stg_status::STG_INVALID_ARGUMENT,
+            Ok(name) => c.set("backend", name),
             Err(status) => status,
         })
     }
 }
 
-/// Chooses the GPU device ordinal (cufile and hipfile backends).
+/// Asks for GPU `index` (`stg_config_set(config, "device", "N")`): with backend "auto", a GPU
+/// backend runs on it or the load fails with `STG_BACKEND_UNAVAILABLE`; it never falls back to
+/// host memory. Without this call the device is "auto".
 ///
 /// # Safety
 /// `config` must be NULL or live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_config_set_device(config: *mut stg_config, index: u32) -> stg_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        with_config(config, |c| {
-            c.device = index as usize;
-            stg_status::STG_OK
-        })
-    }
+    unsafe { with_config(config, |c| c.set("device", &index.to_string())) }
 }
 
-/// Sets the largest single read (bytes, at least 1).
+/// Sets the largest single read (bytes, at least 1); also the staging buffer's size unless
+/// `staging_size` is set (`stg_config_set(config, "chunk_size", ...)`).
 ///
 /// # Safety
 /// `config` must be NULL or live.
@@ -735,15 +836,7 @@ pub unsafe extern "C" fn stg_config_set_chunk_size(
     bytes: usize,
 ) -> stg_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        with_config(config, |c| {
-            if bytes == 0 {
-                return stg_status::STG_INVALID_ARGUMENT;
-            }
-            c.policy = c.policy.clone().chunk_size(bytes);
-            stg_status::STG_OK
-        })
-    }
+    unsafe { with_config(config, |c| c.set_positive("chunk_size", bytes as u64)) }
 }
 
 /// Sets the size of each device staging buffer for host assembly (bytes, at least 1).
@@ -756,18 +849,11 @@ pub unsafe extern "C" fn stg_config_set_staging_size(
     bytes: usize,
 ) -> stg_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        with_config(config, |c| {
-            if bytes == 0 {
-                return stg_status::STG_INVALID_ARGUMENT;
-            }
-            c.policy = c.policy.clone().staging_size(bytes);
-            stg_status::STG_OK
-        })
-    }
+    unsafe { with_config(config, |c| c.set_positive("staging_size", bytes as u64)) }
 }
 
-/// Sets the headroom: `max(minimum, len / divisor)` (divisor at least 1).
+/// Sets the headroom: `max(minimum, len / divisor)` (divisor at least 1): the keys
+/// `headroom_min` and `headroom_divisor`.
 ///
 /// # Safety
 /// `config` must be NULL or live.
@@ -783,14 +869,16 @@ pub unsafe extern "C" fn stg_config_set_headroom(
             if divisor == 0 {
                 return stg_status::STG_INVALID_ARGUMENT;
             }
-            c.policy = c.policy.clone().headroom(minimum, divisor);
-            stg_status::STG_OK
+            match c.set("headroom_min", &minimum.to_string()) {
+                stg_status::STG_OK => c.set("headroom_divisor", &divisor.to_string()),
+                failed => failed,
+            }
         })
     }
 }
 
 /// Caps device memory: the host backend's capacity, or a budget replacing a GPU's free-memory
-/// figure. 0 removes the cap.
+/// figure (`memory_cap`). 0 removes the cap.
 ///
 /// # Safety
 /// `config` must be NULL or live.
@@ -802,8 +890,11 @@ pub unsafe extern "C" fn stg_config_set_device_memory_cap(
     // SAFETY: forwarded caller contract.
     unsafe {
         with_config(config, |c| {
-            c.device_memory = (bytes > 0).then_some(bytes);
-            stg_status::STG_OK
+            if bytes == 0 {
+                c.options.memory_cap = None;
+                return stg_status::STG_OK;
+            }
+            c.set("memory_cap", &bytes.to_string())
         })
     }
 }
@@ -818,15 +909,7 @@ pub unsafe extern "C" fn stg_config_set_threads(
     threads: u32,
 ) -> stg_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        with_config(config, |c| {
-            if threads == 0 {
-                return stg_status::STG_INVALID_ARGUMENT;
-            }
-            c.policy = c.policy.clone().io_threads(threads as usize);
-            stg_status::STG_OK
-        })
-    }
+    unsafe { with_config(config, |c| c.set_positive("threads", u64::from(threads))) }
 }
 
 /// Sets the coalescing threshold: with more than one I/O thread, back-to-back tensors smaller
@@ -841,12 +924,7 @@ pub unsafe extern "C" fn stg_config_set_coalesce_below(
     bytes: usize,
 ) -> stg_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        with_config(config, |c| {
-            c.policy = c.policy.clone().coalesce_below(bytes);
-            stg_status::STG_OK
-        })
-    }
+    unsafe { with_config(config, |c| c.set("coalesce_below", &bytes.to_string())) }
 }
 
 /// Registers the destination callback and its user data (NULL callback: none).
@@ -882,24 +960,22 @@ pub unsafe extern "C" fn stg_config_last_error(
     len: usize,
     written: *mut usize,
 ) -> stg_status {
-    guard(|| {
-        // SAFETY: non-null pointers are live configurations by the caller's contract.
-        let Some(config) = (unsafe { config.as_ref() }) else {
-            return stg_status::STG_NULL_ARGUMENT;
-        };
-        let message = config
-            .last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        // SAFETY: forwarded caller contract for `buf` and `written`.
-        unsafe { copy_message(&message, buf, len, written) }
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        copy_config_text(config, buf, len, written, |c| {
+            c.last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
 }
 
 // ---- partition plans ----------------------------------------------------------------------
 
-/// Plans how a group of `ranks` ranks reads the checkpoint at `path` once between them: every
+/// Plans how a group of `ranks` ranks reads the checkpoint at `path` (what `stg_load_new` takes:
+/// a directory, an index, a file, or the same at an `s3://`, `gs://`, `az://` or `http(s)://`
+/// URL, read with the configuration's remote options) once between them: every
 /// tensor (or, for one straddling two ranks' shares, every row range of it) gets an owner rank,
 /// each rank about `total / ranks` bytes. Every rank computes the same plan from the same
 /// checkpoint; compare `stg_plan_fingerprint` across ranks to be sure. On failure `*out` is
@@ -916,8 +992,9 @@ pub unsafe extern "C" fn stg_plan_new(
 ) -> stg_status {
     // SAFETY: forwarded caller contract.
     unsafe {
-        construct(config, path, out, status_of_load, |_, path| {
-            let plan = Checkpoint::open(path).and_then(|c| Plan::new(&c, ranks))?;
+        construct(config, path, out, status_of, |config, path| {
+            let checkpoint = config.options.loader()?.read_headers(&[path])?;
+            let plan = Plan::new(&checkpoint, ranks)?;
             let names = plan.pieces().iter().map(|p| c_string(&p.name)).collect();
             Ok(stg_plan { plan, names })
         })
@@ -1025,7 +1102,7 @@ pub unsafe extern "C" fn stg_config_set_plan_rank(
             if rank >= plan.plan.ranks() {
                 return stg_status::STG_INVALID_ARGUMENT;
             }
-            c.selection = Some(plan.plan.selection(rank));
+            c.plan_selection = Some(plan.plan.selection(rank));
             stg_status::STG_OK
         })
     }
@@ -1033,19 +1110,30 @@ pub unsafe extern "C" fn stg_config_set_plan_rank(
 
 // ---- loads ---------------------------------------------------------------------------------
 
+/// The loader the configuration's options give, with the plan rank's selection if one is set.
+fn loader_of(config: &stg_config) -> Result<Loader<'static>, Error> {
+    let loader = config.options.loader()?;
+    match &config.plan_selection {
+        None => Ok(loader),
+        Some(_) if !config.options.select.is_empty() || !config.options.rows.is_empty() => {
+            Err(Error::InvalidOption {
+                key: "select".into(),
+                value: config.options.select.join(" "),
+                reason: "a plan rank (stg_config_set_plan_rank) already says what this load reads"
+                    .into(),
+            })
+        }
+        Some(selection) => Ok(loader.select(selection.clone())),
+    }
+}
+
 /// Opens a load through the library's one entry point with the configuration's settings.
 fn open_load(
     config: &stg_config,
     path: &str,
     stop: &Arc<AtomicBool>,
 ) -> Result<Load<'static>, Error> {
-    let policy = config.policy.clone().build()?;
-    let loader = Loader::new()
-        .backend(Backend::from_name(&config.backend)?)
-        .device(config.device)
-        .policy(policy)
-        .memory_cap(config.device_memory)
-        .select(config.selection.clone().unwrap_or_default());
+    let loader = loader_of(config)?;
     match config.destination {
         Some(callback) => loader
             .raw_destination(CallbackDestination {
@@ -1418,4 +1506,26 @@ pub unsafe extern "C" fn stg_device_buffer_free(buffer: *mut stg_device_buffer) 
     // SAFETY: forwarded caller contract: NULL, or a pointer from stg_tensor_take_device_buffer
     // freed once.
     unsafe { free_boxed(buffer) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_a_status_and_only_internal_errors_are_internal() {
+        let mut seen = std::collections::HashSet::new();
+        for kind in ErrorKind::ALL {
+            let status = status_of_kind(kind);
+            assert_eq!(
+                status == stg_status::STG_INTERNAL,
+                kind == ErrorKind::Internal,
+                "{kind}: {status:?}"
+            );
+            seen.insert(status as u32);
+        }
+        // Kinds share a status only where C has always had one (bad options and bad uses are
+        // both STG_INVALID_ARGUMENT).
+        assert_eq!(seen.len(), ErrorKind::ALL.len() - 1);
+    }
 }

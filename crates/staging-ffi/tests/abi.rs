@@ -147,7 +147,7 @@ fn bad_arguments_are_statuses() {
         );
         assert_eq!(
             stg_load_new(c, c"/nonexistent/model.safetensors".as_ptr(), &mut out),
-            STG_IO
+            STG_NOT_FOUND
         );
         assert_eq!(out, sentinel(), "out written on failure");
         assert!(
@@ -190,7 +190,7 @@ fn messages_truncate_safely_and_report_their_full_length() {
         let mut out = null_mut();
         assert_eq!(
             stg_load_new(c, c"/nonexistent/dir".as_ptr(), &mut out),
-            STG_IO
+            STG_NOT_FOUND
         );
         let full = config_error(c);
         let mut small = [0x55 as c_char; 8];
@@ -685,12 +685,130 @@ fn a_url_loads_through_the_same_call_and_a_missing_one_names_itself() {
         }
         stg_load_free(load);
 
+        // A plan takes the URL stg_load_new takes, and the remote options through stg_config_set.
+        assert_eq!(
+            stg_config_set(c, c"concurrency".as_ptr(), c"2".as_ptr()),
+            STG_OK
+        );
+        assert_eq!(
+            stg_config_set(c, c"store_option".as_ptr(), c"allow_http=true".as_ptr()),
+            STG_OK
+        );
+        let mut plan = null_mut();
+        assert_eq!(stg_plan_new(c, url.as_ptr(), 2, &mut plan), STG_OK);
+        assert_eq!(
+            stg_plan_rank_bytes(plan, 0) + stg_plan_rank_bytes(plan, 1),
+            4000
+        );
+        let mut piece = std::mem::zeroed::<stg_plan_piece>();
+        assert_eq!(stg_plan_get_piece(plan, 0, &mut piece), STG_OK);
+        assert_eq!(CStr::from_ptr(piece.name).to_str(), Ok("a"));
+        stg_plan_free(plan);
+
         let missing = CString::new(server.url("/absent/model.safetensors")).unwrap();
         let mut out = sentinel::<stg_load>();
         assert_ne!(stg_load_new(c, missing.as_ptr(), &mut out), STG_OK);
         assert_eq!(out, sentinel());
         let message = config_error(c);
         assert!(message.contains(missing.to_str().unwrap()), "{message}");
+        stg_config_free(c);
+    }
+}
+
+#[test]
+fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
+    let c = config();
+    let describe = |c: *const stg_config| {
+        let mut buf = vec![0 as c_char; 4096];
+        let mut written = 0;
+        // SAFETY: valid handle, buffer and out-pointer.
+        let status = unsafe { stg_config_describe(c, buf.as_mut_ptr(), buf.len(), &mut written) };
+        assert_eq!(status, STG_OK);
+        assert!(written < buf.len());
+        // SAFETY: the call NUL-terminated the buffer.
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    assert_eq!(
+        describe(c),
+        format!("{:#?}", safetensors_staging::LoadOptions::new())
+    );
+    // SAFETY: valid handles and NUL-terminated strings.
+    unsafe {
+        assert_eq!(
+            stg_config_set(c, c"chunk_size".as_ptr(), c"4MiB".as_ptr()),
+            STG_OK
+        );
+        assert_eq!(
+            stg_config_set(c, c"rows".as_ptr(), c"*.weight=1/2".as_ptr()),
+            STG_OK
+        );
+        let mut expected = safetensors_staging::LoadOptions::new();
+        expected.set("chunk_size", "4MiB").unwrap();
+        expected.set("rows", "*.weight=1/2").unwrap();
+        assert_eq!(describe(c), format!("{expected:#?}"));
+        // A bad key or value: a status, a message naming both, nothing changed.
+        assert_eq!(
+            stg_config_set(c, c"chunk".as_ptr(), c"1".as_ptr()),
+            STG_INVALID_ARGUMENT
+        );
+        assert!(
+            config_error(c).contains("unknown key"),
+            "{}",
+            config_error(c)
+        );
+        assert_eq!(
+            stg_config_set(c, c"device".as_ptr(), c"gpu7".as_ptr()),
+            STG_INVALID_ARGUMENT
+        );
+        assert!(
+            config_error(c).contains("device=\"gpu7\""),
+            "{}",
+            config_error(c)
+        );
+        assert_eq!(describe(c), format!("{expected:#?}"));
+        assert_eq!(stg_config_set(c, null(), c"1".as_ptr()), STG_NULL_ARGUMENT);
+        assert_eq!(
+            stg_config_set(null_mut(), c"threads".as_ptr(), c"1".as_ptr()),
+            STG_NULL_ARGUMENT
+        );
+        stg_config_free(c);
+    }
+}
+
+#[test]
+fn a_gpu_asked_for_is_a_gpu_or_an_error_naming_what_was_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let c = config();
+    // SAFETY: valid handles and out-pointers.
+    unsafe {
+        // No CUDA driver or HIP runtime on this machine (the stubs are not on the search path).
+        assert_eq!(stg_config_set_device(c, 0), STG_OK);
+        let mut load = sentinel::<stg_load>();
+        assert_eq!(
+            stg_load_new(c, path.as_ptr(), &mut load),
+            STG_BACKEND_UNAVAILABLE
+        );
+        assert_eq!(load, sentinel());
+        let message = config_error(c);
+        assert!(message.contains("device cuda:0 was asked for"), "{message}");
+        assert!(
+            message.contains("cufile: ") && message.contains("hipfile: "),
+            "{message}"
+        );
+        // The host backend and a GPU do not go together.
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        assert_eq!(
+            stg_load_new(c, path.as_ptr(), &mut load),
+            STG_INVALID_ARGUMENT
+        );
+        assert!(
+            config_error(c).contains("loads into host memory"),
+            "{}",
+            config_error(c)
+        );
         stg_config_free(c);
     }
 }

@@ -1,10 +1,20 @@
-//! The exceptions: one base class, `StagingError`, and a subclass wherever a caller would branch.
-//! The message is the one line `stage` prints after `stage: error: `.
+//! The exceptions: one base class, `StagingError`, and a subclass wherever a caller would branch,
+//! chosen from the library's classification of the error (`Error::kind()`, the same C's statuses
+//! come from). Where Python has a builtin for the failure, the class derives from it too:
+//! `PathNotFoundError` is a `FileNotFoundError`, `PathPermissionError` a `PermissionError`,
+//! `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`. Every exception
+//! carries `kind`, the kind's name. The message is the one line `stage` prints after
+//! `stage: error: `.
 
-use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PySystemExit};
+use pyo3::exceptions::{
+    PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyPermissionError,
+    PySystemExit, PyValueError,
+};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
 use pyo3::{PyErr, create_exception};
-use safetensors_staging::Error;
+use safetensors_staging::{Error, ErrorKind};
 use staging_core::Error as CoreError;
 
 create_exception!(
@@ -35,10 +45,9 @@ create_exception!(
 );
 create_exception!(
     safetensors_staging,
-    OutOfMemoryError,
+    DeviceError,
     StagingError,
-    "An allocation failed where the policy had no fallback left (the host buffer, the staging \
-     buffer)."
+    "A device operation (a memory query, a copy) failed."
 );
 create_exception!(
     safetensors_staging,
@@ -64,44 +73,129 @@ pub(crate) fn line(error: &dyn std::error::Error) -> String {
     error.to_string().replace('\n', " ")
 }
 
-/// The Python exception for a library error.
-pub(crate) fn to_py(error: Error) -> PyErr {
-    let message = line(&error);
-    match error {
-        Error::Load(core) => core_to_py(core, message),
-        Error::Backend { .. } | Error::NotBuilt(_) => BackendUnavailableError::new_err(message),
-        Error::DestinationSpace { .. } => DestinationError::new_err(message),
-        _ => StagingError::new_err(message),
+/// The classes that also derive from a builtin exception, so that `except FileNotFoundError`,
+/// `except MemoryError` and `except ValueError` catch what a Python user expects them to. Made
+/// when the module is imported (`register`).
+struct WithBuiltins {
+    not_found: Py<PyType>,
+    permission: Py<PyType>,
+    out_of_memory: Py<PyType>,
+    invalid_option: Py<PyType>,
+}
+
+static WITH_BUILTINS: PyOnceLock<WithBuiltins> = PyOnceLock::new();
+
+/// `class name(*bases)` with `doc`, in module `safetensors_staging`.
+fn class(
+    py: Python<'_>,
+    name: &str,
+    bases: &[Bound<'_, PyType>],
+    doc: &str,
+) -> PyResult<Py<PyType>> {
+    let namespace = PyDict::new(py);
+    namespace.set_item("__module__", "safetensors_staging")?;
+    namespace.set_item("__doc__", doc)?;
+    let bases = PyTuple::new(py, bases)?;
+    let made = py
+        .get_type::<PyType>()
+        .call1((name, bases, namespace))?
+        .cast_into::<PyType>()?;
+    Ok(made.unbind())
+}
+
+fn with_builtins(py: Python<'_>) -> PyResult<&WithBuiltins> {
+    WITH_BUILTINS.get_or_try_init(py, || {
+        Ok(WithBuiltins {
+            not_found: class(
+                py,
+                "PathNotFoundError",
+                &[
+                    py.get_type::<ReadError>(),
+                    py.get_type::<PyFileNotFoundError>(),
+                ],
+                "A path (a file, a directory, an object) does not exist.",
+            )?,
+            permission: class(
+                py,
+                "PathPermissionError",
+                &[
+                    py.get_type::<ReadError>(),
+                    py.get_type::<PyPermissionError>(),
+                ],
+                "A path may not be opened by this process.",
+            )?,
+            out_of_memory: class(
+                py,
+                "OutOfMemoryError",
+                &[
+                    py.get_type::<StagingError>(),
+                    py.get_type::<PyMemoryError>(),
+                ],
+                "An allocation failed where the policy had no fallback left (the host buffer, \
+                 the staging buffer).",
+            )?,
+            invalid_option: class(
+                py,
+                "InvalidOptionError",
+                &[py.get_type::<StagingError>(), py.get_type::<PyValueError>()],
+                "An option's value does not parse or does not go with the others (a size, a \
+                 device, a backend and a device that do not go together).",
+            )?,
+        })
+    })
+}
+
+/// The exception class of each kind of error (C's statuses are derived from the same kinds).
+pub(crate) fn class_of(py: Python<'_>, kind: ErrorKind) -> Bound<'_, PyType> {
+    let special = with_builtins(py).ok().and_then(|classes| match kind {
+        ErrorKind::NotFound => Some(&classes.not_found),
+        ErrorKind::PermissionDenied => Some(&classes.permission),
+        ErrorKind::DeviceAllocation | ErrorKind::HostAllocation => Some(&classes.out_of_memory),
+        ErrorKind::InvalidOption => Some(&classes.invalid_option),
+        _ => None,
+    });
+    if let Some(class) = special {
+        return class.bind(py).clone();
+    }
+    match kind {
+        ErrorKind::Io | ErrorKind::Read => py.get_type::<ReadError>(),
+        ErrorKind::InvalidCheckpoint | ErrorKind::NotACheckpoint => {
+            py.get_type::<MalformedCheckpointError>()
+        }
+        ErrorKind::Device => py.get_type::<DeviceError>(),
+        ErrorKind::Destination | ErrorKind::DestinationTooSmall => {
+            py.get_type::<DestinationError>()
+        }
+        ErrorKind::Selection => py.get_type::<SelectionError>(),
+        ErrorKind::BackendUnavailable => py.get_type::<BackendUnavailableError>(),
+        _ => py.get_type::<StagingError>(),
     }
 }
 
-fn core_to_py(error: CoreError, message: String) -> PyErr {
-    match error {
-        CoreError::Header { .. }
-        | CoreError::Index { .. }
-        | CoreError::NotAFile { .. }
-        | CoreError::NoCheckpoint { .. }
-        | CoreError::DuplicateFile { .. }
-        | CoreError::DuplicateTensor { .. }
-        | CoreError::Truncated { .. } => MalformedCheckpointError::new_err(message),
-        CoreError::Io { .. }
-        | CoreError::Open { .. }
-        | CoreError::Read { .. }
-        | CoreError::FileChanged { .. }
-        | CoreError::Device { .. } => ReadError::new_err(message),
-        CoreError::Allocation { .. }
-        | CoreError::StagingBuffer { .. }
-        | CoreError::HostAllocation { .. } => OutOfMemoryError::new_err(message),
-        CoreError::UnknownTensor { .. } | CoreError::Rows { .. } => {
-            SelectionError::new_err(message)
-        }
-        CoreError::DestinationTooSmall { .. } => DestinationError::new_err(message),
-        CoreError::Destination { source, .. } => match source.downcast::<PyErr>() {
+/// The Python exception for a library error: its class from the error's kind, its message the
+/// one line `stage` prints, and `kind` set to the kind's name (`"not-found"`, ...). What a
+/// destination callback raised comes back as it was (see `from_callback`).
+pub(crate) fn to_py(error: Error) -> PyErr {
+    let message = line(&error);
+    let kind = error.kind();
+    if let Error::Load(CoreError::Destination { source, .. }) = error {
+        return match source.downcast::<PyErr>() {
             Ok(raised) => from_callback(*raised, message),
-            Err(_) => DestinationError::new_err(message),
-        },
-        _ => StagingError::new_err(message),
+            Err(_) => of_kind(kind, message),
+        };
     }
+    of_kind(kind, message)
+}
+
+/// An exception of `kind`'s class with `message`, its `kind` attribute set.
+pub(crate) fn of_kind(kind: ErrorKind, message: String) -> PyErr {
+    Python::attach(|py| {
+        let error = PyErr::from_type(class_of(py, kind), (message,));
+        // Setting an attribute on a fresh exception of our own classes does not fail; if it
+        // did, the exception would still be the right one.
+        let _ = error.value(py).setattr("kind", kind.as_str());
+        error
+    })
 }
 
 /// What the destination callback raised: re-raised as it was when it is ours or not an error
@@ -115,7 +209,7 @@ fn from_callback(raised: PyErr, message: String) -> PyErr {
         {
             return raised;
         }
-        let wrapped = DestinationError::new_err(message);
+        let wrapped = of_kind(ErrorKind::Destination, message);
         wrapped.set_cause(py, Some(raised));
         wrapped
     })
@@ -134,7 +228,12 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
         "BackendUnavailableError",
         py.get_type::<BackendUnavailableError>(),
     )?;
-    module.add("OutOfMemoryError", py.get_type::<OutOfMemoryError>())?;
+    module.add("DeviceError", py.get_type::<DeviceError>())?;
+    let classes = with_builtins(py)?;
+    module.add("PathNotFoundError", classes.not_found.bind(py))?;
+    module.add("PathPermissionError", classes.permission.bind(py))?;
+    module.add("OutOfMemoryError", classes.out_of_memory.bind(py))?;
+    module.add("InvalidOptionError", classes.invalid_option.bind(py))?;
     module.add("SelectionError", py.get_type::<SelectionError>())?;
     module.add("DestinationError", py.get_type::<DestinationError>())?;
     module.add(

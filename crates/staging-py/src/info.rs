@@ -5,9 +5,11 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use safetensors_staging::{Checkpoint, Loader, Plan, RemoteOptions, TensorMeta};
+use pyo3::types::PyDict;
+use safetensors_staging::{Checkpoint, Plan, TensorMeta};
 
 use crate::errors;
+use crate::options::Keywords;
 
 /// A checkpoint file's name for Python: a `pathlib.Path`, or a `str` for a URL (a `Path` would
 /// fold its `//`).
@@ -22,7 +24,7 @@ pub(crate) enum FileName {
 impl FileName {
     pub(crate) fn of(path: &std::path::Path) -> Self {
         match path.to_str() {
-            Some(url) if safetensors_staging::remote::is_remote(path) => Self::Url(url.to_owned()),
+            Some(url) if safetensors_staging::is_url(path) => Self::Url(url.to_owned()),
             _ => Self::Local(path.to_path_buf()),
         }
     }
@@ -104,17 +106,6 @@ pub(crate) struct PyCheckpoint {
     checkpoint: Checkpoint,
 }
 
-/// Opens a checkpoint (a file, a directory, an index, or a list of files; local or URLs read
-/// with `remote`) with the GIL released.
-pub(crate) fn open_checkpoint(
-    py: Python<'_>,
-    paths: Vec<PathBuf>,
-    remote: RemoteOptions,
-) -> PyResult<Checkpoint> {
-    py.detach(move || Loader::new().remote(remote).read_headers(&paths))
-        .map_err(|e| interrupted_or(py, e))
-}
-
 /// A pending `KeyboardInterrupt` (Ctrl-C stopped a remote read), else `error`.
 pub(crate) fn interrupted_or(py: Python<'_>, error: safetensors_staging::Error) -> PyErr {
     match py.check_signals() {
@@ -123,36 +114,14 @@ pub(crate) fn interrupted_or(py: Python<'_>, error: safetensors_staging::Error) 
     }
 }
 
-/// The remote keywords (`concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`)
-/// as the loader's remote options; `None` keeps the default. When `paths` name a URL, Ctrl-C
-/// interrupts its reads (the SIGINT hook is installed only then).
-pub(crate) fn remote_options(
-    paths: &[PathBuf],
-    concurrency: Option<usize>,
-    range_size: Option<usize>,
-    retries: Option<usize>,
-    bandwidth: Option<u64>,
-    store_options: Option<BTreeMap<String, String>>,
-) -> RemoteOptions {
-    let mut options = RemoteOptions::default();
-    if let Some(n) = concurrency {
-        options.concurrency = n;
+/// Ctrl-C interrupts reads of URLs: a predicate when `paths` name one (the SIGINT hook is
+/// installed only then), else `None`.
+pub(crate) fn interrupt_for(paths: &[PathBuf]) -> Option<safetensors_staging::remote::Interrupt> {
+    if paths.iter().any(|p| safetensors_staging::is_url(p)) {
+        crate::interrupt::on_ctrl_c()
+    } else {
+        None
     }
-    if let Some(size) = range_size {
-        options.range_size = size;
-    }
-    if let Some(n) = retries {
-        options.max_retries = n;
-    }
-    options.bandwidth = bandwidth;
-    options.config = store_options.unwrap_or_default().into_iter().collect();
-    if paths
-        .iter()
-        .any(|p| safetensors_staging::remote::is_remote(p))
-    {
-        options.interrupt = crate::interrupt::on_ctrl_c();
-    }
-    options
 }
 
 #[pymethods]
@@ -272,29 +241,23 @@ impl PyCheckpoint {
     }
 }
 
-/// `open(path)`: the checkpoint's metadata, nothing loaded.
+/// `open(path)`: the checkpoint's metadata, nothing loaded. The keywords are `stage`'s (those
+/// for URLs matter here: `concurrency`, `range_size`, `retries`, `bandwidth`,
+/// `store_options`).
 #[pyfunction]
-#[pyo3(name = "_open", signature = (
-    paths, *, concurrency=None, range_size=None, retries=None, bandwidth=None, store_options=None
-))]
+#[pyo3(name = "_open", signature = (paths, **kwargs))]
 pub(crate) fn open(
     py: Python<'_>,
     paths: Vec<PathBuf>,
-    concurrency: Option<usize>,
-    range_size: Option<usize>,
-    retries: Option<usize>,
-    bandwidth: Option<u64>,
-    store_options: Option<BTreeMap<String, String>>,
+    kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyCheckpoint> {
-    let remote = remote_options(
-        &paths,
-        concurrency,
-        range_size,
-        retries,
-        bandwidth,
-        store_options,
-    );
-    Ok(PyCheckpoint {
-        checkpoint: open_checkpoint(py, paths, remote)?,
-    })
+    let keywords = Keywords::parse(kwargs)?;
+    let mut loader = keywords.options.loader().map_err(errors::to_py)?;
+    if let Some(interrupt) = interrupt_for(&paths) {
+        loader = loader.interrupt(interrupt);
+    }
+    let checkpoint = py
+        .detach(move || loader.read_headers(&paths))
+        .map_err(|e| interrupted_or(py, e))?;
+    Ok(PyCheckpoint { checkpoint })
 }

@@ -9,7 +9,7 @@
 //!   the `dlpark` crate;
 //! - `info`: `open(path)`, metadata without loading;
 //! - `errors`: the `StagingError` hierarchy;
-//! - `testing`: the Rust suite's malformed checkpoints, for the Python tests.
+//! - `options`: the keywords as the library's `LoadOptions`, through its one parser.
 
 mod destination;
 mod errors;
@@ -17,7 +17,7 @@ mod export;
 mod info;
 mod interrupt;
 mod load;
-mod testing;
+mod options;
 
 use pyo3::prelude::*;
 
@@ -31,8 +31,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(load::stage, module)?)?;
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
     module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;
-    module.add_function(wrap_pyfunction!(testing::write_malformed, module)?)?;
-    module.add("MALFORMED", testing::cases())?;
+    module.add_function(wrap_pyfunction!(options::options, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! `held()` work (the report as of the last tensor handed out), `close()` stops the load before
 //! the tensor being asked for is read, and `next()` raises `StagingError` at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,17 +21,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
-use safetensors_staging::cufile::RequestedMode;
-use safetensors_staging::mock::Ledger;
 use safetensors_staging::{
-    AutoOptions, Backend, Checkpoint, Error, HeldMemory, HostOptions, JsonReport, Load, LoadReport,
-    Loader, RowRange, Selection, StagingPath, StagingPolicy, Tensor, TensorMeta, TensorRecord,
+    Error, HeldMemory, JsonReport, Load, LoadReport, Loader, RowRange, Selection, StagingPath,
+    Tensor, TensorMeta, TensorRecord,
 };
 
 use crate::destination::{GivenMap, PyDestination};
-use crate::errors::{self, BackendUnavailableError, StagingError};
+use crate::errors::{self, StagingError};
 use crate::export::{Memory, Staged};
-use crate::info::{TensorInfo, interrupted_or, open_checkpoint, remote_options};
+use crate::info::{interrupt_for, interrupted_or};
+use crate::options::Keywords;
 
 pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave these maps or the load half-updated in a way
@@ -42,92 +41,6 @@ pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The error a load stopped by `close()` from its own destination callback ends with; the
 /// iteration then ends quietly, as after any `close()`.
 pub(crate) const CLOSED_IN_CALLBACK: &str = "the load was closed by its own destination callback";
-
-/// Where a load runs: `"cpu"` (host memory) or a GPU (`"cuda"`, with its index).
-fn backend(
-    name: &str,
-    gpu: Option<usize>,
-    direct_io: bool,
-    cufile_mode: &str,
-    cufile_lib: Option<PathBuf>,
-) -> PyResult<Backend> {
-    let mode = match cufile_mode {
-        "auto" => RequestedMode::Auto,
-        "gds" => RequestedMode::Fast,
-        "compat" => RequestedMode::Compat,
-        "posix" => RequestedMode::Posix,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "cufile_mode={other:?}: expected auto, gds, compat or posix"
-            )));
-        }
-    };
-    let device = gpu.unwrap_or(0);
-    let cufile = safetensors_staging::cufile::Options {
-        device,
-        mode,
-        library: cufile_lib,
-        ..Default::default()
-    };
-    let hipfile = safetensors_staging::hipfile::Options {
-        device,
-        ..Default::default()
-    };
-    let host = HostOptions::default().direct_io(direct_io);
-    let backend = match (name, gpu) {
-        ("auto", None) | ("host", None) => Backend::Host(host),
-        ("mock", None) => Backend::Mock,
-        ("auto", Some(_)) => {
-            let mut auto = AutoOptions::default();
-            auto.cufile = cufile;
-            auto.hipfile = hipfile;
-            auto.host = host;
-            Backend::Auto(auto)
-        }
-        ("cufile", Some(_)) => Backend::Cufile(cufile),
-        ("hipfile", Some(_)) => Backend::Hipfile(hipfile),
-        ("host" | "mock", Some(index)) => {
-            return Err(PyValueError::new_err(format!(
-                "backend={name:?} loads into host memory: use device=\"cpu\", not a GPU \
-                 (cuda:{index})"
-            )));
-        }
-        ("cufile" | "hipfile", None) => {
-            return Err(PyValueError::new_err(format!(
-                "backend={name:?} loads onto a GPU: use device=\"cuda\" or \"cuda:N\""
-            )));
-        }
-        (other, _) => {
-            return Err(PyValueError::new_err(format!(
-                "backend={other:?}: expected auto, host, mock, cufile or hipfile"
-            )));
-        }
-    };
-    Ok(backend)
-}
-
-/// The policy from the keyword options, as `stage` builds it from its flags.
-fn policy(
-    chunk_size: Option<usize>,
-    threads: Option<usize>,
-    staging_slots: Option<usize>,
-    coalesce_below: Option<usize>,
-) -> PyResult<StagingPolicy> {
-    let mut policy = StagingPolicy::builder();
-    if let Some(chunk) = chunk_size {
-        policy = policy.chunk_size(chunk).staging_size(chunk);
-    }
-    if let Some(threads) = threads {
-        policy = policy.io_threads(threads);
-    }
-    if let Some(slots) = staging_slots {
-        policy = policy.staging_slots(slots);
-    }
-    if let Some(below) = coalesce_below {
-        policy = policy.coalesce_below(below);
-    }
-    policy.build().map_err(|e| errors::to_py(e.into()))
-}
 
 /// The rows `(start, end)` a row spec means for a first dimension of `dim0` (as a load cuts
 /// them), for code that narrows tensors itself.
@@ -158,122 +71,46 @@ fn row_range(spec: &Bound<'_, PyAny>) -> PyResult<RowRange> {
     Ok(RowRange::Rows(start..end))
 }
 
-/// The selection from `select` (names, or a predicate on names) and `rows` (a mapping of name
-/// to range, or a function of `(name, TensorInfo)` giving a range or `None`). Functions are
-/// called here, once per tensor of the checkpoint, before anything is read.
-fn selection(
-    checkpoint: &Checkpoint,
-    select: Option<&Bound<'_, PyAny>>,
-    rows: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Selection> {
-    let mut selection = match select {
-        None => Selection::all(),
-        Some(select) if select.is_callable() => {
-            let mut names = Vec::new();
-            for tensor in checkpoint.tensors() {
-                if select.call1((tensor.name.as_str(),))?.is_truthy()? {
-                    names.push(tensor.name.clone());
-                }
-            }
-            Selection::names(names)
-        }
-        Some(select) => {
-            let names: Vec<String> = select
-                .try_iter()?
-                .map(|name| name.and_then(|n| n.extract::<String>()))
-                .collect::<PyResult<_>>()
-                .map_err(|_| {
-                    PyValueError::new_err(
-                        "select: expected an iterable of tensor names or a function of a name",
-                    )
-                })?;
-            Selection::names(names)
-        }
-    };
-    match rows {
-        None => {}
-        Some(rows) if rows.is_callable() => {
-            for tensor in checkpoint.tensors() {
-                let spec = rows.call1((tensor.name.as_str(), TensorInfo::new(tensor)))?;
-                if !spec.is_none() {
-                    selection = selection.rows(tensor.name.clone(), row_range(&spec)?);
-                }
-            }
-        }
-        Some(rows) => {
-            let rows = rows.cast::<PyDict>().map_err(|_| {
-                PyValueError::new_err("rows: expected a dict of name to range, or a function")
-            })?;
-            for (name, spec) in rows.iter() {
-                selection = selection.rows(name.extract::<String>()?, row_range(&spec)?);
-            }
-        }
-    }
-    Ok(selection)
-}
-
-/// Opens a load. Every option is a keyword of `safetensors_staging.stage`; the Python side
-/// turns `device` into `gpu` (`None` for `"cpu"`, else the index).
+/// Opens a load. Every option is a keyword of `safetensors_staging.stage`, a key of the
+/// library's options (see `options`); only `destination` and `progress` are this door's own.
 #[pyfunction]
-#[pyo3(name = "_stage", signature = (
-    paths, *, gpu=None, backend_name="auto", select=None, rows=None, destination=None,
-    memory_cap=None, chunk_size=None, threads=None, staging_slots=None, coalesce_below=None,
-    direct_io=false, suballocate=true, cufile_mode="auto", cufile_lib=None, progress=false,
-    concurrency=None, range_size=None, retries=None, bandwidth=None, store_options=None
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "_stage", signature = (paths, *, destination=None, progress=false, **kwargs))]
 pub(crate) fn stage(
     py: Python<'_>,
     paths: Vec<PathBuf>,
-    gpu: Option<usize>,
-    backend_name: &str,
-    select: Option<&Bound<'_, PyAny>>,
-    rows: Option<&Bound<'_, PyAny>>,
     destination: Option<Py<PyAny>>,
-    memory_cap: Option<u64>,
-    chunk_size: Option<usize>,
-    threads: Option<usize>,
-    staging_slots: Option<usize>,
-    coalesce_below: Option<usize>,
-    direct_io: bool,
-    suballocate: bool,
-    cufile_mode: &str,
-    cufile_lib: Option<PathBuf>,
     progress: bool,
-    concurrency: Option<usize>,
-    range_size: Option<usize>,
-    retries: Option<usize>,
-    bandwidth: Option<u64>,
-    store_options: Option<BTreeMap<String, String>>,
+    kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyLoad> {
-    let backend = backend(backend_name, gpu, direct_io, cufile_mode, cufile_lib)?;
-    let policy = policy(chunk_size, threads, staging_slots, coalesce_below)?;
-    let remote = remote_options(
-        &paths,
-        concurrency,
-        range_size,
-        retries,
-        bandwidth,
-        store_options,
-    );
-    let checkpoint = open_checkpoint(py, paths, remote.clone())?;
-    let selection = selection(&checkpoint, select, rows)?;
+    let mut keywords = Keywords::parse(kwargs)?;
+    let loader = |options: &safetensors_staging::LoadOptions| -> PyResult<Loader<'static>> {
+        let loader = options.loader().map_err(errors::to_py)?;
+        Ok(match interrupt_for(&paths) {
+            Some(interrupt) => loader.interrupt(interrupt),
+            None => loader,
+        })
+    };
+    // The headers are read once, with the load's remote options, and checked again by the load.
+    let headers = loader(&keywords.options)?;
+    let read = paths.clone();
+    let checkpoint = py
+        .detach(move || headers.read_headers(&read))
+        .map_err(|e| interrupted_or(py, e))?;
+    keywords.apply_functions(&checkpoint)?;
+    let options = keywords.options;
+    let gpu = options.device.gpu_index().unwrap_or(0);
+    let mut loader = loader(&options)?;
+    if keywords.select_none {
+        loader = loader.select(Selection::names(Vec::<String>::new()));
+    }
     let given = GivenMap::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let mut loader = Loader::new()
-        .backend(backend)
-        .device(gpu.unwrap_or(0))
-        .policy(policy)
-        .memory_cap(memory_cap)
-        .suballocate(suballocate)
-        .select(selection)
-        .remote(remote);
     if let Some(callback) = destination {
         loader = loader.raw_destination(PyDestination::new(
             callback,
             Arc::clone(&given),
             Arc::clone(&stop),
-            gpu.unwrap_or(0),
+            gpu,
         ));
     }
     let load = py
@@ -283,18 +120,6 @@ pub(crate) fn stage(
         })
         .map_err(|e| interrupted_or(py, e))?;
     let report = load.report();
-    if let Some(index) = gpu
-        && report.backend == "host"
-    {
-        return Err(BackendUnavailableError::new_err(format!(
-            "device cuda:{index} was asked for, but no GPU backend can run here: {}",
-            if report.passed_over.is_empty() {
-                "none was tried".to_owned()
-            } else {
-                report.passed_over.join("; ")
-            }
-        )));
-    }
     let total = load.checkpoint().total_bytes();
     let bar = if progress && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total);
@@ -308,9 +133,8 @@ pub(crate) fn stage(
         None
     };
     Ok(PyLoad {
-        ledger: load.ledger().cloned(),
         held: load.held_memory(),
-        device_index: i32::try_from(gpu.unwrap_or(0)).unwrap_or(i32::MAX),
+        device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
         given,
         stop,
         stepping: Mutex::new(None),
@@ -361,7 +185,6 @@ pub(crate) struct PyLoad {
     stop: Arc<AtomicBool>,
     info: Mutex<Info>,
     given: GivenMap,
-    ledger: Option<Ledger>,
     held: HeldMemory,
     device_index: i32,
 }
@@ -560,13 +383,5 @@ impl PyLoad {
             ("host", self.held.host_bytes()),
             ("caller", self.held.caller_bytes()),
         ])
-    }
-
-    /// The mock backend's ledger: `(buffers never returned, their bytes)`; `None` for other
-    /// backends.
-    fn ledger_outstanding(&self) -> Option<(usize, u64)> {
-        self.ledger
-            .as_ref()
-            .map(|l| (l.outstanding().len(), l.outstanding_bytes()))
     }
 }

@@ -9,7 +9,7 @@ import os
 import struct
 import subprocess
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -119,3 +119,96 @@ def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, int]
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     return directory, total
+
+
+@pytest.fixture(scope="session")
+def other_doors() -> Tuple[Path, Path]:
+    """This checkout's `stage` command and C library (`libstaging_ffi.so`), built now so that
+    they are the same source as the extension under test."""
+    subprocess.run(
+        ["cargo", "build", "--quiet", "-p", "staging-cli", "--bin", "stage", "-p", "staging-ffi"],
+        cwd=REPO, check=True,
+    )
+    stage, ffi = REPO / "target" / "debug" / "stage", REPO / "target" / "debug" / "libstaging_ffi.so"
+    assert stage.is_file() and ffi.is_file(), (stage, ffi)
+    return stage, ffi
+
+
+class CLibrary:
+    """The C ABI through ctypes: configurations set by key, loads opened, statuses returned."""
+
+    def __init__(self, path: Path) -> None:
+        import ctypes
+
+        self.ct = ctypes
+        lib = ctypes.CDLL(str(path))
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        lib.stg_config_new.argtypes = [ctypes.POINTER(vp)]
+        lib.stg_config_free.argtypes = [vp]
+        lib.stg_config_set.argtypes = [vp, cp, cp]
+        lib.stg_config_describe.argtypes = [vp, cp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+        lib.stg_config_last_error.argtypes = [vp, cp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+        lib.stg_load_new.argtypes = [vp, cp, ctypes.POINTER(vp)]
+        lib.stg_load_free.argtypes = [vp]
+        for f in ("stg_config_new", "stg_config_set", "stg_config_describe", "stg_config_last_error",
+                  "stg_load_new"):
+            getattr(lib, f).restype = ctypes.c_uint32
+        self.lib = lib
+
+    def config(self, settings: List[Tuple[str, str]]) -> Any:
+        handle = self.ct.c_void_p()
+        assert self.lib.stg_config_new(self.ct.byref(handle)) == 0
+        for key, value in settings:
+            status = self.lib.stg_config_set(handle, key.encode(), value.encode())
+            assert status == 0, (key, value, status, self.text(self.lib.stg_config_last_error, handle))
+        return handle
+
+    def text(self, call: Any, handle: Any) -> str:
+        buf = self.ct.create_string_buffer(8192)
+        written = self.ct.c_size_t()
+        assert call(handle, buf, len(buf), self.ct.byref(written)) == 0
+        assert written.value < len(buf)
+        return buf.value.decode()
+
+    def describe(self, settings: List[Tuple[str, str]]) -> str:
+        handle = self.config(settings)
+        try:
+            return self.text(self.lib.stg_config_describe, handle)
+        finally:
+            self.lib.stg_config_free(handle)
+
+    def load_status(self, settings: List[Tuple[str, str]], path: str) -> Tuple[int, str]:
+        """`stg_load_new`'s status (the load freed at once) and the configuration's last error."""
+        handle = self.config(settings)
+        try:
+            load = self.ct.c_void_p()
+            status = self.lib.stg_load_new(handle, path.encode(), self.ct.byref(load))
+            if status == 0:
+                self.lib.stg_load_free(load)
+            return status, self.text(self.lib.stg_config_last_error, handle)
+        finally:
+            self.lib.stg_config_free(handle)
+
+
+@pytest.fixture(scope="session")
+def malformed_root(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Dict[str, List[Path]]]:
+    """Every malformed checkpoint of the Rust suite (`backend_mock::malformed`), written by its
+    `write_malformed` example (the wheel carries no test code) under `root/<case>/`: the root,
+    and case -> the paths to load."""
+    directory = tmp_path_factory.mktemp("malformed")
+    out = subprocess.run(
+        ["cargo", "run", "--quiet", "-p", "backend-mock", "--example", "write_malformed", "--", str(directory)],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    ).stdout
+    cases = {}
+    for line in out.splitlines():
+        case, *paths = line.split("\t")
+        cases[case] = [Path(p) for p in paths]
+    assert len(cases) > 10, cases
+    return directory, cases
+
+
+@pytest.fixture(scope="session")
+def malformed(malformed_root: Tuple[Path, Dict[str, List[Path]]]) -> Dict[str, List[Path]]:
+    """Case -> the paths to load, of `malformed_root`."""
+    return malformed_root[1]

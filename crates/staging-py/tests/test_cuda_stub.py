@@ -67,7 +67,7 @@ def check(when):
 path = sys.argv[1]
 # One allocation per tensor (no sub-allocation, no reading neighbours together), so that each
 # tensor's own allocation can be watched in the driver.
-it = _native._stage([path], gpu=0, backend_name="cufile", suballocate=False, coalesce_below=0,
+it = _native._stage([path], device="cuda:0", backend="cufile", suballocate=False, coalesce_below=0,
                     cufile_mode=sys.argv[2])
 seen = []
 for name, staged in it:
@@ -94,7 +94,7 @@ report = json.loads(it.report_json())
 held = it.held()
 # And with the defaults (small tensors carved from shared blocks, neighbours read together):
 # once every tensor and the load are gone, the driver has all its memory back.
-again = _native._stage([path], gpu=0, backend_name="cufile", cufile_mode=sys.argv[2])
+again = _native._stage([path], device="cuda:0", backend="cufile", cufile_mode=sys.argv[2])
 tensors = [staged for _, staged in again]
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
 driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
@@ -220,7 +220,7 @@ def destination(name, info):
     made["syncs_before"] = driver.stub_cuda_null_stream_syncs()
     return made[name]
 try:
-    it = _native._stage([path], gpu=0, backend_name="cufile", destination=destination, threads=1)
+    it = _native._stage([path], device="cuda:0", backend="cufile", destination=destination, threads=1)
     got = dict(it)
     w = made["w"]
     print(json.dumps({"same_object": got["w"] is w, "bytes": w.bytes().hex(), "streams": w.streams,

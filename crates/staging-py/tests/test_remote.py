@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -168,28 +168,28 @@ def test_load_file_from_s3_is_byte_exact(aws: str, minilm_dir: Path, sharded_dir
 
     directory, contents = sharded_dir
     upload_dir(aws, "models", "sharded", directory)
-    with st.stage("s3://models/sharded/model.safetensors.index.json", backend="mock", memory_cap=MIB) as load:
+    with st.stage("s3://models/sharded/model.safetensors.index.json", backend="host", memory_cap=MIB) as load:
         seen = {name: bytes(t.contiguous().view(-1).view(torch.uint8).numpy()) for name, t in load}
         report = load.report()
         assert seen == contents
         assert report["mode"] == "remote"
         assert report["paths"]["host"]["tensors"] > 0, "the 1 MiB cap sends big tensors through host assembly"
-    assert load.ledger_outstanding() == (0, 0)
+    assert load.held() == {"device": 0, "host": 0, "caller": 0}
 
     info = st.open("s3://models/sharded")
     assert info.keys() == list(contents.keys())
     assert all(f.startswith("s3://models/sharded/") for f in info.files)
 
 
-def test_malformed_checkpoints_uploaded_as_objects_raise_like_local_ones(aws: str, tmp_path: Path) -> None:
+def test_malformed_checkpoints_uploaded_as_objects_raise_like_local_ones(
+    aws: str, malformed_root: Tuple[Path, Dict[str, List[Path]]]
+) -> None:
     client = s3(aws)
     client.create_bucket(Bucket="malformed")
     tried = 0
-    for case in _native.MALFORMED:
-        directory = tmp_path / case
-        directory.mkdir()
-        paths = _native._write_malformed(case, directory)
-        ckpt = directory / "ckpt"
+    root, malformed = malformed_root
+    for case, paths in malformed.items():
+        ckpt = root / case / "ckpt"
         upload_dir(aws, "malformed", case, ckpt)
         urls = [f"s3://malformed/{case}/{Path(p).relative_to(ckpt).as_posix()}" if str(p).startswith(str(ckpt)) else f"s3://malformed/{case}/absent" for p in paths]
         with pytest.raises(st.StagingError) as local:
@@ -201,7 +201,7 @@ def test_malformed_checkpoints_uploaded_as_objects_raise_like_local_ones(aws: st
         if isinstance(local.value, st.MalformedCheckpointError) and "fifo" not in case and "directory" not in case and "duplicate_tensor_in_directory" != case:
             assert isinstance(remote.value, st.MalformedCheckpointError), (case, message)
         tried += 1
-    assert tried == len(_native.MALFORMED)
+    assert tried == len(malformed)
 
 
 def test_wrong_credentials_and_a_missing_bucket_are_one_clear_error(aws: str, minilm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,12 +33,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use backend_mock::fixtures::{TensorSpec, synthetic_specs_with, write_sharded_streaming};
 use safetensors_staging::{
     Backend, Checkpoint, Dtype, HostBytes, HostOptions, Load, LoadReport, Loader, StagingPolicy,
 };
 use serde::{Deserialize, Serialize};
 use staging_cli::parse_size;
+use staging_core::write::{TensorSpec, synthetic_specs_with, write_sharded_streaming};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 

@@ -24,7 +24,7 @@ pub use safetensors::Dtype;
 pub use header::FileIdentity;
 pub use partition::{Piece, Plan};
 pub use select::{RowRange, Selection};
-pub use store::{EntryKind, LocalFiles, Store, StoreFile};
+pub use store::{EntryKind, LocalFiles, Store, StoreFile, is_url};
 
 use crate::error::{Error, Result};
 use header::{ParsedFile, read_header};

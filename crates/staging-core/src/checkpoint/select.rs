@@ -93,7 +93,7 @@ pub struct Selection {
     names: Option<BTreeSet<String>>,
     predicate: Option<NamePredicate>,
     rows: Vec<RowsFor>,
-    row_names: BTreeSet<String>,
+    required: BTreeSet<String>,
 }
 
 impl fmt::Debug for Selection {
@@ -137,7 +137,7 @@ impl Selection {
     /// hold is an error when the selection is applied).
     pub fn rows(mut self, name: impl Into<String>, rows: RowRange) -> Self {
         let name = name.into();
-        self.row_names.insert(name.clone());
+        self.required.insert(name.clone());
         self.rows_where(move |meta| (meta.name == name).then(|| rows.clone()))
     }
 
@@ -151,9 +151,23 @@ impl Selection {
         self
     }
 
+    /// Makes each of `names` an error when the checkpoint does not hold it (as [`names`](Self::names)
+    /// and [`rows`](Self::rows) do), whatever else selects tensors.
+    pub fn requiring<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.required.extend(names.into_iter().map(Into::into));
+        self
+    }
+
     /// Whether this selection loads every tensor whole.
     pub fn is_all(&self) -> bool {
-        self.names.is_none() && self.predicate.is_none() && self.rows.is_empty()
+        self.names.is_none()
+            && self.predicate.is_none()
+            && self.rows.is_empty()
+            && self.required.is_empty()
     }
 
     fn keeps(&self, name: &str) -> bool {
@@ -171,7 +185,7 @@ impl Checkpoint {
             .names
             .iter()
             .flatten()
-            .chain(&selection.row_names)
+            .chain(&selection.required)
             .find(|name| self.tensor(name).is_none())
         {
             return Err(Error::UnknownTensor {

@@ -143,3 +143,46 @@ impl Store for LocalFiles {
         }
     }
 }
+
+/// Whether `path` is written as a URL (`scheme://...`, the scheme a letter then letters, digits,
+/// `+`, `-` or `.`): the one test every door and the loader use to tell a checkpoint in object
+/// storage from a local path. Such a path is never taken for a local file, so an unsupported
+/// scheme (`file://`), or a build without remote support, says so instead of "not found".
+pub fn is_url(path: &std::path::Path) -> bool {
+    path.to_str()
+        .and_then(|s| s.split_once("://"))
+        .is_some_and(|(scheme, _)| {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        })
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::is_url;
+    use std::path::Path;
+
+    #[test]
+    fn urls_are_told_from_paths() {
+        for url in [
+            "s3://b/k",
+            "HTTPS://h/k",
+            "gs://b",
+            "file:///models",
+            "s3+x://b",
+        ] {
+            assert!(is_url(Path::new(url)), "{url}");
+        }
+        for path in [
+            "/models/s3://x",
+            "models/model.safetensors",
+            "://x",
+            "1s3://b",
+            "C:\\models",
+        ] {
+            assert!(!is_url(Path::new(path)), "{path}");
+        }
+    }
+}

@@ -35,8 +35,12 @@ from ._native import (
     BackendUnavailableError,
     Checkpoint,
     DestinationError,
+    DeviceError,
+    InvalidOptionError,
     MalformedCheckpointError,
     OutOfMemoryError,
+    PathNotFoundError,
+    PathPermissionError,
     ReadError,
     SelectionError,
     StagingError,
@@ -52,8 +56,12 @@ __all__ = [
     "BackendUnavailableError",
     "Checkpoint",
     "DestinationError",
+    "DeviceError",
+    "InvalidOptionError",
     "MalformedCheckpointError",
     "OutOfMemoryError",
+    "PathNotFoundError",
+    "PathPermissionError",
     "ReadError",
     "SelectionError",
     "Stage",
@@ -107,24 +115,27 @@ def _paths(path: Paths) -> List[str]:
     return paths
 
 
-def _gpu_index(device: Any) -> Optional[int]:
-    """`None` for the CPU, else the GPU ordinal of `device` ("cuda", "cuda:N", a `torch.device`
-    or an int)."""
+def _device(device: Any) -> str:
+    """`device` spelled for the library, which parses it ("cpu", "cuda", "cuda:N", "hip:N", an
+    int, a `torch.device`): only "cuda" is resolved here, to torch's current CUDA device, which
+    the library cannot see."""
     if isinstance(device, int) and not isinstance(device, bool):
-        if device < 0:
-            raise ValueError(f"device={device}: a GPU ordinal is not negative")
-        return device
+        return str(device)
     text = str(device)
-    if text == "cpu":
-        return None
     if text == "cuda":
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            return int(torch.cuda.current_device())
-        return 0
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
-    raise ValueError(f"device={device!r}: expected \"cpu\", \"cuda\", \"cuda:N\" or a torch.device")
+            return f"cuda:{int(torch.cuda.current_device())}"
+    return text
+
+
+def _gpu_index(device: str) -> Optional[int]:
+    """The GPU ordinal a spelled device names, `None` for "cpu" (and "auto"), for the
+    process-group exchange; the library itself checks the spelling when the load opens."""
+    if device in ("cpu", "auto"):
+        return None
+    tail = device.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _to_torch(staged: Any, unsupported_dtypes: str) -> "torch.Tensor":
@@ -235,7 +246,7 @@ class Stage:
 
     @property
     def backend(self) -> str:
-        """The backend chosen: `host`, `mock`, `cufile` or `hipfile`."""
+        """The backend chosen: `host`, `cufile` or `hipfile`."""
         return self._native.backend
 
     @property
@@ -248,60 +259,31 @@ class Stage:
         (handed out as device tensors and not yet dropped). All 0 once every tensor is gone."""
         return dict(self._native.held())
 
-    def ledger_outstanding(self) -> Optional[Tuple[int, int]]:
-        """`backend="mock"` only: `(buffers never returned, their bytes)` by the mock's ledger."""
-        return self._native.ledger_outstanding()
 
 
 def _stage(
     path: Paths,
-    gpu: Optional[int],
+    device: str,
     convert: Callable[[Any], Any],
     *,
-    backend: str = "auto",
-    select: Union[None, Iterable[str], Callable[[str], bool]] = None,
-    rows: Union[None, Mapping[str, RowSpec], Callable[[str, TensorInfo], Optional[RowSpec]]] = None,
     destination: Optional[Callable[[str, TensorInfo], Any]] = None,
-    memory_cap: Optional[int] = None,
-    chunk_size: Optional[int] = None,
-    threads: Optional[int] = None,
-    staging_slots: Optional[int] = None,
-    coalesce_below: Optional[int] = None,
-    direct_io: bool = False,
-    suballocate: bool = True,
-    cufile_mode: str = "auto",
-    cufile_lib: Optional[PathLike] = None,
     progress: bool = False,
-    concurrency: Optional[int] = None,
-    range_size: Optional[int] = None,
-    retries: Optional[int] = None,
-    bandwidth: Optional[int] = None,
+    rows: Union[None, Mapping[str, RowSpec], Callable[[str, TensorInfo], Optional[RowSpec]]] = None,
     store_options: Optional[Mapping[str, str]] = None,
+    **options: Any,
 ) -> Stage:
-    if isinstance(select, str):
-        select = [select]
+    # Every other keyword is a key of the library's options, spelled and parsed there (an
+    # unknown one is a TypeError, a bad value an InvalidOptionError).
+    if rows is not None and not callable(rows):
+        rows = dict(rows)
     native = _native._stage(
         _paths(path),
-        gpu=gpu,
-        backend_name=backend,
-        select=select,
-        rows=rows,
         destination=destination,
-        memory_cap=memory_cap,
-        chunk_size=chunk_size,
-        threads=threads,
-        staging_slots=staging_slots,
-        coalesce_below=coalesce_below,
-        direct_io=direct_io,
-        suballocate=suballocate,
-        cufile_mode=cufile_mode,
-        cufile_lib=None if cufile_lib is None else os.fspath(cufile_lib),
         progress=progress,
-        concurrency=concurrency,
-        range_size=range_size,
-        retries=retries,
-        bandwidth=bandwidth,
+        device=device,
+        rows=rows,
         store_options=None if store_options is None else dict(store_options),
+        **options,
     )
     return Stage(native, convert)
 
@@ -318,14 +300,19 @@ def stage(
 ) -> Any:
     """Loads a checkpoint, yielding `(name, torch.Tensor)` in file order as each tensor lands.
 
-    device: "cpu" (host memory, the `host` backend), "cuda", "cuda:N", a `torch.device` or an
-        int (a GPU: backend `auto` picks cuFile, then hipFile; none usable raises
-        `BackendUnavailableError`).
-    backend: "auto", "host", "mock" (host memory behind a ledger of every buffer), "cufile",
-        "hipfile".
-    select: tensor names to load (an unknown name is a `SelectionError`), or a function of a
-        name returning whether to load it. Unselected bytes are never read.
-    rows: rows of dimension 0 to load, by name: `{"w": (0, 512)}`, `{"w": "0:512"}` or
+    device: "cpu" (host memory, the `host` backend; the default, as in `safetensors`), "cuda",
+        "cuda:N", an int or a `torch.device` (a GPU: backend `auto` picks cuFile, then hipFile;
+        none usable raises `BackendUnavailableError` naming why each was passed over),
+        "hip:N" (hipFile only), or "auto" (a GPU when one is usable, else host memory).
+    Every keyword below but `destination`, `progress` and the process-group ones is a key of the
+    library's options, parsed by the library as the `stage` command's `--KEY` flag and C's
+    `stg_config_set(config, "KEY", value)` are: the same settings mean the same load in every
+    language. A value it does not parse raises `InvalidOptionError` (a `ValueError`).
+    backend: "auto", "host", "cufile", "hipfile".
+    select: tensor names or globs to load (`"model.layers.0.*"`; a name without glob characters
+        must exist, else `SelectionError`), or a function of a name returning whether to load
+        it. Unselected bytes are never read.
+    rows: rows of dimension 0 to load, by name or glob: `{"w": (0, 512)}`, `{"w": "0:512"}` or
         `{"w": "1/4"}` (part 1 of 4 near-equal parts, as `numpy.array_split`); or a function of
         `(name, TensorInfo)` returning such a range or None.
     destination: a function of `(name, TensorInfo)` returning a contiguous, writable tensor (or
@@ -343,8 +330,9 @@ def stage(
     memory_cap: bytes of device memory the load may use (the GPU's free memory is replaced by
         this budget; for "cpu" the capacity of the host backend's device buffers). Tensors that
         do not fit take the host path.
-    chunk_size, threads, staging_slots, coalesce_below, direct_io, suballocate, cufile_mode,
-    cufile_lib: the staging policy and backend options, as the `stage` command's flags. A URL
+    chunk_size, staging_size, headroom_min, headroom_divisor, threads, staging_slots,
+    coalesce_below, direct_io, suballocate, cufile_mode, cufile_lib, hipfile_mode, hipfile_lib,
+    hip_lib: the staging policy and backend options, as the `stage` command's flags. A URL
         is read with at least min(concurrency, 8) threads (they wait on the network).
     progress: a progress bar with GB/s on stderr, when stderr is a terminal.
     concurrency, range_size, retries, bandwidth, store_options: for a path that is an
@@ -367,14 +355,14 @@ def stage(
     """
     if unsupported_dtypes not in ("raise", "uint8"):
         raise ValueError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
-    gpu = _gpu_index(device)
+    spelled = _device(device)
     if process_group is not None:
-        return _stage_in_group(path, gpu, process_group, unsupported_dtypes, relay_chunk, batch_bytes, options)
-    return _stage(path, gpu, lambda staged: _to_torch(staged, unsupported_dtypes), **options)
+        return _stage_in_group(path, spelled, process_group, unsupported_dtypes, relay_chunk, batch_bytes, options)
+    return _stage(path, spelled, lambda staged: _to_torch(staged, unsupported_dtypes), **options)
 
 
 def _stage_in_group(
-    path: Paths, gpu: Optional[int], group: Any, unsupported_dtypes: str, relay_chunk: int, batch_bytes: int,
+    path: Paths, device: str, group: Any, unsupported_dtypes: str, relay_chunk: int, batch_bytes: int,
     options: Dict[str, Any],
 ) -> Any:
     from . import _distributed
@@ -385,8 +373,10 @@ def _stage_in_group(
     rows = options.pop("rows", None)
     paths = _paths(path)
 
+    gpu = _gpu_index(device)
+
     def open_own(select: List[str], rows: Dict[str, Tuple[int, int]]) -> Stage:
-        return _stage(paths, gpu, lambda staged: staged, select=select, rows=rows, **options)
+        return _stage(paths, device, lambda staged: staged, select=select, rows=rows, **options)
 
     def to_torch(buffer: Any, dtype: str, shape: List[int], name: str) -> Any:
         return _torch_from_bytes(buffer, dtype, shape, unsupported_dtypes, name)

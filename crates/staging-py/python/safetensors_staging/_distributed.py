@@ -242,9 +242,13 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
     mine = [p for p in pieces if p[3] == rank]
     state["pieces_owned"] = len(mine)
     try:
+        # Functions, not lists: the library takes a list's strings as globs, and these are
+        # exact names.
+        own_names = {p[0] for p in mine}
+        own_rows = {p[0]: p[4] for p in mine if p[4] is not None}
         own = open_own(
-            select=[p[0] for p in mine],
-            rows={p[0]: p[4] for p in mine if p[4] is not None},
+            select=lambda name: name in own_names,
+            rows=lambda name, _info: own_rows.get(name),
         )
         state["own"] = own
         error = None

@@ -1,16 +1,17 @@
-//! Fixture writers: safetensors files and sharded checkpoints with chosen dtypes and shapes and
-//! random contents, written the way the format specifies (header padded with spaces to 8 bytes,
-//! tensors packed in order), plus raw writers for malformed files.
+//! Writers of safetensors files and sharded checkpoints with chosen dtypes and shapes and random
+//! contents, written the way the format specifies (header padded with spaces to 8 bytes, tensors
+//! packed in order), streaming: the `stage` command's synthetic checkpoint, and the fixtures of
+//! benchmarks and tests (also raw writers for malformed files). Nothing here reads or loads.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::Dtype;
+use crate::INDEX_FILE_NAME;
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
-use staging_core::Dtype;
-use staging_core::INDEX_FILE_NAME;
 
 /// A tensor to write: name, dtype, shape.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,167 @@
+"""One options model for every door: the same settings given as `stage` flags, as Python keywords
+and through C's `stg_config_set` produce equal options (the library's `LoadOptions`, printed by
+`stage --print-options`, `stg_config_describe` and `_native._options`), defaults included; and
+one error classification: for the same bad input, Python's exception class and `kind` and C's
+status agree."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+import safetensors_staging as st
+from safetensors_staging import _native
+
+from conftest import CLibrary, write_safetensors
+
+# Each row: settings as a Python caller gives them. Together the rows change every option.
+TABLE: List[Dict[str, Any]] = [
+    {},
+    {"backend": "host", "device": "cpu"},
+    {"backend": "cufile", "device": "cuda:1", "cufile_mode": "compat", "cufile_lib": "/opt/libcufile.so.0"},
+    {"backend": "hipfile", "device": "hip:2", "hipfile_mode": "posix", "hipfile_lib": "/x/libhipfile.so",
+     "hip_lib": "/x/libamdhip64.so"},
+    {"device": 3, "memory_cap": 1 << 30, "chunk_size": 4 << 20, "staging_size": 8 << 20,
+     "headroom_min": 1 << 28, "headroom_divisor": 8},
+    {"threads": 3, "staging_slots": 4, "coalesce_below": 0, "suballocate": False, "direct_io": True},
+    {"select": ["model.layers.0.*", "lm_head.weight"], "rows": {"*.q_proj.weight": "1/4", "embed": (0, 512)}},
+    {"concurrency": 4, "range_size": 16 << 20, "retries": 2, "bandwidth": 500_000_000,
+     "store_options": {"aws_region": "us-east-1", "allow_http": "true"}},
+]
+
+
+def spelled(settings: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """The settings as (key, text) pairs, as a C caller or a shell user spells them."""
+    pairs: List[Tuple[str, str]] = []
+    for key, value in settings.items():
+        if key == "select":
+            pairs += [("select", v) for v in value]
+        elif key == "rows":
+            pairs += [("rows", f"{k}={v if isinstance(v, str) else f'{v[0]}:{v[1]}'}") for k, v in value.items()]
+        elif key == "store_options":
+            pairs += [("store_option", f"{k}={v}") for k, v in value.items()]
+        elif isinstance(value, bool):
+            pairs.append((key, "true" if value else "false"))
+        else:
+            pairs.append((key, str(value)))
+    return pairs
+
+
+def cli(stage: Path, settings: Dict[str, Any]) -> str:
+    args = [str(stage), "--print-options"]
+    for key, value in spelled(settings):
+        args += [f"--{key.replace('_', '-')}", value]
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.rstrip("\n")
+
+
+def fields(description: str) -> Dict[str, str]:
+    """The top-level fields of a printed `LoadOptions`, each with its printed value."""
+    out: Dict[str, str] = {}
+    current = None
+    for line in description.splitlines()[1:-1]:
+        m = re.match(r"^    (\w+): (.*)$", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2)
+        elif current is not None:
+            out[current] += line.strip()
+    return out
+
+
+@pytest.mark.parametrize("settings", TABLE, ids=lambda s: ",".join(s) or "defaults")
+def test_every_door_gives_the_same_options(other_doors: Tuple[Path, Path], settings: Dict[str, Any]) -> None:
+    stage, ffi = other_doors
+    python = _native._options(**settings)
+    assert python.startswith("LoadOptions {"), python
+    assert cli(stage, settings) == python
+    assert CLibrary(ffi).describe(spelled(settings)) == python
+
+
+def test_the_table_changes_every_option() -> None:
+    defaults = fields(_native._options())
+    changed = set()
+    for settings in TABLE:
+        for key, value in fields(_native._options(**settings)).items():
+            if value != defaults[key]:
+                changed.add(key)
+    assert len(defaults) >= 24, defaults
+    assert changed == set(defaults), set(defaults) - changed
+
+
+def test_python_spellings_reach_the_same_parser() -> None:
+    # torch.device, PathLike, ints and bools are spelled as text for the library's parser.
+    torch = pytest.importorskip("torch")
+    assert _native._options(device=torch.device("cuda", 2)) == _native._options(device="cuda:2")
+    assert _native._options(cufile_lib=Path("/opt/x.so")) == _native._options(cufile_lib="/opt/x.so")
+    assert _native._options(memory_cap=1 << 20) == _native._options(memory_cap="1MiB")
+    assert _native._options(direct_io=True) == _native._options(direct_io="yes")
+    # A bad value is the library's error: a ValueError naming key and value.
+    with pytest.raises(st.InvalidOptionError, match=r'chunk_size="lots"') as raised:
+        _native._options(chunk_size="lots")
+    assert isinstance(raised.value, ValueError) and raised.value.kind == "invalid-option"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk'"):
+        _native._options(chunk=1)
+
+
+# ---- one error classification -------------------------------------------------------------
+
+# The C status of each kind (`stg_status` numbers) and the Python class.
+KINDS = {
+    "not-found": (203, "PathNotFoundError", FileNotFoundError),
+    "invalid-checkpoint": (201, "MalformedCheckpointError", None),
+    "not-a-checkpoint": (202, "MalformedCheckpointError", None),
+    "selection": (800, "SelectionError", None),
+    "invalid-option": (102, "InvalidOptionError", ValueError),
+    "backend-unavailable": (600, "BackendUnavailableError", None),
+}
+
+
+def scenarios(tmp: Path) -> List[Tuple[str, str, Dict[str, Any], str]]:
+    """(name, path, settings, expected kind) for bad input both doors can be given."""
+    good = tmp / "good.safetensors"
+    write_safetensors(good, [("w", "F32", (4, 4)), ("b", "F16", (4,))])
+    bad_header = tmp / "bad.safetensors"
+    bad_header.write_bytes((8).to_bytes(8, "little") + b"{nope!!}")
+    short = tmp / "short.safetensors"
+    short.write_bytes(good.read_bytes()[:-8])
+    empty = tmp / "empty"
+    empty.mkdir()
+    return [
+        ("missing file", str(tmp / "absent.safetensors"), {}, "not-found"),
+        ("missing directory", str(tmp / "nowhere" / "model"), {}, "not-found"),
+        ("bad header", str(bad_header), {}, "invalid-checkpoint"),
+        ("file shorter than its header", str(short), {}, "invalid-checkpoint"),
+        ("no checkpoint in a directory", str(empty), {}, "not-a-checkpoint"),
+        ("unknown tensor", str(good), {"select": ["nope"]}, "selection"),
+        ("rows past the end", str(good), {"rows": {"w": (2, 9)}}, "selection"),
+        ("host backend on a GPU", str(good), {"backend": "host", "device": "cuda:0"}, "invalid-option"),
+        ("zero threads", str(good), {"threads": 0}, "invalid-option"),
+        ("cufile without a driver", str(good), {"backend": "cufile"}, "backend-unavailable"),
+        ("a GPU asked for, none here", str(good), {"device": "cuda:0"}, "backend-unavailable"),
+    ]
+
+
+def test_python_and_c_classify_every_failure_alike(other_doors: Tuple[Path, Path], tmp_path: Path) -> None:
+    c = CLibrary(other_doors[1])
+    seen = set()
+    for name, path, settings, kind in scenarios(tmp_path):
+        status, class_name, builtin = KINDS[kind]
+        # Python's load_file defaults to device="cpu" (as safetensors' does); C's to "auto".
+        settings = {"device": "auto", **settings}
+        with pytest.raises(st.StagingError) as raised:
+            st.load_file(path, **settings)
+        error = raised.value
+        assert error.kind == kind, (name, error.kind, error)
+        assert type(error).__name__ == class_name, (name, type(error))
+        assert isinstance(error, getattr(st, class_name)), name
+        if builtin is not None:
+            assert isinstance(error, builtin), (name, type(error).__mro__)
+        c_status, message = c.load_status(spelled(settings), path)
+        assert c_status == status, (name, c_status, message)
+        assert message.replace("\n", " ") == str(error), name
+        seen.add(kind)
+    assert seen == set(KINDS)
