@@ -5,8 +5,8 @@
 
 use staging_core::host::HostAllocator;
 
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::options::Device;
 
 /// Which backend loads the tensors.
 #[derive(Debug, Clone)]
@@ -160,13 +160,17 @@ impl Chosen {
 /// - `auto` on GPU `n` (`cuda:N`): cuFile, then hipFile; neither usable is [`Error::NoGpu`];
 ///   on `hip:N`: hipFile only, or [`Error::NoGpu`];
 /// - a named backend: that one, on the GPU given (or its options' device for `auto`); a device
-///   it cannot load onto is [`Error::DeviceMismatch`].
+///   it cannot load onto is [`Error::DeviceMismatch`];
+/// - `remote`: the checkpoint is at a URL, so no local file is read: a GPU backend opens only
+///   what its POSIX path needs (the device, pinned bounce buffers), never its driver library
+///   (libcufile, libhipfile), whatever mode was asked for.
 // With no GPU backend built, `auto`'s two "not built" reasons are pushed one after the other.
 #[allow(clippy::vec_init_then_push)]
 pub(crate) fn open(
     backend: &Backend,
     device: Device,
     host_capacity: Option<u64>,
+    remote: bool,
 ) -> Result<Chosen> {
     let host = |options| {
         Chosen::plain(Opened::Host {
@@ -184,7 +188,7 @@ pub(crate) fn open(
     };
     let gpu = device.gpu_index();
     #[cfg(not(any(feature = "cufile", feature = "hipfile")))]
-    let _ = gpu; // no GPU backend in this build
+    let _ = (gpu, remote); // no GPU backend in this build
     match backend {
         Backend::Host(_) if gpu.is_some() => Err(mismatch(
             "it loads into host memory: use device cpu (or auto)",
@@ -209,7 +213,7 @@ pub(crate) fn open(
         )),
         #[cfg(feature = "cufile")]
         Backend::Cufile(options) => {
-            open_cufile(options, gpu).map_err(|e| Error::backend("cufile", e))
+            open_cufile(options, gpu, remote).map_err(|e| Error::backend("cufile", e))
         }
         #[cfg(feature = "hipfile")]
         Backend::Hipfile(_) if device == Device::Cpu => Err(mismatch(
@@ -217,7 +221,7 @@ pub(crate) fn open(
         )),
         #[cfg(feature = "hipfile")]
         Backend::Hipfile(options) => {
-            open_hipfile(options, gpu).map_err(|e| Error::backend("hipfile", e))
+            open_hipfile(options, gpu, remote).map_err(|e| Error::backend("hipfile", e))
         }
         Backend::Auto(auto) if device == Device::Cpu => Ok(host(auto.host)),
         Backend::Auto(auto) => {
@@ -226,7 +230,7 @@ pub(crate) fn open(
             if matches!(device, Device::Hip(_)) {
                 passed_over.push(format!("cufile: device {device} is a HIP device"));
             } else {
-                match open_cufile(&auto.cufile, gpu) {
+                match open_cufile(&auto.cufile, gpu, remote) {
                     Ok(chosen) => return Ok(chosen),
                     Err(
                         e @ (backend_cufile::Error::NoCudaDriver | backend_cufile::Error::NoDevice),
@@ -238,7 +242,7 @@ pub(crate) fn open(
             passed_over.push(Error::NotBuilt("cufile").to_string());
             #[cfg(feature = "hipfile")]
             {
-                match open_hipfile(&auto.hipfile, gpu) {
+                match open_hipfile(&auto.hipfile, gpu, remote) {
                     Ok(mut chosen) => {
                         chosen.passed_over = passed_over;
                         return Ok(chosen);
@@ -269,13 +273,18 @@ pub(crate) fn open(
 fn open_cufile(
     options: &backend_cufile::Options,
     device: Option<usize>,
+    remote: bool,
 ) -> std::result::Result<Chosen, backend_cufile::Error> {
     let mut options = options.clone();
     if let Some(device) = device {
         options.device = device;
     }
+    if remote {
+        options.mode = backend_cufile::RequestedMode::Posix;
+    }
     let mut backend = backend_cufile::open(&options)?;
-    let mode_reason = backend.fallback_reason.take();
+    // For a URL the POSIX path is the only one there is, not a fallback with a reason.
+    let mode_reason = backend.fallback_reason.take().filter(|_| !remote);
     Ok(Chosen {
         opened: Opened::Cufile(Box::new(backend)),
         passed_over: Vec::new(),
@@ -287,13 +296,18 @@ fn open_cufile(
 fn open_hipfile(
     options: &backend_hipfile::Options,
     device: Option<usize>,
+    remote: bool,
 ) -> std::result::Result<Chosen, backend_hipfile::Error> {
     let mut options = options.clone();
     if let Some(device) = device {
         options.device = device;
     }
+    if remote {
+        options.mode = backend_hipfile::RequestedMode::Posix;
+    }
     let mut backend = backend_hipfile::open(&options)?;
-    let mode_reason = backend.fallback_reason.take();
+    // For a URL the POSIX path is the only one there is, not a fallback with a reason.
+    let mode_reason = backend.fallback_reason.take().filter(|_| !remote);
     Ok(Chosen {
         opened: Opened::Hipfile(Box::new(backend)),
         passed_over: Vec::new(),

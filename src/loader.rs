@@ -17,11 +17,11 @@ use staging_core::{
 };
 
 use crate::backend::{self, Backend, Chosen, Opened};
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::options::Device;
 use crate::space::sealed::Sealed;
 use crate::space::{AnyDestination, Boxed, KnownSpace};
-use crate::tensor::{Data, Held, Tensor};
+use crate::tensor::Tensor;
 
 /// Blocks small tensors are carved from (`SubAllocator`).
 const BLOCK_SIZE: usize = 32 << 20;
@@ -241,10 +241,23 @@ impl<'d> Loader<'d> {
         }
     }
 
-    /// Opens the backend (choosing it, for `auto`) without opening a checkpoint: a machine that
-    /// cannot run it fails here.
+    /// Opens the backend (choosing it, for `auto`) for local checkpoints, without opening one: a
+    /// machine that cannot run it fails here.
     pub fn prepare(self) -> Result<Prepared<'d>> {
-        let chosen = backend::open(&self.backend, self.device, self.memory_cap)?;
+        self.prepare_with(false)
+    }
+
+    /// Opens the backend for reading the checkpoint at `path` (local, or a URL) without opening
+    /// it. For a URL no local file is read, so a GPU backend opens only what its POSIX path
+    /// needs (the device, pinned bounce buffers), never its driver library (libcufile,
+    /// libhipfile), and the report gives no reason about one.
+    pub fn prepare_for(self, path: impl AsRef<Path>) -> Result<Prepared<'d>> {
+        let remote = staging_core::is_url(path.as_ref());
+        self.prepare_with(remote)
+    }
+
+    fn prepare_with(self, remote_source: bool) -> Result<Prepared<'d>> {
+        let chosen = backend::open(&self.backend, self.device, self.memory_cap, remote_source)?;
         #[cfg(feature = "remote")]
         let remote = self.remote_options();
         let policy = if chosen.opened.is_host() {
@@ -258,6 +271,8 @@ impl<'d> Loader<'d> {
         Ok(Prepared {
             #[cfg(feature = "remote")]
             remote,
+            #[cfg(feature = "remote")]
+            store: None,
             chosen,
             policy,
             suballocate: self.suballocate,
@@ -269,7 +284,8 @@ impl<'d> Loader<'d> {
     /// Opens the backend and the checkpoint at `path` (a directory, an index file, or one
     /// `.safetensors` file) into a load.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Load<'d>> {
-        self.prepare()?.open(path)
+        let path = path.as_ref();
+        self.prepare_for(path)?.open(path)
     }
 
     /// Opens the backend and these `.safetensors` files, as one checkpoint, into a load.
@@ -278,7 +294,11 @@ impl<'d> Loader<'d> {
         I: IntoIterator<Item = P>,
         P: AsRef<Path>,
     {
-        self.prepare()?.open_files(files)
+        let files: Vec<P> = files.into_iter().collect();
+        match files.first() {
+            Some(first) => self.prepare_for(first)?.open_files(files),
+            None => self.prepare()?.open_files(files),
+        }
     }
 }
 
@@ -286,6 +306,10 @@ impl<'d> Loader<'d> {
 pub struct Prepared<'d> {
     #[cfg(feature = "remote")]
     remote: backend_remote::Options,
+    /// The store opened for the headers ([`read_headers`](Self::read_headers)), reused by the
+    /// load: one client, one runtime, and the versions its `HEAD`s recorded.
+    #[cfg(feature = "remote")]
+    store: Option<backend_remote::Remote>,
     chosen: Chosen,
     policy: StagingPolicy,
     suballocate: bool,
@@ -330,7 +354,7 @@ impl<'d> Prepared<'d> {
     /// Opens the checkpoint at `path` (a directory, an index file, or one `.safetensors` file;
     /// or the same at an `s3://`, `gs://`, `az://` or `http(s)://` URL, a prefix standing for a
     /// directory).
-    pub fn open(self, path: impl AsRef<Path>) -> Result<Load<'d>> {
+    pub fn open(mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
         let path = path.as_ref();
         let source = self.source_of(path)?;
         let checkpoint = match &source {
@@ -342,7 +366,7 @@ impl<'d> Prepared<'d> {
     }
 
     /// Opens these `.safetensors` files (all local, or all URLs in one store) as one checkpoint.
-    pub fn open_files<I, P>(self, files: I) -> Result<Load<'d>>
+    pub fn open_files<I, P>(mut self, files: I) -> Result<Load<'d>>
     where
         I: IntoIterator<Item = P>,
         P: AsRef<Path>,
@@ -362,7 +386,7 @@ impl<'d> Prepared<'d> {
 
     /// Loads a checkpoint already opened (its files on the local file system, or URLs of one
     /// store).
-    pub fn open_checkpoint(self, checkpoint: Checkpoint) -> Result<Load<'d>> {
+    pub fn open_checkpoint(mut self, checkpoint: Checkpoint) -> Result<Load<'d>> {
         let source = match checkpoint.files().first() {
             Some(first) => self.source_of(&first.path)?,
             None => Source::Local,
@@ -370,20 +394,52 @@ impl<'d> Prepared<'d> {
         self.load(checkpoint, source)
     }
 
-    /// Where `path` is read from: a URL's store, or the local file system.
-    fn source_of(&self, path: &Path) -> Result<Source> {
+    /// Where `path` is read from: a URL's store (the one already open when it holds `path`), or
+    /// the local file system.
+    fn source_of(&mut self, path: &Path) -> Result<Source> {
         if !staging_core::is_url(path) {
             return Ok(Source::Local);
         }
         #[cfg(feature = "remote")]
         {
-            Ok(Source::Remote(backend_remote::Remote::open(
-                path,
-                &self.remote,
-            )?))
+            if let Some(store) = self.store.as_ref().filter(|s| s.holds(path)) {
+                return Ok(Source::Remote(store.clone()));
+            }
+            let store = backend_remote::Remote::open(path, &self.remote)?;
+            self.store = Some(store.clone());
+            Ok(Source::Remote(store))
         }
         #[cfg(not(feature = "remote"))]
         Err(Error::NotBuilt("remote"))
+    }
+
+    /// Reads and checks the headers of the checkpoint at `paths` (as
+    /// [`Loader::read_headers`]), through the store this load will read from: a load of the
+    /// result ([`open_checkpoint`](Self::open_checkpoint)) opens no second client and asks
+    /// nothing again of what was asked here.
+    pub fn read_headers<P: AsRef<Path>>(&mut self, paths: &[P]) -> Result<Checkpoint> {
+        let first = match paths {
+            [] => return Ok(Checkpoint::from_files::<_, &Path>([])?),
+            [first, ..] => first.as_ref(),
+        };
+        let checkpoint = match self.source_of(first)? {
+            Source::Local => match paths {
+                [one] => Checkpoint::open(one.as_ref())?,
+                many => Checkpoint::from_files(many)?,
+            },
+            #[cfg(feature = "remote")]
+            Source::Remote(store) => match paths {
+                [one] => Checkpoint::open_in(&store, one.as_ref())?,
+                many => Checkpoint::from_files_in(&store, many)?,
+            },
+        };
+        Ok(checkpoint)
+    }
+
+    /// Replaces the selection (for a caller that chooses tensors from the headers it read with
+    /// [`read_headers`](Self::read_headers)).
+    pub fn select(&mut self, selection: Selection) {
+        self.selection = selection;
     }
 
     fn load(self, checkpoint: Checkpoint, source: Source) -> Result<Load<'d>> {
@@ -422,47 +478,47 @@ impl<'d> Prepared<'d> {
         let mut ledger = None;
         let inner = match (opened, source) {
             (Opened::Host { options, allocator }, Source::Local) if options.direct_io => {
-                setup.start(DirectHostReader::default(), allocator, "host", erased)?
+                setup.start(DirectHostReader::default(), allocator, "host")?
             }
             (Opened::Host { allocator, .. }, Source::Local) => {
-                setup.start(HostReader, allocator, "host", erased)?
+                setup.start(HostReader, allocator, "host")?
             }
             #[cfg(feature = "remote")]
             (Opened::Host { allocator, .. }, Source::Remote(remote)) => {
-                setup.start(remote.reader(), allocator, "host", erased)?
+                setup.start(remote.reader(), allocator, "host")?
             }
             #[cfg(feature = "cufile")]
             (Opened::Cufile(backend), Source::Local) => {
                 let backend = *backend;
-                setup.start(backend.reader, backend.allocator, "cufile", cuda)?
+                setup.start(backend.reader, backend.allocator, "cufile")?
             }
             #[cfg(all(feature = "cufile", feature = "remote"))]
             (Opened::Cufile(backend), Source::Remote(remote)) => {
                 let reader = backend.reader.bounced(remote.reader());
-                setup.start(reader, backend.allocator, "cufile", cuda)?
+                setup.start(reader, backend.allocator, "cufile")?
             }
             #[cfg(feature = "hipfile")]
             (Opened::Hipfile(backend), Source::Local) => {
                 let backend = *backend;
-                setup.start(backend.reader, backend.allocator, "hipfile", erased)?
+                setup.start(backend.reader, backend.allocator, "hipfile")?
             }
             #[cfg(all(feature = "hipfile", feature = "remote"))]
             (Opened::Hipfile(backend), Source::Remote(remote)) => {
                 let reader = backend.reader.bounced(remote.reader());
-                setup.start(reader, backend.allocator, "hipfile", erased)?
+                setup.start(reader, backend.allocator, "hipfile")?
             }
             #[cfg(feature = "mock")]
             (Opened::Mock(backend), Source::Local) => {
                 let (reader, allocator) = *backend;
                 ledger = Some(allocator.ledger());
-                setup.start(reader, allocator, "mock", erased)?
+                setup.start(reader, allocator, "mock")?
             }
             #[cfg(all(feature = "mock", feature = "remote"))]
             (Opened::Mock(backend), Source::Remote(remote)) => {
                 let (_, allocator) = *backend;
                 ledger = Some(allocator.ledger());
                 let reader = backend_mock::FaultyReader::new(remote.reader()).labelled("mock");
-                setup.start(reader, allocator, "mock", erased)?
+                setup.start(reader, allocator, "mock")?
             }
         };
         Ok(Load {
@@ -484,22 +540,6 @@ enum Source {
     Remote(backend_remote::Remote),
 }
 
-/// A device tensor kept erased.
-fn erased<A>(held: Box<Held<A>>) -> Data
-where
-    A: DeviceAllocator + 'static,
-    A::Space: KnownSpace,
-    A::Buffer: 'static,
-{
-    Data::Device(held)
-}
-
-/// A CUDA tensor kept typed, for [`Tensor::into_cuda`].
-#[cfg(feature = "cufile")]
-fn cuda(held: Box<Held<crate::cuda::CudaAlloc>>) -> Data {
-    Data::Cuda(held)
-}
-
 /// What every load is made of, whatever the backend.
 struct Setup<'d> {
     checkpoint: Checkpoint,
@@ -509,13 +549,7 @@ struct Setup<'d> {
 }
 
 impl<'d> Setup<'d> {
-    fn start<R, A>(
-        self,
-        reader: R,
-        allocator: A,
-        backend: &str,
-        device: fn(Box<Held<SubAllocator<A>>>) -> Data,
-    ) -> Result<Box<dyn ErasedLoad + 'd>>
+    fn start<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Box<dyn ErasedLoad + 'd>>
     where
         R: Reader + 'd,
         R::Space: KnownSpace,
@@ -527,11 +561,7 @@ impl<'d> Setup<'d> {
         let allocator = Arc::new(SubAllocator::new(allocator, BLOCK_SIZE, carve_below));
         let stager = Stager::new(self.checkpoint, reader, Arc::clone(&allocator), self.policy)?
             .with_destination(destination);
-        Ok(Box::new(Typed {
-            stager,
-            allocator,
-            device,
-        }))
+        Ok(Box::new(Typed { stager, allocator }))
     }
 }
 
@@ -551,7 +581,6 @@ where
 {
     stager: Stager<R, Arc<SubAllocator<A>>, Boxed<'d, R::Space>>,
     allocator: Arc<SubAllocator<A>>,
-    device: fn(Box<Held<SubAllocator<A>>>) -> Data,
 }
 
 impl<R, A> ErasedLoad for Typed<'_, R, A>
@@ -567,7 +596,7 @@ where
             // The load is over: the current block goes with the last tensor carved from it.
             self.allocator.retire_block();
         }
-        Some(item?.map(|staged| Tensor::new(staged, &self.allocator, self.device)))
+        Some(item?.map(|staged| Tensor::new(staged, &self.allocator)))
     }
 
     fn report(&self) -> LoadReport {

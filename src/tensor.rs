@@ -1,12 +1,13 @@
 //! [`Tensor`]: one loaded tensor, whatever backend loaded it, with its bytes where the policy put
 //! them; and [`DeviceMemory`], device memory a caller took from a load.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use staging_core::{
-    DeviceAllocator, DeviceError, DeviceTensor, FallbackCause, HostBytes, HostTensor, StagedTensor,
-    StagingPath, TakenBuffer, TensorData, TensorMeta,
+    DeviceAllocator, DeviceBuffer, DeviceError, DeviceTensor, FallbackCause, HostBytes, HostTensor,
+    StagedTensor, StagingPath, SubAllocator, SubBuffer, TakenBuffer, TensorData, TensorMeta,
 };
 
 use crate::error::{Error, Result};
@@ -35,6 +36,10 @@ pub(crate) trait ErasedDevice: Send {
     /// Moves the bytes to the caller's account ([`DeviceTensor::take`]); memory already taken
     /// stays as it is.
     fn take(self: Box<Self>) -> Box<dyn ErasedDevice>;
+    /// The concrete value, for a typed hand-over ([`Tensor::take_backend`]).
+    fn as_any(&self) -> &dyn Any;
+    /// The concrete value, boxed, for a typed hand-over.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 macro_rules! erased_device {
@@ -69,6 +74,12 @@ macro_rules! erased_device {
                 #[allow(clippy::redundant_closure_call)]
                 ($take)(self)
             }
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+            fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+                self
+            }
         }
     };
 }
@@ -94,11 +105,9 @@ erased_device!(
 pub(crate) enum Data {
     /// In the caller's destination.
     Destination { addr: usize, space: &'static str },
-    /// In a device buffer of its own.
+    /// In a device buffer of its own, of whichever backend (typed again by
+    /// [`Tensor::take_backend`]).
     Device(Box<dyn ErasedDevice>),
-    /// In a CUDA buffer of its own, kept typed for [`Tensor::into_cuda`](crate::Tensor).
-    #[cfg(feature = "cufile")]
-    Cuda(Box<Held<crate::cuda::CudaAlloc>>),
     /// In host memory.
     Host(HostTensor),
 }
@@ -127,13 +136,8 @@ impl fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    /// A staged tensor of a load whose allocator is `allocator`; `device` keeps a device
-    /// buffer (typed, for backends with a hand-over of their own, or erased).
-    pub(crate) fn new<A>(
-        staged: StagedTensor<A::Buffer>,
-        allocator: &Arc<A>,
-        device: fn(Box<Held<A>>) -> Data,
-    ) -> Self
+    /// A staged tensor of a load whose allocator is `allocator`.
+    pub(crate) fn new<A>(staged: StagedTensor<A::Buffer>, allocator: &Arc<A>) -> Self
     where
         A: DeviceAllocator + 'static,
         A::Space: KnownSpace,
@@ -147,7 +151,7 @@ impl Tensor {
                 addr,
                 space: <A::Space as staging_core::MemorySpace>::NAME,
             },
-            TensorData::Device(tensor) => device(Box::new(Held {
+            TensorData::Device(tensor) => Data::Device(Box::new(Held {
                 tensor,
                 allocator: Arc::clone(allocator),
             })),
@@ -164,8 +168,6 @@ impl Tensor {
     fn device(&self) -> Option<&dyn ErasedDevice> {
         match &self.data {
             Data::Device(device) => Some(device.as_ref()),
-            #[cfg(feature = "cufile")]
-            Data::Cuda(held) => Some(held.as_ref()),
             Data::Destination { .. } | Data::Host(_) => None,
         }
     }
@@ -298,8 +300,6 @@ impl Tensor {
     pub fn take_device(self) -> std::result::Result<(TensorMeta, DeviceMemory), Self> {
         let device: Box<dyn ErasedDevice> = match self.data {
             Data::Device(device) => device,
-            #[cfg(feature = "cufile")]
-            Data::Cuda(held) => held,
             data => return Err(Self { data, ..self }),
         };
         Ok((
@@ -308,6 +308,36 @@ impl Tensor {
                 inner: device.take(),
             },
         ))
+    }
+
+    /// Takes its device memory (device path) typed as backend `X`'s ([`BackendMemory`]), the
+    /// one hand-over every backend shares: `into_cuda` and `into_hip` are this for cuFile and
+    /// hipFile. A tensor of another backend, or not on the device path, comes back.
+    pub fn take_backend<X>(self) -> std::result::Result<(TensorMeta, BackendMemory<X>), Self>
+    where
+        X: DeviceAllocator + 'static,
+        X::Space: KnownSpace,
+        X::Buffer: Sync + 'static,
+    {
+        let is_x = |device: &dyn ErasedDevice| device.as_any().is::<Held<SubAllocator<X>>>();
+        let device = match self.data {
+            Data::Device(device) if is_x(device.as_ref()) => device,
+            data => return Err(Self { data, ..self }),
+        };
+        match device.into_any().downcast::<Held<SubAllocator<X>>>() {
+            Ok(held) => {
+                let Held { tensor, allocator } = *held;
+                Ok((
+                    *self.meta,
+                    BackendMemory {
+                        buffer: tensor.take(),
+                        allocator,
+                    },
+                ))
+            }
+            // `is_x` checked the type just above.
+            Err(_) => unreachable!("a device buffer changed type"),
+        }
     }
 
     /// Takes its host bytes (host path); any other tensor comes back.
@@ -376,5 +406,67 @@ impl DeviceMemory {
         dst: &mut [u8],
     ) -> std::result::Result<(), DeviceError> {
         self.inner.copy_to_host(offset, dst)
+    }
+}
+
+/// Device memory of backend `X` a caller took from a load ([`Tensor::take_backend`]; for cuFile
+/// `CudaTensorMemory`, for hipFile `HipTensorMemory`): the device pointer, and ownership that
+/// frees through the backend when dropped (its own allocation, or its piece of a block shared
+/// with other small tensors). Counted as used against the load's memory budget until then.
+pub struct BackendMemory<X: DeviceAllocator>
+where
+    X::Buffer: Sync,
+{
+    pub(crate) buffer: TakenBuffer<SubBuffer<X::Buffer>>,
+    pub(crate) allocator: Arc<SubAllocator<X>>,
+}
+
+impl<X: DeviceAllocator> fmt::Debug for BackendMemory<X>
+where
+    X::Buffer: Sync,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendMemory")
+            .field("space", &<X::Space as staging_core::MemorySpace>::NAME)
+            .field("device_ptr", &format_args!("{:#x}", self.device_ptr()))
+            .field("len", &self.len())
+            .field("shared", &self.is_shared())
+            .finish()
+    }
+}
+
+impl<X: DeviceAllocator> BackendMemory<X>
+where
+    X::Buffer: Sync,
+{
+    /// The device pointer of its first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.buffer.buffer().addr() as u64
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.buffer().len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether it is a piece of an allocation shared with other tensors (it then frees only its
+    /// part, the allocation going with the last piece).
+    pub fn is_shared(&self) -> bool {
+        self.buffer.buffer().is_carved()
+    }
+
+    /// Copies `dst.len()` bytes from `offset` to host memory.
+    pub fn copy_to_host(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), DeviceError> {
+        self.allocator
+            .copy_to_host(self.buffer.buffer(), offset, dst)
     }
 }

@@ -309,3 +309,54 @@ fn hip_the_callers_current_device_is_the_same_before_and_after_everything() {
         "memory freed or copied while another device was current"
     );
 }
+
+/// HIP gets the hand-over CUDA has (`Tensor::take_backend`): the device pointer, the device,
+/// and ownership that frees through the backend; a tensor of one backend does not pass for the
+/// other's.
+#[test]
+fn hip_a_taken_tensor_is_the_callers_and_frees_through_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    hip_stubs();
+    let options = backend_hipfile::Options {
+        device: 0,
+        mode: RequestedMode::Posix,
+        hip_library: Some(hip_stubs().hip.clone()),
+        ..backend_hipfile::Options::default()
+    };
+    let mut load = Loader::new()
+        .backend(Backend::Hipfile(options))
+        .policy(policy(1))
+        .open(&path)
+        .unwrap();
+    let held = load.held_memory();
+    let a = load.next().unwrap().unwrap();
+    assert_eq!(a.path(), StagingPath::Device);
+    assert_eq!(a.space(), "hip");
+    let a = a.into_cuda().expect_err("a HIP tensor is no CUDA memory");
+    let (meta, memory) = a.into_hip().unwrap();
+    assert_eq!((meta.name.as_str(), memory.len()), ("a", 3 * MIB));
+    assert_eq!(memory.device_ordinal(), 0);
+    assert!(!memory.is_shared(), "3 MiB has an allocation of its own");
+    assert_ne!(memory.device_ptr(), 0);
+    let mut back = vec![0u8; memory.len()];
+    memory.copy_to_host(0, &mut back).unwrap();
+    assert_eq!(back, contents["a"]);
+    let rest: Vec<_> = load.by_ref().map(Result::unwrap).collect();
+    assert_eq!(load.report().taken_device_bytes, 3 * MIB as u64);
+    drop((rest, load));
+    assert_eq!(held.device_bytes(), 0, "the library holds nothing of it");
+    let live = |ptr: u64| {
+        // SAFETY: the stub HIP runtime's `size_t (void *)` function.
+        unsafe {
+            let lib = libloading::Library::new(&hip_stubs().hip).unwrap();
+            let live: libloading::Symbol<unsafe extern "C" fn(u64) -> usize> =
+                lib.get(b"stub_hip_live_allocation").unwrap();
+            live(ptr)
+        }
+    };
+    let ptr = memory.device_ptr();
+    assert_eq!(live(ptr), 3 * MIB, "the load is gone, the caller holds it");
+    drop(memory);
+    assert_eq!(live(ptr), 0, "dropping it freed it through the backend");
+}

@@ -362,3 +362,43 @@ fn a_remote_checkpoint_reaches_the_device_through_pinned_bounce_buffers() {
         "ranged GETs only"
     );
 }
+
+/// A checkpoint at a URL reads no local file, so the cuFile backend opens no libcufile for it:
+/// a library that cannot be loaded, asked for in GDS-only mode, fails a local load but not a
+/// load of the same bytes over HTTP, whose report gives no POSIX-path reason.
+#[test]
+#[cfg(feature = "remote")]
+fn a_url_load_opens_no_cufile_driver() {
+    use backend_mock::http::RangeServer;
+
+    let server = RangeServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    server.put("/m/model.safetensors", std::fs::read(&path).unwrap());
+    let options = Options {
+        library: Some(PathBuf::from("/nonexistent/libcufile.so.0")),
+        mode: RequestedMode::Fast,
+        ..Options::default()
+    };
+    stubs();
+    let local = Loader::new()
+        .backend(Backend::Cufile(options.clone()))
+        .open(&path);
+    let error = local.map(|_| ()).unwrap_err().to_string();
+    assert!(error.contains("libcufile"), "{error}");
+    let mut load = Loader::new()
+        .backend(Backend::Cufile(options))
+        .open(server.url("/m"))
+        .unwrap();
+    for tensor in load.by_ref() {
+        let tensor = tensor.unwrap();
+        assert_eq!(tensor.to_vec().unwrap(), contents[tensor.name()]);
+    }
+    let report = load.report();
+    assert_eq!(
+        (report.backend.as_str(), report.mode.as_str()),
+        ("cufile", "remote")
+    );
+    assert_eq!(report.mode_reason, None);
+    assert_eq!(report.tensors, 3);
+}

@@ -157,6 +157,11 @@ pub struct HipDevice {
 }
 
 impl HipDevice {
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        usize::try_from(self.ordinal).unwrap_or_default()
+    }
+
     /// Initializes HIP and confirms device `ordinal` exists.
     pub fn open(runtime: Arc<HipRuntime>, ordinal: usize) -> Result<Arc<Self>, Error> {
         // SAFETY: hipInit takes flags 0.

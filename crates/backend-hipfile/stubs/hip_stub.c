@@ -88,6 +88,15 @@ hipError_t hipFree(void *ptr) {
     free(a);
     return 0;
 }
+/* The size of the live allocation starting at `ptr`, 0 when there is none (for the tests). */
+size_t stub_hip_live_allocation(void *ptr) {
+    size_t n = 0;
+    pthread_mutex_lock(&mu);
+    for (struct stub_alloc *a = live.next; a != &live; a = a->next)
+        if ((char *)a + 64 == (char *)ptr) { n = a->n; break; }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
 hipError_t hipMemcpy(void *dst, const void *src, size_t n, int kind) {
     check_device_of(kind == 2 ? src : dst); /* 2: device to host */
     memcpy(dst, src, n);

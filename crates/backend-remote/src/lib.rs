@@ -278,6 +278,10 @@ struct Inner {
     max_retries: usize,
     retry_backoff: Duration,
     versions: Mutex<HashMap<String, Tracked>>,
+    /// What each `HEAD` answered, by key: a checkpoint's files are asked once per `Remote`
+    /// (parsing asks whether a path is a file, then opens it; the load opens it again). Reads
+    /// stay conditional on the version first seen, so a file replaced since is still caught.
+    metas: Mutex<HashMap<String, ObjectMeta>>,
     gets: AtomicU64,
     heads: AtomicU64,
     bytes: AtomicU64,
@@ -474,6 +478,7 @@ impl Remote {
                 max_retries: options.max_retries,
                 retry_backoff: options.retry_backoff,
                 versions: Mutex::new(HashMap::new()),
+                metas: Mutex::new(HashMap::new()),
                 gets: AtomicU64::new(0),
                 heads: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
@@ -486,6 +491,11 @@ impl Remote {
         RemoteReader {
             inner: Arc::clone(&self.inner),
         }
+    }
+
+    /// Whether `url` is an object of this store (the same `scheme://authority`).
+    pub fn holds(&self, url: &Path) -> bool {
+        self.inner.key(url).is_ok()
     }
 
     /// `scheme://authority` of the store.
@@ -563,14 +573,21 @@ impl Inner {
         }
     }
 
+    /// `key`'s metadata: what its first `HEAD` through this `Remote` answered (see `metas`).
     fn head(&self, key: &Key) -> io::Result<ObjectMeta> {
+        let metas = || self.metas.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(meta) = metas().get(key.as_ref()) {
+            return Ok(meta.clone());
+        }
         self.heads.fetch_add(1, Ordering::Relaxed);
-        self.block_on(async {
+        let meta = self.block_on(async {
             self.store
                 .head(key)
                 .await
                 .map_err(|e| io::Error::new(kind_of(&e), e.to_string()))
-        })
+        })?;
+        metas().insert(key.as_ref().to_owned(), meta.clone());
+        Ok(meta)
     }
 
     fn list(&self, prefix: &Key) -> io::Result<object_store::ListResult> {

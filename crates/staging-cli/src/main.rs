@@ -98,7 +98,11 @@ fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
         return Ok(());
     }
     // The backend first: a machine that cannot run it fails before a byte is written.
-    let prepared = options.loader()?.prepare()?;
+    let loader = options.loader()?;
+    let prepared = match args.paths.first() {
+        Some(first) => loader.prepare_for(first)?,
+        None => loader.prepare()?,
+    };
     if let (Some(reason), false) = (prepared.mode_reason(), args.json) {
         let _ = writeln!(
             std::io::stderr(),

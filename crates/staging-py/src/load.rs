@@ -22,8 +22,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use safetensors_staging::{
-    Error, HeldMemory, JsonReport, Load, LoadReport, Loader, RowRange, Selection, StagingPath,
-    Tensor, TensorMeta, TensorRecord,
+    Error, HeldMemory, JsonReport, Load, LoadReport, RowRange, Selection, StagingPath, Tensor,
+    TensorMeta, TensorRecord,
 };
 
 use crate::destination::{GivenMap, PyDestination};
@@ -83,25 +83,10 @@ pub(crate) fn stage(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyLoad> {
     let mut keywords = Keywords::parse(kwargs)?;
-    let loader = |options: &safetensors_staging::LoadOptions| -> PyResult<Loader<'static>> {
-        let loader = options.loader().map_err(errors::to_py)?;
-        Ok(match interrupt_for(&paths) {
-            Some(interrupt) => loader.interrupt(interrupt),
-            None => loader,
-        })
-    };
-    // The headers are read once, with the load's remote options, and checked again by the load.
-    let headers = loader(&keywords.options)?;
-    let read = paths.clone();
-    let checkpoint = py
-        .detach(move || headers.read_headers(&read))
-        .map_err(|e| interrupted_or(py, e))?;
-    keywords.apply_functions(&checkpoint)?;
-    let options = keywords.options;
-    let gpu = options.device.gpu_index().unwrap_or(0);
-    let mut loader = loader(&options)?;
-    if keywords.select_none {
-        loader = loader.select(Selection::names(Vec::<String>::new()));
+    let gpu = keywords.options.device.gpu_index().unwrap_or(0);
+    let mut loader = keywords.options.loader().map_err(errors::to_py)?;
+    if let Some(interrupt) = interrupt_for(&paths) {
+        loader = loader.interrupt(interrupt);
     }
     let given = GivenMap::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -113,11 +98,25 @@ pub(crate) fn stage(
             gpu,
         ));
     }
-    let load = py
-        .detach(move || -> Result<Load<'static>, Error> {
-            let prepared = loader.prepare()?;
-            prepared.open_checkpoint(checkpoint)
+    // The backend opened for the source, then the headers read through the store the load
+    // reads from (one client, no second HEAD of any file), then the load.
+    let first = paths.first().cloned().unwrap_or_default();
+    let (mut prepared, checkpoint) = py
+        .detach(move || -> Result<_, Error> {
+            let mut prepared = loader.prepare_for(&first)?;
+            let checkpoint = prepared.read_headers(&paths)?;
+            Ok((prepared, checkpoint))
         })
+        .map_err(|e| interrupted_or(py, e))?;
+    if keywords.has_functions() {
+        keywords.apply_functions(&checkpoint)?;
+        prepared.select(keywords.options.selection().map_err(errors::to_py)?);
+    }
+    if keywords.select_none {
+        prepared.select(Selection::names(Vec::<String>::new()));
+    }
+    let load = py
+        .detach(move || prepared.open_checkpoint(checkpoint))
         .map_err(|e| interrupted_or(py, e))?;
     let report = load.report();
     let total = load.checkpoint().total_bytes();
