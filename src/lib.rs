@@ -68,7 +68,7 @@ pub mod hipfile {
 /// reader's options and the interrupt a caller may give it.
 #[cfg(feature = "remote")]
 pub mod remote {
-    pub use backend_remote::{Interrupt, Options, Remote, Stats};
+    pub use backend_remote::{Interrupt, ObjectStore, Options, Remote, Stats};
 }
 #[cfg(feature = "remote")]
 pub use backend_remote::Options as RemoteOptions;

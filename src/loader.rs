@@ -58,6 +58,8 @@ pub struct Loader<'d> {
     remote: backend_remote::Options,
     #[cfg(feature = "remote")]
     interrupt: Option<backend_remote::Interrupt>,
+    #[cfg(feature = "remote")]
+    object_store: Option<Arc<dyn backend_remote::ObjectStore>>,
     backend: Backend,
     device: Device,
     policy: StagingPolicy,
@@ -95,6 +97,8 @@ impl Loader<'static> {
             remote: backend_remote::Options::default(),
             #[cfg(feature = "remote")]
             interrupt: None,
+            #[cfg(feature = "remote")]
+            object_store: None,
             backend: Backend::default(),
             device: Device::Auto,
             policy: StagingPolicy::default(),
@@ -202,7 +206,11 @@ impl<'d> Loader<'d> {
         let store: Box<dyn staging_core::Store> = if staging_core::is_url(first) {
             #[cfg(feature = "remote")]
             {
-                Box::new(backend_remote::Remote::open(first, &self.remote_options())?)
+                Box::new(backend_remote::Remote::open_with(
+                    first,
+                    self.object_store.clone(),
+                    &self.remote_options(),
+                )?)
             }
             #[cfg(not(feature = "remote"))]
             return Err(Error::NotBuilt("remote"));
@@ -213,6 +221,16 @@ impl<'d> Loader<'d> {
             [one] => Checkpoint::open_in(store.as_ref(), one.as_ref())?,
             many => Checkpoint::from_files_in(store.as_ref(), many)?,
         })
+    }
+
+    /// Reads URLs through the caller's own object store (its credentials, client and
+    /// middleware) instead of one the library builds from the URL and the remote options'
+    /// `config`. The URLs still name the objects: `s3://bucket/prefix/model.safetensors` is key
+    /// `prefix/model.safetensors` of `store`.
+    #[cfg(feature = "remote")]
+    pub fn object_store(mut self, store: Arc<dyn backend_remote::ObjectStore>) -> Self {
+        self.object_store = Some(store);
+        self
     }
 
     /// The remote options with the interrupt, if one was given.
@@ -231,6 +249,8 @@ impl<'d> Loader<'d> {
             remote: self.remote,
             #[cfg(feature = "remote")]
             interrupt: self.interrupt,
+            #[cfg(feature = "remote")]
+            object_store: self.object_store,
             backend: self.backend,
             device: self.device,
             policy: self.policy,
@@ -273,6 +293,8 @@ impl<'d> Loader<'d> {
             remote,
             #[cfg(feature = "remote")]
             store: None,
+            #[cfg(feature = "remote")]
+            object_store: self.object_store,
             chosen,
             policy,
             suballocate: self.suballocate,
@@ -310,6 +332,9 @@ pub struct Prepared<'d> {
     /// load: one client, one runtime, and the versions its `HEAD`s recorded.
     #[cfg(feature = "remote")]
     store: Option<backend_remote::Remote>,
+    /// The caller's object store, if one was given ([`Loader::object_store`]).
+    #[cfg(feature = "remote")]
+    object_store: Option<Arc<dyn backend_remote::ObjectStore>>,
     chosen: Chosen,
     policy: StagingPolicy,
     suballocate: bool,
@@ -405,7 +430,8 @@ impl<'d> Prepared<'d> {
             if let Some(store) = self.store.as_ref().filter(|s| s.holds(path)) {
                 return Ok(Source::Remote(store.clone()));
             }
-            let store = backend_remote::Remote::open(path, &self.remote)?;
+            let store =
+                backend_remote::Remote::open_with(path, self.object_store.clone(), &self.remote)?;
             self.store = Some(store.clone());
             Ok(Source::Remote(store))
         }

@@ -740,3 +740,49 @@ fn an_s3_prefix_without_an_index_lists_its_shards_in_natural_order() {
             .any(|l| l.method == "GET" && l.path == "/bucket" && l.status == 200)
     );
 }
+
+/// A caller's own object store (here object_store's in-memory one: no network, no credentials)
+/// is read through instead of one the library builds; the URL names the keys. Headers and the
+/// load go through it, and a loader without it would look for a real bucket.
+#[test]
+fn a_callers_own_object_store_is_read_through() {
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStoreExt, PutPayload};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let contents = write_file(
+        &path,
+        &[TensorSpec::bytes("a", 300_000), TensorSpec::bytes("b", 7)],
+        3,
+    )
+    .unwrap();
+    let store = Arc::new(InMemory::new());
+    let bytes = std::fs::read(&path).unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(store.put(
+            &object_store::path::Path::from("prefix/model.safetensors"),
+            PutPayload::from(bytes),
+        ))
+        .unwrap();
+    let url = "s3://no-such-bucket-anywhere/prefix";
+    let checkpoint = Loader::new()
+        .object_store(store.clone())
+        .read_headers(&[url])
+        .unwrap();
+    assert_eq!(checkpoint.tensors().len(), 2);
+    let load = Loader::new()
+        .backend(Backend::Host(Default::default()))
+        .object_store(store)
+        .open(url)
+        .unwrap();
+    let mut got = Contents::new();
+    for tensor in load {
+        let tensor = tensor.unwrap();
+        got.insert(tensor.name().to_owned(), tensor.to_vec().unwrap());
+    }
+    assert_eq!(got, contents);
+}

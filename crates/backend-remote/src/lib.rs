@@ -62,8 +62,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
-    RetryConfig,
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStoreExt, RetryConfig,
 };
 use staging_core::{
     DeviceRegion, EntryKind, Error, FileIdentity, HostMemory, IoMode, ReadError, Reader, Store,
@@ -72,6 +71,8 @@ use staging_core::{
 
 use location::Location;
 pub use location::Scheme;
+/// The trait of object stores, for a caller's own ([`Remote::open_with`]).
+pub use object_store::ObjectStore;
 use pace::Pace;
 use std::future::Future;
 
@@ -450,6 +451,18 @@ impl Remote {
     /// server). Nothing is requested yet; a URL this crate cannot read, an unknown option or a
     /// store that cannot be configured (no region, say) is an error naming `url`.
     pub fn open(url: &Path, options: &Options) -> Result<Self, Error> {
+        Self::open_with(url, None, options)
+    }
+
+    /// As [`open`](Self::open), reading through the caller's `store` when one is given (its
+    /// credentials, its client, its middleware) instead of one built from `url` and the
+    /// options' `config`; `url` still names the objects (its bucket or host is the caller's
+    /// store's business).
+    pub fn open_with(
+        url: &Path,
+        store: Option<Arc<dyn ObjectStore>>,
+        options: &Options,
+    ) -> Result<Self, Error> {
         let invalid = |message: String| path_error(url, io::ErrorKind::InvalidInput, message);
         if in_async_task() {
             return Err(invalid(IN_ASYNC_TASK.to_owned()));
@@ -459,7 +472,10 @@ impl Remote {
             key: Key::default(),
             ..location.clone()
         };
-        let store = build_store(&root, options).map_err(&invalid)?;
+        let store = match store {
+            Some(store) => store,
+            None => build_store(&root, options).map_err(&invalid)?,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("staging-remote")
