@@ -125,10 +125,9 @@ def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, int]
 def other_doors() -> Tuple[Path, Path]:
     """This checkout's `stage` command and C library (`libstaging_ffi.so`), built now so that
     they are the same source as the extension under test."""
-    subprocess.run(
-        ["cargo", "build", "--quiet", "-p", "staging-cli", "--bin", "stage", "-p", "staging-ffi"],
-        cwd=REPO, check=True,
-    )
+    # Two builds: `--bin stage` would also keep cargo from building the C library's lib target.
+    for args in (["-p", "staging-cli", "--bin", "stage"], ["-p", "staging-ffi", "--lib"]):
+        subprocess.run(["cargo", "build", "--quiet", *args], cwd=REPO, check=True)
     stage, ffi = REPO / "target" / "debug" / "stage", REPO / "target" / "debug" / "libstaging_ffi.so"
     assert stage.is_file() and ffi.is_file(), (stage, ffi)
     return stage, ffi
