@@ -68,28 +68,6 @@ impl HostOptions {
 }
 
 impl Backend {
-    /// The backend called `name` (`auto`, `host`, `cufile`, `hipfile`, `mock`) with its default
-    /// options; a backend left out of this build is [`Error::NotBuilt`].
-    pub fn from_name(name: &str) -> Result<Self> {
-        match name {
-            "auto" => Ok(Self::default()),
-            "host" => Ok(Self::Host(HostOptions::default())),
-            #[cfg(feature = "cufile")]
-            "cufile" => Ok(Self::Cufile(backend_cufile::Options::default())),
-            #[cfg(not(feature = "cufile"))]
-            "cufile" => Err(Error::NotBuilt("cufile")),
-            #[cfg(feature = "hipfile")]
-            "hipfile" => Ok(Self::Hipfile(backend_hipfile::Options::default())),
-            #[cfg(not(feature = "hipfile"))]
-            "hipfile" => Err(Error::NotBuilt("hipfile")),
-            #[cfg(feature = "mock")]
-            "mock" => Ok(Self::Mock),
-            #[cfg(not(feature = "mock"))]
-            "mock" => Err(Error::NotBuilt("mock")),
-            other => Err(Error::UnknownBackend(other.to_owned())),
-        }
-    }
-
     /// The backend's name.
     pub fn name(&self) -> &'static str {
         match self {

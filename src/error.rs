@@ -25,9 +25,6 @@ pub enum Error {
     /// The backend was left out of this build.
     #[error("the {0} backend is not built into this library (cargo feature `{0}`)")]
     NotBuilt(&'static str),
-    /// A backend name that does not exist.
-    #[error("unknown backend {0:?}: expected auto, host, cufile, hipfile or mock")]
-    UnknownBackend(String),
     /// The destination hands out memory of another kind than the backend loads into.
     #[error(
         "the destination gives {given} memory, but the {backend} backend loads into {expected} memory"
@@ -97,9 +94,7 @@ impl Error {
             Self::Backend { .. } | Self::NotBuilt(_) | Self::NoGpu { .. } => {
                 ErrorKind::BackendUnavailable
             }
-            Self::UnknownBackend(_) | Self::InvalidOption { .. } | Self::DeviceMismatch { .. } => {
-                ErrorKind::InvalidOption
-            }
+            Self::InvalidOption { .. } | Self::DeviceMismatch { .. } => ErrorKind::InvalidOption,
             Self::DestinationSpace { .. } => ErrorKind::Destination,
             Self::DeviceCopy { .. } => ErrorKind::Device,
             Self::Tensor { .. } => ErrorKind::Usage,

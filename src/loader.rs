@@ -199,28 +199,21 @@ impl<'d> Loader<'d> {
     /// metadata a caller chooses a selection from. A load of it
     /// ([`Prepared::open_checkpoint`]) checks the files are still the ones read here.
     pub fn read_headers<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Checkpoint> {
-        let first = match paths {
-            [] => return Ok(Checkpoint::from_files::<_, &Path>([])?),
-            [first, ..] => first.as_ref(),
+        let Some(first) = paths.first() else {
+            return Ok(Checkpoint::from_files::<_, &Path>([])?);
         };
-        let store: Box<dyn staging_core::Store> = if staging_core::is_url(first) {
+        let source = Source::of(
+            first.as_ref(),
             #[cfg(feature = "remote")]
-            {
-                Box::new(backend_remote::Remote::open_with(
-                    first,
+            || {
+                Ok(backend_remote::Remote::open_with(
+                    first.as_ref(),
                     self.object_store.clone(),
                     &self.remote_options(),
                 )?)
-            }
-            #[cfg(not(feature = "remote"))]
-            return Err(Error::NotBuilt("remote"));
-        } else {
-            Box::new(staging_core::LocalFiles)
-        };
-        Ok(match paths {
-            [one] => Checkpoint::open_in(store.as_ref(), one.as_ref())?,
-            many => Checkpoint::from_files_in(store.as_ref(), many)?,
-        })
+            },
+        )?;
+        source.read_headers(paths)
     }
 
     /// Reads URLs through the caller's own object store (its credentials, client and
@@ -382,11 +375,7 @@ impl<'d> Prepared<'d> {
     pub fn open(mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
         let path = path.as_ref();
         let source = self.source_of(path)?;
-        let checkpoint = match &source {
-            Source::Local => Checkpoint::open(path)?,
-            #[cfg(feature = "remote")]
-            Source::Remote(remote) => Checkpoint::open_in(remote, path)?,
-        };
+        let checkpoint = source.open(path)?;
         self.load(checkpoint, source)
     }
 
@@ -401,11 +390,7 @@ impl<'d> Prepared<'d> {
             Some(first) => self.source_of(first.as_ref())?,
             None => Source::Local,
         };
-        let checkpoint = match &source {
-            Source::Local => Checkpoint::from_files(files)?,
-            #[cfg(feature = "remote")]
-            Source::Remote(remote) => Checkpoint::from_files_in(remote, files)?,
-        };
+        let checkpoint = source.open_files(&files)?;
         self.load(checkpoint, source)
     }
 
@@ -422,21 +407,26 @@ impl<'d> Prepared<'d> {
     /// Where `path` is read from: a URL's store (the one already open when it holds `path`), or
     /// the local file system.
     fn source_of(&mut self, path: &Path) -> Result<Source> {
-        if !staging_core::is_url(path) {
-            return Ok(Source::Local);
-        }
         #[cfg(feature = "remote")]
-        {
-            if let Some(store) = self.store.as_ref().filter(|s| s.holds(path)) {
-                return Ok(Source::Remote(store.clone()));
-            }
-            let store =
-                backend_remote::Remote::open_with(path, self.object_store.clone(), &self.remote)?;
-            self.store = Some(store.clone());
-            Ok(Source::Remote(store))
+        if let Some(store) = self.store.as_ref().filter(|s| s.holds(path)) {
+            return Ok(Source::Remote(store.clone()));
         }
-        #[cfg(not(feature = "remote"))]
-        Err(Error::NotBuilt("remote"))
+        let source = Source::of(
+            path,
+            #[cfg(feature = "remote")]
+            || {
+                Ok(backend_remote::Remote::open_with(
+                    path,
+                    self.object_store.clone(),
+                    &self.remote,
+                )?)
+            },
+        )?;
+        #[cfg(feature = "remote")]
+        if let Source::Remote(store) = &source {
+            self.store = Some(store.clone());
+        }
+        Ok(source)
     }
 
     /// Reads and checks the headers of the checkpoint at `paths` (as
@@ -444,22 +434,10 @@ impl<'d> Prepared<'d> {
     /// result ([`open_checkpoint`](Self::open_checkpoint)) opens no second client and asks
     /// nothing again of what was asked here.
     pub fn read_headers<P: AsRef<Path>>(&mut self, paths: &[P]) -> Result<Checkpoint> {
-        let first = match paths {
-            [] => return Ok(Checkpoint::from_files::<_, &Path>([])?),
-            [first, ..] => first.as_ref(),
-        };
-        let checkpoint = match self.source_of(first)? {
-            Source::Local => match paths {
-                [one] => Checkpoint::open(one.as_ref())?,
-                many => Checkpoint::from_files(many)?,
-            },
-            #[cfg(feature = "remote")]
-            Source::Remote(store) => match paths {
-                [one] => Checkpoint::open_in(&store, one.as_ref())?,
-                many => Checkpoint::from_files_in(&store, many)?,
-            },
-        };
-        Ok(checkpoint)
+        match paths.first() {
+            Some(first) => self.source_of(first.as_ref())?.read_headers(paths),
+            None => Ok(Checkpoint::from_files::<_, &Path>([])?),
+        }
     }
 
     /// Replaces the selection (for a caller that chooses tensors from the headers it read with
@@ -564,6 +542,51 @@ enum Source {
     /// An object store or HTTP server.
     #[cfg(feature = "remote")]
     Remote(backend_remote::Remote),
+}
+
+impl Source {
+    /// Where `path` is read from, with a store opened for it when it is a URL.
+    fn of(
+        path: &Path,
+        #[cfg(feature = "remote")] open: impl FnOnce() -> Result<backend_remote::Remote>,
+    ) -> Result<Self> {
+        if !staging_core::is_url(path) {
+            return Ok(Self::Local);
+        }
+        #[cfg(feature = "remote")]
+        {
+            Ok(Self::Remote(open()?))
+        }
+        #[cfg(not(feature = "remote"))]
+        Err(Error::NotBuilt("remote"))
+    }
+
+    /// The files are read through.
+    fn store(&self) -> &dyn staging_core::Store {
+        match self {
+            Self::Local => &staging_core::LocalFiles,
+            #[cfg(feature = "remote")]
+            Self::Remote(remote) => remote,
+        }
+    }
+
+    /// The checkpoint at `path` (a directory, an index or one file).
+    fn open(&self, path: &Path) -> Result<Checkpoint> {
+        Ok(Checkpoint::open_in(self.store(), path)?)
+    }
+
+    /// These files as one checkpoint.
+    fn open_files<P: AsRef<Path>>(&self, files: &[P]) -> Result<Checkpoint> {
+        Ok(Checkpoint::from_files_in(self.store(), files)?)
+    }
+
+    /// One path as [`open`](Self::open) takes it, several as files.
+    fn read_headers<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Checkpoint> {
+        match paths {
+            [one] => self.open(one.as_ref()),
+            many => self.open_files(many),
+        }
+    }
 }
 
 /// What every load is made of, whatever the backend.

@@ -20,7 +20,7 @@ use std::thread::ThreadId;
 use indicatif::{ProgressBar, ProgressStyle};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyDict;
 use safetensors_staging::{
     Error, HeldMemory, JsonReport, Load, LoadReport, RowRange, Selection, StagingPath, Tensor,
     TensorMeta, TensorRecord,
@@ -30,7 +30,7 @@ use crate::destination::{GivenMap, PyDestination};
 use crate::errors::{self, StagingError};
 use crate::export::{Memory, Staged};
 use crate::info::{interrupt_for, interrupted_or};
-use crate::options::Keywords;
+use crate::options::{Keywords, rows_spelling};
 
 pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave these maps or the load half-updated in a way
@@ -55,20 +55,17 @@ pub(crate) fn resolve_rows(spec: &Bound<'_, PyAny>, dim0: usize) -> PyResult<(us
     })
 }
 
-/// A row range from Python: `(start, end)` or `"START:END"` / `"RANK/PARTS"`.
+/// A row range from Python: `(start, end)` or `"START:END"` / `"RANK/PARTS"`, spelled as the
+/// `rows` option spells it and parsed by the library.
 fn row_range(spec: &Bound<'_, PyAny>) -> PyResult<RowRange> {
-    if let Ok(text) = spec.cast::<PyString>() {
-        return text
-            .to_cow()?
-            .parse::<RowRange>()
-            .map_err(PyValueError::new_err);
-    }
-    let (start, end): (usize, usize) = spec.extract().map_err(|_| {
-        PyValueError::new_err(format!(
-            "rows: {spec} is not (start, end), \"START:END\" or \"RANK/PARTS\""
-        ))
-    })?;
-    Ok(RowRange::Rows(start..end))
+    let text = rows_spelling(spec)?;
+    text.parse::<RowRange>().map_err(|reason| {
+        errors::to_py(Error::InvalidOption {
+            key: "rows".into(),
+            value: text.clone(),
+            reason,
+        })
+    })
 }
 
 /// Opens a load. Every option is a keyword of `safetensors_staging.stage`, a key of the

@@ -42,7 +42,7 @@ fn spelling(value: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 /// A row range spelled as text: `(start, end)` as `start:end`, text as it is.
-fn rows_spelling(spec: &Bound<'_, PyAny>) -> PyResult<String> {
+pub(crate) fn rows_spelling(spec: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(text) = spec.cast::<PyString>() {
         return Ok(text.to_cow()?.into_owned());
     }
