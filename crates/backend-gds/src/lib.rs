@@ -234,7 +234,7 @@ pub struct GdsReader<F: FileApi, G: Gpu> {
     api: Option<Arc<F>>,
     requested: RequestedMode,
     mode: ActiveMode,
-    bounce: BouncePool<G>,
+    bounce: Arc<BouncePool<G>>,
     file_fell_back: AtomicBool,
 }
 
@@ -263,7 +263,21 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
             api,
             requested,
             mode,
-            bounce: BouncePool::new(gpu_for_pool, bounce_size),
+            bounce: Arc::new(BouncePool::new(gpu_for_pool, bounce_size)),
+            file_fell_back: AtomicBool::new(false),
+        }
+    }
+
+    /// Another reader on the same device and driver, drawing on the same pinned bounce buffers,
+    /// whose report of files that fell back to the POSIX path is its own: one per load, so a
+    /// backend opened once serves several loads (one after another, or at once).
+    pub fn another(&self) -> Self {
+        Self {
+            gpu: Arc::clone(&self.gpu),
+            api: self.api.clone(),
+            requested: self.requested,
+            mode: self.mode,
+            bounce: Arc::clone(&self.bounce),
             file_fell_back: AtomicBool::new(false),
         }
     }
@@ -279,12 +293,12 @@ impl<F: FileApi, G: Gpu> GdsReader<F, G> {
     }
 
     /// A reader of this GPU that takes its bytes from `source`, a reader of host memory (an
-    /// object store, say), through pinned bounce buffers of this reader's size; its reports
-    /// carry this backend's name and `source`'s mode.
+    /// object store, say), through this reader's pinned bounce buffers; its reports carry this
+    /// backend's name and `source`'s mode.
     pub fn bounced<R: Reader<Space = HostMemory>>(&self, source: R) -> Bounced<R, G> {
         Bounced {
             source,
-            bounce: BouncePool::new(Arc::clone(&self.gpu), self.bounce.size),
+            bounce: Arc::clone(&self.bounce),
             name: F::BACKEND,
         }
     }
@@ -545,7 +559,7 @@ impl<G: Gpu> BouncePool<G> {
 /// file is known to be unchanged.
 pub struct Bounced<R, G: Gpu> {
     source: R,
-    bounce: BouncePool<G>,
+    bounce: Arc<BouncePool<G>>,
     name: &'static str,
 }
 

@@ -138,6 +138,42 @@ pub trait Reader: Send + Sync {
     }
 }
 
+/// A shared reader reads like the reader it shares (so one backend, opened once, serves several
+/// loads, with its pooled buffers).
+impl<R: Reader + ?Sized> Reader for std::sync::Arc<R> {
+    type Space = R::Space;
+    type File = R::File;
+
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn mode(&self) -> IoMode {
+        (**self).mode()
+    }
+
+    fn open(&self, path: &Path) -> Result<Self::File, ReadError> {
+        (**self).open(path)
+    }
+
+    fn read_at(
+        &self,
+        file: &Self::File,
+        offset: u64,
+        dst: DeviceRegion<'_, Self::Space>,
+    ) -> Result<usize, ReadError> {
+        (**self).read_at(file, offset, dst)
+    }
+
+    fn unchanged_by(&self) -> &'static str {
+        (**self).unchanged_by()
+    }
+
+    fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
+        (**self).verify_unchanged(path, identity)
+    }
+}
+
 /// An owned allocation of device memory. Dropping it frees it.
 ///
 /// # Safety
