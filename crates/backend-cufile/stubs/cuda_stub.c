@@ -71,12 +71,19 @@ CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
     *dev = ordinal;
     return 0;
 }
+static size_t primary_retains;
+/* Primary-context retains so far. */
+size_t stub_cuda_primary_retains(void) { return __atomic_load_n(&primary_retains, __ATOMIC_RELAXED); }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     if (dev < 0 || dev >= device_count()) return 101;
+    __atomic_fetch_add(&primary_retains, 1, __ATOMIC_RELAXED);
     *ctx = &context_tokens[dev];
     return 0;
 }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { (void)dev; return 0; }
+static size_t primary_releases;
+/* Primary-context releases so far. */
+size_t stub_cuda_primary_releases(void) { return __atomic_load_n(&primary_releases, __ATOMIC_RELAXED); }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { (void)dev; __atomic_fetch_add(&primary_releases, 1, __ATOMIC_RELAXED); return 0; }
 CUresult cuCtxSetCurrent(CUcontext ctx) {
     __atomic_fetch_add(&ctx_sets, 1, __ATOMIC_RELAXED);
     if (ctx == NULL) {
@@ -176,13 +183,32 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     memcpy((void *)(uintptr_t)dst, src, n);
     return 0;
 }
-CUresult cuMemHostAlloc(void **ptr, size_t n, unsigned flags) { (void)flags; NEED_CONTEXT(); *ptr = malloc(n ? n : 1); return *ptr ? 0 : 2; }
+static size_t host_allocs;
+/* Pinned host allocations so far. */
+size_t stub_cuda_host_allocs(void) { return __atomic_load_n(&host_allocs, __ATOMIC_RELAXED); }
+CUresult cuMemHostAlloc(void **ptr, size_t n, unsigned flags) {
+    (void)flags;
+    NEED_CONTEXT();
+    __atomic_fetch_add(&host_allocs, 1, __ATOMIC_RELAXED);
+    *ptr = malloc(n ? n : 1);
+    return *ptr ? 0 : 2;
+}
 CUresult cuMemFreeHost(void *ptr) { NEED_CONTEXT(); free(ptr); return 0; }
 CUresult cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "stub CUDA error"; return 0; }
 CUresult cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_STUB"; return 0; }
 typedef struct stub_stream *CUstream;
 
-CUresult cuStreamCreate(CUstream *out, unsigned flags) { (void)flags; NEED_CONTEXT(); return stub_stream_create(out); }
+static size_t stream_creates;
+/* Streams created so far (by anyone: the library, or cudarc for a caller). */
+size_t stub_cuda_stream_creates(void) { return __atomic_load_n(&stream_creates, __ATOMIC_RELAXED); }
+CUresult cuStreamCreate(CUstream *out, unsigned flags) {
+    (void)flags;
+    NEED_CONTEXT();
+    __atomic_fetch_add(&stream_creates, 1, __ATOMIC_RELAXED);
+    return stub_stream_create(out);
+}
+/* Copies ever queued on stream `s`. */
+size_t stub_cuda_stream_copies(CUstream s) { return stub_stream_enqueued(s); }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     NEED_CONTEXT();
     check_context_of(dst);
@@ -196,6 +222,8 @@ CUresult cuStreamSynchronize(CUstream s) {
     if (!s) __atomic_fetch_add(&null_stream_syncs, 1, __ATOMIC_RELAXED);
     return stub_stream_sync(s);
 }
+/* Every stream of every context (the stub does not tell contexts' streams apart). */
+CUresult cuCtxSynchronize(void) { NEED_CONTEXT(); stub_streams_sync_all(); return 0; }
 CUresult cuStreamDestroy_v2(CUstream s) { NEED_CONTEXT(); return stub_stream_destroy(s); }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     NEED_CONTEXT();
@@ -206,10 +234,11 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
  * pools, so slices are freed with cuMemFree), the current context, and events (tokens). */
 CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) { (void)attribute; (void)dev; *value = 0; return 0; }
 typedef struct stub_event *CUevent;
-CUresult cuEventCreate(CUevent *ev, unsigned flags) { (void)flags; *ev = malloc(1); return *ev ? 0 : 2; }
+CUresult cuEventCreate(CUevent *ev, unsigned flags) { (void)flags; *ev = (CUevent)calloc(1, sizeof(struct stub_event)); return *ev ? 0 : 2; }
 CUresult cuEventDestroy_v2(CUevent ev) { free(ev); return 0; }
-CUresult cuEventRecord(CUevent ev, CUstream s) { (void)ev; return stub_stream_sync(s); }
-CUresult cuEventSynchronize(CUevent ev) { (void)ev; return 0; }
+/* An event completes once the copies queued on its stream before the record have run. */
+CUresult cuEventRecord(CUevent ev, CUstream s) { return stub_event_record((struct stub_event *)ev, s); }
+CUresult cuEventSynchronize(CUevent ev) { return stub_event_sync((struct stub_event *)ev); }
 CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned flags) { (void)s; (void)ev; (void)flags; return 0; }
 
 size_t stub_cuda_async_copies(void) { return __atomic_load_n(&stub_async_copies, __ATOMIC_RELAXED); }
