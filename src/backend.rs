@@ -3,7 +3,9 @@
 //! are there, else hipFile when a HIP runtime and a device are, else the host backend; each
 //! backend passed over is recorded with why.
 
-use staging_core::host::HostAllocator;
+use std::sync::Arc;
+
+use staging_core::host::{DirectHostReader, HostAllocator};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -83,18 +85,75 @@ impl Backend {
     }
 }
 
-/// A backend, opened.
+/// A caller's own CUDA ([`Loader::cuda_context`](crate::Loader::cuda_context),
+/// [`Loader::cuda_stream`](crate::Loader::cuda_stream)).
+#[cfg(feature = "cufile")]
+#[derive(Clone)]
+pub(crate) enum CallerCuda {
+    Context(Arc<backend_cufile::cudarc::driver::CudaContext>),
+    Stream(Arc<backend_cufile::cudarc::driver::CudaStream>),
+}
+
+#[cfg(feature = "cufile")]
+impl CallerCuda {
+    /// The backend and device a load in this context is: cuFile on the context's GPU. `auto`
+    /// becomes cuFile with `auto`'s cuFile options; a device on another GPU, or another backend,
+    /// is [`Error::DeviceMismatch`].
+    pub(crate) fn apply(&self, backend: &Backend, device: Device) -> Result<(Backend, Device)> {
+        let context = match self {
+            Self::Context(context) => context,
+            Self::Stream(stream) => stream.context(),
+        };
+        let ordinal = context.ordinal();
+        let mut options = match backend {
+            Backend::Auto(auto) => auto.cufile.clone(),
+            Backend::Cufile(options) => options.clone(),
+            other => {
+                return Err(Error::DeviceMismatch {
+                    backend: other.name(),
+                    device: format!("cuda:{ordinal} (the caller's CUDA context)"),
+                    hint: "a CUDA context or stream was given: use backend cufile or auto",
+                });
+            }
+        };
+        match device {
+            Device::Auto => {}
+            Device::Gpu(n) if n == ordinal => {}
+            other => {
+                return Err(Error::DeviceMismatch {
+                    backend: "cufile",
+                    device: other.to_string(),
+                    hint: "the CUDA context or stream given is on another device: ask for its device, or auto",
+                });
+            }
+        }
+        options.device = ordinal;
+        match self {
+            Self::Context(context) => options.context = Some(Arc::clone(context)),
+            Self::Stream(stream) => options.stream = Some(Arc::clone(stream)),
+        }
+        Ok((Backend::Cufile(options), Device::Gpu(ordinal)))
+    }
+}
+
+/// A backend, opened: what every load of it shares (the device, the driver, pooled buffers, the
+/// allocator and its accounting); each load gets a reader of its own from it.
 pub(crate) enum Opened {
     Host {
         options: HostOptions,
         allocator: HostAllocator,
+        /// The `O_DIRECT` reader, with its pooled aligned buffers (unused without `direct_io`).
+        direct: Arc<DirectHostReader>,
     },
     #[cfg(feature = "cufile")]
     Cufile(Box<backend_cufile::Backend>),
     #[cfg(feature = "hipfile")]
     Hipfile(Box<backend_hipfile::Backend>),
     #[cfg(feature = "mock")]
-    Mock(Box<(backend_mock::MockReader, backend_mock::MockAllocator)>),
+    Mock {
+        reader: Arc<backend_mock::MockReader>,
+        allocator: Arc<backend_mock::MockAllocator>,
+    },
 }
 
 impl Opened {
@@ -103,7 +162,7 @@ impl Opened {
         match self {
             Self::Host { .. } => true,
             #[cfg(feature = "mock")]
-            Self::Mock(_) => true,
+            Self::Mock { .. } => true,
             #[allow(unreachable_patterns)] // with no GPU backend built, there is nothing else
             _ => false,
         }
@@ -157,6 +216,7 @@ pub(crate) fn open(
                 Some(cap) => HostAllocator::with_capacity(cap),
                 None => HostAllocator::new(),
             },
+            direct: Arc::new(DirectHostReader::default()),
         })
     };
     let mismatch = |hint| Error::DeviceMismatch {
@@ -183,7 +243,10 @@ pub(crate) fn open(
                 Some(cap) => allocator.with_capacity(cap),
                 None => allocator,
             };
-            Ok(Chosen::plain(Opened::Mock(Box::new((reader, allocator)))))
+            Ok(Chosen::plain(Opened::Mock {
+                reader: Arc::new(reader),
+                allocator: Arc::new(allocator),
+            }))
         }
         #[cfg(feature = "cufile")]
         Backend::Cufile(_) if matches!(device, Device::Cpu | Device::Hip(_)) => Err(mismatch(
@@ -254,8 +317,16 @@ fn open_cufile(
     remote: bool,
 ) -> std::result::Result<Chosen, backend_cufile::Error> {
     let mut options = options.clone();
-    if let Some(device) = device {
-        options.device = device;
+    let callers = options
+        .stream
+        .as_ref()
+        .map(|s| s.context())
+        .or(options.context.as_ref());
+    match (device, callers) {
+        (Some(device), _) => options.device = device,
+        // The caller's context decides the device when none was asked for.
+        (None, Some(context)) => options.device = context.ordinal(),
+        (None, None) => {}
     }
     if remote {
         options.mode = backend_cufile::RequestedMode::Posix;

@@ -32,7 +32,8 @@ impl BackendMemory<CudaAllocator> {
 
     /// The memory as a `cudarc` `CudaSlice<u8>` on `stream`, which frees it when dropped. Only
     /// a tensor with an allocation of its own can be one (`HandoverError::Shared` otherwise),
-    /// and `stream` must belong to the device's primary context (`CudaContext::new(ordinal)`).
+    /// and `stream` must belong to the context the load allocated in: the device's primary context
+    /// (`CudaContext::new(ordinal)`), or the caller's own given to the loader.
     /// Since `cudarc` frees it unseen, the load's memory budget counts its bytes as used for
     /// the rest of the load. On failure the memory comes back untouched.
     pub fn into_cuda_slice(

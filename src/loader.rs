@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use staging_core::host::{DirectHostReader, HostReader};
+use staging_core::host::HostReader;
 use staging_core::{
     Checkpoint, Destination, DeviceAllocator, HeldMemory, LoadReport, RawDestination, Reader,
     Selection, Stager, StagingPolicy, SubAllocator,
@@ -60,6 +60,8 @@ pub struct Loader<'d> {
     interrupt: Option<backend_remote::Interrupt>,
     #[cfg(feature = "remote")]
     object_store: Option<Arc<dyn backend_remote::ObjectStore>>,
+    #[cfg(feature = "cufile")]
+    cuda: Option<backend::CallerCuda>,
     backend: Backend,
     device: Device,
     policy: StagingPolicy,
@@ -99,6 +101,8 @@ impl Loader<'static> {
             interrupt: None,
             #[cfg(feature = "remote")]
             object_store: None,
+            #[cfg(feature = "cufile")]
+            cuda: None,
             backend: Backend::default(),
             device: Device::Auto,
             policy: StagingPolicy::default(),
@@ -155,8 +159,10 @@ impl<'d> Loader<'d> {
         self
     }
 
-    /// Reads tensors the destination accepts straight into its memory. Its memory space must
-    /// be the one the backend loads into (host memory for `host`, `CudaMemory` for `cufile`):
+    /// Reads tensors the destination accepts straight into its memory, in the load this loader
+    /// opens (after [`prepare`](Self::prepare), the first load the [`Prepared`] opens; see
+    /// [`Prepared::destination`] for later ones). Its memory space must be the one the backend
+    /// loads into (host memory for `host`, `CudaMemory` for `cufile`):
     /// otherwise opening the load is [`Error::DestinationSpace`].
     pub fn destination<'e, S, D>(self, destination: D) -> Loader<'e>
     where
@@ -226,6 +232,30 @@ impl<'d> Loader<'d> {
         self
     }
 
+    /// Works in the caller's own `cudarc` context instead of the device's primary context
+    /// retained by the library: the load uses cuFile (`auto` becomes `cufile` with `auto`'s
+    /// cuFile options) on the context's GPU, allocates in that context, and keeps it alive while
+    /// anything of the load lives. Another backend, or a device on another GPU, is
+    /// [`Error::DeviceMismatch`] when the loader is prepared.
+    #[cfg(feature = "cufile")]
+    pub fn cuda_context(
+        mut self,
+        context: Arc<backend_cufile::cudarc::driver::CudaContext>,
+    ) -> Self {
+        self.cuda = Some(backend::CallerCuda::Context(context));
+        self
+    }
+
+    /// As [`cuda_context`](Self::cuda_context) with the stream's context, and every copy the
+    /// POSIX path (and a load from a URL) makes to the device is queued on `stream`, waited for
+    /// by events recorded on it: the library creates no stream of its own. Reads through cuFile
+    /// itself are synchronous and use no stream.
+    #[cfg(feature = "cufile")]
+    pub fn cuda_stream(mut self, stream: Arc<backend_cufile::cudarc::driver::CudaStream>) -> Self {
+        self.cuda = Some(backend::CallerCuda::Stream(stream));
+        self
+    }
+
     /// The remote options with the interrupt, if one was given.
     #[cfg(feature = "remote")]
     fn remote_options(&self) -> backend_remote::Options {
@@ -244,6 +274,8 @@ impl<'d> Loader<'d> {
             interrupt: self.interrupt,
             #[cfg(feature = "remote")]
             object_store: self.object_store,
+            #[cfg(feature = "cufile")]
+            cuda: self.cuda,
             backend: self.backend,
             device: self.device,
             policy: self.policy,
@@ -270,7 +302,14 @@ impl<'d> Loader<'d> {
     }
 
     fn prepare_with(self, remote_source: bool) -> Result<Prepared<'d>> {
-        let chosen = backend::open(&self.backend, self.device, self.memory_cap, remote_source)?;
+        #[cfg(feature = "cufile")]
+        let (backend, device) = match &self.cuda {
+            Some(cuda) => cuda.apply(&self.backend, self.device)?,
+            None => (self.backend.clone(), self.device),
+        };
+        #[cfg(not(feature = "cufile"))]
+        let (backend, device) = (self.backend.clone(), self.device);
+        let chosen = backend::open(&backend, device, self.memory_cap, remote_source)?;
         #[cfg(feature = "remote")]
         let remote = self.remote_options();
         let policy = if chosen.opened.is_host() {
@@ -317,7 +356,30 @@ impl<'d> Loader<'d> {
     }
 }
 
-/// A loader whose backend is open ([`Loader::prepare`]).
+/// A loader whose backend is open ([`Loader::prepare`]): it opens any number of loads, one
+/// after another or at once, all on that backend (its device, driver, pinned buffers and memory
+/// accounting opened once), each with the same options, and a URL's store opened once for every
+/// load of objects in it. A destination serves one load: the one opened next
+/// ([`destination`](Self::destination)).
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+/// # let mut file = (header.len() as u64).to_le_bytes().to_vec();
+/// # file.extend_from_slice(header);
+/// # file.extend_from_slice(&[0, 0, 128, 63, 0, 0, 0, 64]);
+/// # std::fs::write(dir.path().join("model.safetensors"), file)?;
+/// # let (model, draft) = (dir.path(), dir.path());
+/// use safetensors_staging::Loader;
+///
+/// let mut prepared = Loader::new().prepare()?;
+/// let weights: Vec<_> = prepared.open(model)?.collect::<Result<_, _>>()?;
+/// let draft_weights: Vec<_> = prepared.open(draft)?.collect::<Result<_, _>>()?;
+/// assert_eq!(weights.len(), draft_weights.len());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Prepared<'d> {
     #[cfg(feature = "remote")]
     remote: backend_remote::Options,
@@ -332,6 +394,7 @@ pub struct Prepared<'d> {
     policy: StagingPolicy,
     suballocate: bool,
     selection: Selection,
+    /// The destination of the load opened next (none after it).
     destination: AnyDestination<'d>,
 }
 
@@ -354,7 +417,7 @@ impl<'d> Prepared<'d> {
             #[cfg(feature = "hipfile")]
             Opened::Hipfile(_) => "hipfile",
             #[cfg(feature = "mock")]
-            Opened::Mock(_) => "mock",
+            Opened::Mock { .. } => "mock",
         }
     }
 
@@ -372,7 +435,7 @@ impl<'d> Prepared<'d> {
     /// Opens the checkpoint at `path` (a directory, an index file, or one `.safetensors` file;
     /// or the same at an `s3://`, `gs://`, `az://` or `http(s)://` URL, a prefix standing for a
     /// directory).
-    pub fn open(mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
+    pub fn open(&mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
         let path = path.as_ref();
         let source = self.source_of(path)?;
         let checkpoint = source.open(path)?;
@@ -380,7 +443,7 @@ impl<'d> Prepared<'d> {
     }
 
     /// Opens these `.safetensors` files (all local, or all URLs in one store) as one checkpoint.
-    pub fn open_files<I, P>(mut self, files: I) -> Result<Load<'d>>
+    pub fn open_files<I, P>(&mut self, files: I) -> Result<Load<'d>>
     where
         I: IntoIterator<Item = P>,
         P: AsRef<Path>,
@@ -396,7 +459,7 @@ impl<'d> Prepared<'d> {
 
     /// Loads a checkpoint already opened (its files on the local file system, or URLs of one
     /// store).
-    pub fn open_checkpoint(mut self, checkpoint: Checkpoint) -> Result<Load<'d>> {
+    pub fn open_checkpoint(&mut self, checkpoint: Checkpoint) -> Result<Load<'d>> {
         let source = match checkpoint.files().first() {
             Some(first) => self.source_of(&first.path)?,
             None => Source::Local,
@@ -440,13 +503,34 @@ impl<'d> Prepared<'d> {
         }
     }
 
-    /// Replaces the selection (for a caller that chooses tensors from the headers it read with
-    /// [`read_headers`](Self::read_headers)).
+    /// Replaces the selection of the loads opened from now on (for a caller that chooses
+    /// tensors from the headers it read with [`read_headers`](Self::read_headers)).
     pub fn select(&mut self, selection: Selection) {
         self.selection = selection;
     }
 
-    fn load(self, checkpoint: Checkpoint, source: Source) -> Result<Load<'d>> {
+    /// Reads tensors the destination accepts straight into its memory, in the load opened next
+    /// (replacing any destination not used yet); the loads after it have none unless given one
+    /// again. Its memory space must be the one the backend loads into, as for
+    /// [`Loader::destination`].
+    pub fn destination<S, D>(&mut self, destination: D)
+    where
+        S: KnownSpace,
+        D: Destination<S> + Send + 'd,
+    {
+        self.destination = S::wrap(Box::new(destination));
+    }
+
+    /// Reads tensors the destination accepts straight into the raw regions it gives, in the load
+    /// opened next, as [`destination`](Self::destination).
+    pub fn raw_destination<D>(&mut self, destination: D)
+    where
+        D: RawDestination + Send + 'd,
+    {
+        self.destination = AnyDestination::Raw(Box::new(destination));
+    }
+
+    fn load(&mut self, checkpoint: Checkpoint, source: Source) -> Result<Load<'d>> {
         // Narrowing copies every tensor's metadata: only when there is something to narrow.
         let checkpoint = if self.selection.is_all() {
             checkpoint
@@ -454,7 +538,7 @@ impl<'d> Prepared<'d> {
             checkpoint.select(&self.selection)?
         };
         let policy = match &source {
-            Source::Local => self.policy,
+            Source::Local => self.policy.clone(),
             // Threads reading a URL wait on the network, not a disk: enough of them to keep
             // `concurrency` requests in flight, up to 8. On loopback (no latency to hide) 2
             // threads loaded 1 GiB at 1.37 GB/s and 8 at 1.46 (medians of 6, 2-core VM).
@@ -467,68 +551,70 @@ impl<'d> Prepared<'d> {
                 self.policy.to_builder().io_threads(threads).build()?
             }
         };
-        let Chosen {
-            opened,
-            passed_over,
-            mode_reason,
-        } = self.chosen;
         let setup = Setup {
             checkpoint,
             policy,
             suballocate: self.suballocate,
-            destination: self.destination,
+            // A destination serves the one load it was given for.
+            destination: std::mem::replace(&mut self.destination, AnyDestination::None),
         };
         #[cfg(feature = "mock")]
         let mut ledger = None;
-        let inner = match (opened, source) {
-            (Opened::Host { options, allocator }, Source::Local) if options.direct_io => {
-                setup.start(DirectHostReader::default(), allocator, "host")?
-            }
+        // Each load reads through a reader of its own, on what the backend's loads share.
+        let inner = match (&self.chosen.opened, source) {
+            (
+                Opened::Host {
+                    options,
+                    allocator,
+                    direct,
+                },
+                Source::Local,
+            ) if options.direct_io => setup.start(Arc::clone(direct), allocator.clone(), "host")?,
             (Opened::Host { allocator, .. }, Source::Local) => {
-                setup.start(HostReader, allocator, "host")?
+                setup.start(HostReader, allocator.clone(), "host")?
             }
             #[cfg(feature = "remote")]
             (Opened::Host { allocator, .. }, Source::Remote(remote)) => {
-                setup.start(remote.reader(), allocator, "host")?
+                setup.start(remote.reader(), allocator.clone(), "host")?
             }
             #[cfg(feature = "cufile")]
-            (Opened::Cufile(backend), Source::Local) => {
-                let backend = *backend;
-                setup.start(backend.reader, backend.allocator, "cufile")?
-            }
+            (Opened::Cufile(backend), Source::Local) => setup.start(
+                backend.reader.another(),
+                backend.allocator.clone(),
+                "cufile",
+            )?,
             #[cfg(all(feature = "cufile", feature = "remote"))]
             (Opened::Cufile(backend), Source::Remote(remote)) => {
                 let reader = backend.reader.bounced(remote.reader());
-                setup.start(reader, backend.allocator, "cufile")?
+                setup.start(reader, backend.allocator.clone(), "cufile")?
             }
             #[cfg(feature = "hipfile")]
-            (Opened::Hipfile(backend), Source::Local) => {
-                let backend = *backend;
-                setup.start(backend.reader, backend.allocator, "hipfile")?
-            }
+            (Opened::Hipfile(backend), Source::Local) => setup.start(
+                backend.reader.another(),
+                backend.allocator.clone(),
+                "hipfile",
+            )?,
             #[cfg(all(feature = "hipfile", feature = "remote"))]
             (Opened::Hipfile(backend), Source::Remote(remote)) => {
                 let reader = backend.reader.bounced(remote.reader());
-                setup.start(reader, backend.allocator, "hipfile")?
+                setup.start(reader, backend.allocator.clone(), "hipfile")?
             }
             #[cfg(feature = "mock")]
-            (Opened::Mock(backend), Source::Local) => {
-                let (reader, allocator) = *backend;
+            (Opened::Mock { reader, allocator }, Source::Local) => {
                 ledger = Some(allocator.ledger());
-                setup.start(reader, allocator, "mock")?
+                setup.start(Arc::clone(reader), Arc::clone(allocator), "mock")?
             }
             #[cfg(all(feature = "mock", feature = "remote"))]
-            (Opened::Mock(backend), Source::Remote(remote)) => {
-                let (_, allocator) = *backend;
+            (Opened::Mock { allocator, .. }, Source::Remote(remote)) => {
                 ledger = Some(allocator.ledger());
                 let reader = backend_mock::FaultyReader::new(remote.reader()).labelled("mock");
-                setup.start(reader, allocator, "mock")?
+                setup.start(reader, Arc::clone(allocator), "mock")?
             }
         };
         Ok(Load {
             inner,
-            passed_over,
-            mode_reason,
+            passed_over: self.chosen.passed_over.clone(),
+            mode_reason: self.chosen.mode_reason.clone(),
             #[cfg(feature = "mock")]
             ledger,
         })

@@ -9,12 +9,17 @@
 //! makes it current through [`CudaDevice::bind`], which pushes it only when another context (or
 //! none) is current and pops it when its guard drops, on every path (errors, `Drop` of buffers,
 //! whichever thread frees a tensor). Nothing here calls `cuCtxSetCurrent`.
+//!
+//! A caller with CUDA of its own hands in its `cudarc` context ([`CudaDevice::from_context`]) or
+//! stream ([`CudaDevice::from_stream`]): the device then uses that context (primary or not,
+//! kept alive by the caller's `Arc`, never retained or released here), and with a stream the
+//! POSIX path queues its copies on it, so the library creates no stream of its own.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{DriverError, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 use staging_core::{
     AllocError, DeviceAllocator, DeviceBuffer, DeviceError, DeviceRegion, MemoryInfo, MemorySpace,
 };
@@ -29,12 +34,26 @@ impl MemorySpace for CudaMemory {
     const NAME: &'static str = "cuda";
 }
 
-/// One CUDA device with its retained primary context.
+/// One CUDA device with the context the library works in: its primary context, retained by
+/// this handle, or a caller's `cudarc` context.
 #[derive(Debug)]
 pub struct CudaDevice {
     ordinal: usize,
     device: sys::CUdevice,
     context: sys::CUcontext,
+    /// Who keeps `context` alive.
+    owner: Owner,
+    /// The caller's stream that copies to the device are queued on, if one was given.
+    stream: Option<Arc<CudaStream>>,
+}
+
+/// Who keeps a device's context alive.
+#[derive(Debug)]
+enum Owner {
+    /// This handle retained the primary context and releases it when dropped.
+    Retained,
+    /// The caller's `cudarc` context, kept alive by its `Arc` for as long as this handle lives.
+    Caller(#[allow(dead_code)] Arc<CudaContext>),
 }
 
 // SAFETY: a primary context may be made current on any thread; the handle is only passed to the
@@ -81,10 +100,56 @@ impl CudaDevice {
             ordinal,
             device,
             context,
+            owner: Owner::Retained,
+            stream: None,
         };
         // The context can be made current (and is not left so).
         drop(this.bind().map_err(cuda("cuCtxPushCurrent"))?);
         Ok(Arc::new(this))
+    }
+
+    /// The device of a caller's `cudarc` context, working in that context (primary or not):
+    /// nothing is retained or released here, the `Arc` keeps it alive. Copies to the device run
+    /// on streams the library creates in it (one per pinned buffer).
+    pub fn from_context(context: &Arc<CudaContext>) -> Result<Arc<Self>, Error> {
+        Self::caller(context, None)
+    }
+
+    /// The device of a caller's `cudarc` stream, working in the stream's context; every copy to
+    /// the device is queued on `stream` (and waited for by events recorded on it), so the
+    /// library creates no stream of its own.
+    pub fn from_stream(stream: &Arc<CudaStream>) -> Result<Arc<Self>, Error> {
+        Self::caller(stream.context(), Some(Arc::clone(stream)))
+    }
+
+    fn caller(
+        context: &Arc<CudaContext>,
+        stream: Option<Arc<CudaStream>>,
+    ) -> Result<Arc<Self>, Error> {
+        let this = Self {
+            ordinal: context.ordinal(),
+            device: context.cu_device(),
+            context: context.cu_ctx(),
+            owner: Owner::Caller(Arc::clone(context)),
+            stream,
+        };
+        // The context can be made current (and is not left so).
+        drop(this.bind().map_err(|e| Error::Cuda {
+            call: "cuCtxPushCurrent",
+            code: cuda_code(e),
+        })?);
+        Ok(Arc::new(this))
+    }
+
+    /// Whether the context is a caller's (given to [`from_context`](Self::from_context) or
+    /// [`from_stream`](Self::from_stream)) rather than the primary context retained here.
+    pub fn is_callers(&self) -> bool {
+        matches!(self.owner, Owner::Caller(_))
+    }
+
+    /// The caller's stream copies are queued on, if one was given.
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        self.stream.as_ref()
     }
 
     /// The device's ordinal.
@@ -92,7 +157,8 @@ impl CudaDevice {
         self.ordinal
     }
 
-    /// The device's primary context, retained by this handle.
+    /// The context the library works in: the primary context this handle retained, or the
+    /// caller's.
     pub fn context(&self) -> sys::CUcontext {
         self.context
     }
@@ -187,8 +253,11 @@ impl Drop for CallerContext {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        // SAFETY: the device came from cuDeviceGet and its primary context was retained once.
-        let _ = unsafe { result::primary_ctx::release(self.device) };
+        if let Owner::Retained = self.owner {
+            // SAFETY: the device came from cuDeviceGet and its primary context was retained
+            // once, in `open`.
+            let _ = unsafe { result::primary_ctx::release(self.device) };
+        }
     }
 }
 
@@ -343,18 +412,36 @@ impl DeviceAllocator for CudaAllocator {
 
 /// Page-locked host memory for bounce buffers (`cuMemHostAlloc`, portable, not write-combined,
 /// since the CPU writes it with `pread` and the GPU reads it). Copies from it run on a stream of
-/// its own (created at the first copy), so they overlap the next `pread` into another buffer.
+/// its own (created at the first copy), or on the caller's stream when the device has one, so
+/// they overlap the next `pread` into another buffer; an event recorded after each copy says when
+/// it is done, so waiting for this buffer's copy never waits for anything queued after it.
 #[derive(Debug)]
 pub struct PinnedBuffer {
     ptr: *mut c_void,
     len: usize,
     device: Arc<CudaDevice>,
-    stream: sys::CUstream,
-    pending: bool,
+    /// The stream this buffer created (null until its first copy, and always when the device has
+    /// the caller's stream).
+    own_stream: sys::CUstream,
+    /// Recorded after each copy (null until the first).
+    event: sys::CUevent,
+    /// What says the copy started last has finished.
+    pending: Pending,
 }
 
-// SAFETY: the buffer exclusively owns its pinned allocation and its stream; a stream may be used
-// from any thread with its context current.
+/// What [`PinnedBuffer::wait`] waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// No copy is running.
+    Nothing,
+    /// The event recorded after the copy.
+    Event,
+    /// The stream the copy ran on (its event could not be recorded).
+    Stream,
+}
+
+// SAFETY: the buffer exclusively owns its pinned allocation, its stream and its event; a stream
+// may be used from any thread with its context current.
 unsafe impl Send for PinnedBuffer {}
 
 /// `CU_MEMHOSTALLOC_PORTABLE`.
@@ -379,8 +466,9 @@ impl PinnedBuffer {
             ptr,
             len,
             device: Arc::clone(device),
-            stream: std::ptr::null_mut(),
-            pending: false,
+            own_stream: std::ptr::null_mut(),
+            event: std::ptr::null_mut(),
+            pending: Pending::Nothing,
         })
     }
 
@@ -404,8 +492,21 @@ impl PinnedBuffer {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) })
     }
 
-    /// Starts copying the first `dst.len()` bytes to `dst` on this buffer's stream
-    /// (`cuMemcpyHtoDAsync`); [`wait`](Self::wait) waits for it.
+    /// The stream copies go on: the caller's, or this buffer's own (created the first time, with
+    /// the device's context current).
+    fn stream(&mut self) -> Result<sys::CUstream, DeviceError> {
+        if let Some(callers) = self.device.stream() {
+            return Ok(callers.cu_stream());
+        }
+        if self.own_stream.is_null() {
+            self.own_stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|e| device_error("cuStreamCreate", e))?;
+        }
+        Ok(self.own_stream)
+    }
+
+    /// Starts copying the first `dst.len()` bytes to `dst` on the buffer's stream
+    /// (`cuMemcpyHtoDAsync`, then an event recorded after it); [`wait`](Self::wait) waits for it.
     ///
     /// # Safety
     /// Until `wait` has returned `Ok` (or the buffer is dropped, which waits), the caller does
@@ -425,36 +526,60 @@ impl PinnedBuffer {
         let _bound = device
             .bind()
             .map_err(|e| device_error("cuCtxPushCurrent", e))?;
-        if self.stream.is_null() {
-            self.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
-                .map_err(|e| device_error("cuStreamCreate", e))?;
+        let stream = self.stream()?;
+        if self.event.is_null() {
+            self.event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| device_error("cuEventCreate", e))?;
         }
         // SAFETY: `ptr` holds at least `n` bytes (checked above) that the caller leaves alone
         // until `wait`; `dst` is `n` bytes of device memory the caller keeps allocated and
-        // unused until then; the stream belongs to this buffer.
+        // unused until then; the stream is this buffer's or the caller's (kept alive by the
+        // device), in the bound context.
         unsafe {
             let src = std::slice::from_raw_parts(self.ptr.cast::<u8>(), n);
-            result::memcpy_htod_async(dst.addr() as u64, src, self.stream)
+            result::memcpy_htod_async(dst.addr() as u64, src, stream)
         }
         .map_err(|e| device_error("cuMemcpyHtoDAsync", e))?;
-        self.pending = true;
+        // From here a copy may be running: without its event, `wait` waits for the stream.
+        self.pending = Pending::Stream;
+        // SAFETY: the event was created by this buffer in the bound context, and the stream is
+        // live.
+        unsafe { result::event::record(self.event, stream) }
+            .map_err(|e| device_error("cuEventRecord", e))?;
+        self.pending = Pending::Event;
         Ok(())
     }
 
-    /// Waits for the copy started last (`cuStreamSynchronize`); returns at once when none is
-    /// running.
+    /// Synchronizes the stream copies go on (when there is one).
+    fn synchronize_stream(&self) -> Result<(), DeviceError> {
+        let stream = match self.device.stream() {
+            Some(callers) => callers.cu_stream(),
+            None if self.own_stream.is_null() => return Ok(()),
+            None => self.own_stream,
+        };
+        // SAFETY: the stream is this buffer's or the caller's (kept alive by the device), and
+        // the caller of this method bound the device's context.
+        unsafe { result::stream::synchronize(stream) }
+            .map_err(|e| device_error("cuStreamSynchronize", e))
+    }
+
+    /// Waits for the copy started last (`cuEventSynchronize` on the event recorded after it);
+    /// returns at once when none is running.
     pub fn wait(&mut self) -> Result<(), DeviceError> {
-        if !self.pending {
+        if self.pending == Pending::Nothing {
             return Ok(());
         }
         let device = Arc::clone(&self.device);
         let _bound = device
             .bind()
             .map_err(|e| device_error("cuCtxPushCurrent", e))?;
-        // SAFETY: the stream was created by this buffer and is destroyed only on drop.
-        unsafe { result::stream::synchronize(self.stream) }
-            .map_err(|e| device_error("cuStreamSynchronize", e))?;
-        self.pending = false;
+        match self.pending {
+            // SAFETY: the event was created by this buffer and is destroyed only on drop.
+            Pending::Event => unsafe { result::event::synchronize(self.event) }
+                .map_err(|e| device_error("cuEventSynchronize", e))?,
+            _ => self.synchronize_stream()?,
+        }
+        self.pending = Pending::Nothing;
         Ok(())
     }
 }
@@ -463,13 +588,18 @@ impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         let device = Arc::clone(&self.device);
         let _bound = device.bind();
-        if !self.stream.is_null() {
-            // SAFETY: the stream belongs to this buffer; a copy still running is waited for
-            // before the pinned memory it reads is freed, and the stream is destroyed once.
-            unsafe {
-                let _ = result::stream::synchronize(self.stream);
-                let _ = result::stream::destroy(self.stream);
-            }
+        // A copy still reading the pinned memory finishes before the memory is freed.
+        if self.wait().is_err() {
+            let _ = self.synchronize_stream();
+        }
+        if !self.event.is_null() {
+            // SAFETY: the event belongs to this buffer and is destroyed once, here.
+            let _ = unsafe { result::event::destroy(self.event) };
+        }
+        if !self.own_stream.is_null() {
+            // SAFETY: the stream belongs to this buffer (nothing is queued on it any more) and is
+            // destroyed once, here.
+            let _ = unsafe { result::stream::destroy(self.own_stream) };
         }
         // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here, after any copy from it.
         let _ = unsafe { result::free_host(self.ptr) };

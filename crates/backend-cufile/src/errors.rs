@@ -55,6 +55,9 @@ pub enum Error {
         /// The code, by name and number.
         code: String,
     },
+    /// The caller's context and stream ([`Options`](crate::Options)) do not go together.
+    #[error("the caller's CUDA context and stream: {0}")]
+    CallerCuda(String),
     /// The requested mode cannot run here.
     #[error("cuFile mode {mode} is not available: {why}")]
     ModeUnavailable {

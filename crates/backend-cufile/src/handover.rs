@@ -19,9 +19,9 @@ use crate::errors::cuda_code;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandoverError {
-    /// The stream belongs to another context than the buffer's device's primary context.
+    /// The stream belongs to another context than the one the buffer was allocated in.
     #[error(
-        "the stream belongs to another CUDA context than the buffer (device {buffer_device}'s primary context)"
+        "the stream belongs to another CUDA context than the buffer (allocated in a context of device {buffer_device})"
     )]
     OtherContext {
         /// The buffer's device ordinal.
@@ -49,7 +49,8 @@ pub enum HandoverError {
 impl CudaBuffer {
     /// The allocation as a `CudaSlice<u8>` on `stream`, owned by the caller from now on (freed by
     /// `cudarc` when dropped, stream-ordered on `stream`). The stream must belong to the
-    /// device's primary context (`CudaContext::new(ordinal)` gives that one). On failure the
+    /// context the buffer was allocated in (the device's primary context, which
+    /// `CudaContext::new(ordinal)` gives, or the caller's own the backend was opened with). On failure the
     /// buffer comes back untouched.
     pub fn into_cuda_slice(
         self,

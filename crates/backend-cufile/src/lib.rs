@@ -46,6 +46,13 @@ pub struct Options {
     pub library: Option<PathBuf>,
     /// Size of each pinned bounce buffer on the POSIX path (default 16 MiB).
     pub bounce_size: usize,
+    /// The caller's own `cudarc` context to work in, instead of the device's primary context
+    /// retained by the library; `device` must be its ordinal.
+    pub context: Option<Arc<cudarc::driver::CudaContext>>,
+    /// The caller's own `cudarc` stream: its context is worked in (as with `context`, which it
+    /// must then be if both are given) and the POSIX path queues its copies to the device on
+    /// it, so the library creates no stream.
+    pub stream: Option<Arc<cudarc::driver::CudaStream>>,
 }
 
 impl Default for Options {
@@ -55,6 +62,8 @@ impl Default for Options {
             mode: RequestedMode::Auto,
             library: None,
             bounce_size: 16 << 20,
+            context: None,
+            stream: None,
         }
     }
 }
@@ -73,10 +82,27 @@ pub struct Backend {
 /// Opens the backend on `options.device`.
 ///
 /// Order: confirm the CUDA driver and the device (fails fast with [`Error::NoCudaDriver`],
-/// [`Error::NoDevice`], ...); unless `posix` was asked for, load `libcufile` and open its driver;
-/// in `auto`, a missing library or a driver that will not open means the POSIX path.
+/// [`Error::NoDevice`], ...), or take the caller's context or stream; unless `posix` was asked
+/// for, load `libcufile` and open its driver; in `auto`, a missing library or a driver that will
+/// not open means the POSIX path.
 pub fn open(options: &Options) -> Result<Backend, Error> {
-    let device = CudaDevice::open(options.device)?;
+    let device = match (&options.stream, &options.context) {
+        (Some(stream), Some(context)) if !Arc::ptr_eq(stream.context(), context) => {
+            return Err(Error::CallerCuda(
+                "the stream given belongs to another context than the context given".into(),
+            ));
+        }
+        (Some(stream), _) => CudaDevice::from_stream(stream)?,
+        (None, Some(context)) => CudaDevice::from_context(context)?,
+        (None, None) => CudaDevice::open(options.device)?,
+    };
+    if device.ordinal() != options.device {
+        return Err(Error::CallerCuda(format!(
+            "device {} was asked for, but the context given is device {}'s",
+            options.device,
+            device.ordinal()
+        )));
+    }
     let allocator = CudaAllocator::new(Arc::clone(&device));
     let driver = backend_gds::driver_or_posix(options.mode, || {
         Driver::open(

@@ -118,7 +118,7 @@ fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
 /// Opens the paths given, or a synthetic checkpoint written for the run.
 fn open(
     args: &Args,
-    prepared: Prepared<'static>,
+    mut prepared: Prepared<'static>,
 ) -> Result<
     (
         safetensors_staging::Load<'static>,
