@@ -23,30 +23,8 @@ use safetensors_staging::{Backend, Loader, StagingPath, StagingPolicy, Tensor};
 
 const MIB: usize = 1 << 20;
 
-/// The stub libcuda and libcufile, built once; the stub libcuda loaded into this process (so
-/// `cudarc` finds it by its soname) with two devices.
 fn cuda_stubs() -> &'static backend_cufile::stubs::Stubs {
-    static STUBS: OnceLock<backend_cufile::stubs::Stubs> = OnceLock::new();
-    STUBS.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("context-cuda-stubs");
-        let stubs = backend_cufile::stubs::build(&out).unwrap();
-        // SAFETY: the stub's initializers are trivial; RTLD_GLOBAL makes its soname visible.
-        let lib = unsafe {
-            libloading::os::unix::Library::open(
-                Some(&stubs.cuda),
-                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-            )
-        }
-        .unwrap();
-        // SAFETY: `void stub_cuda_set_devices(long)`.
-        unsafe {
-            let set: libloading::os::unix::Symbol<unsafe extern "C" fn(i64)> =
-                lib.get(b"stub_cuda_set_devices").unwrap();
-            set(2);
-        }
-        std::mem::forget(lib);
-        stubs
-    })
+    common::cuda_stubs("context-cuda-stubs")
 }
 
 fn cuda_counter(symbol: &[u8]) -> usize {
@@ -88,6 +66,7 @@ fn cufile_loader(mode: RequestedMode, threads: usize, cap: Option<u64>) -> Loade
         mode,
         library: Some(cuda_stubs().cufile.clone()),
         bounce_size: 64 << 10,
+        ..backend_cufile::Options::default()
     };
     Loader::new()
         .backend(Backend::Cufile(options))

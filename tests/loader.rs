@@ -472,4 +472,87 @@ fn loads_tensors_and_taken_memory_are_send() {
     send::<safetensors_staging::DeviceMemory>();
     send::<safetensors_staging::cuda::CudaTensorMemory>();
     send::<Loader<'static>>();
+    send::<safetensors_staging::Prepared<'static>>();
+}
+
+/// One prepared backend opens load after load, and loads at once: each gets its bytes and a
+/// report of its own, and all draw on one memory account (a tensor another load still holds
+/// counts against the cap). A destination serves the load opened next, and only it.
+#[test]
+fn a_prepared_loader_serves_several_loads_on_one_memory_account() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = |prefix: &str| -> Vec<TensorSpec> {
+        (0..4)
+            .map(|i| TensorSpec::bytes(format!("{prefix}{i}"), 64 << 10))
+            .collect()
+    };
+    let first = dir.path().join("first.safetensors");
+    let second = dir.path().join("second.safetensors");
+    let first_contents = write_file(&first, &specs("w"), 31).unwrap();
+    let second_contents = write_file(&second, &specs("w"), 32).unwrap();
+    let policy = StagingPolicy::builder()
+        .headroom(0, u64::MAX)
+        .build()
+        .unwrap();
+    let mut prepared = Loader::new()
+        .backend(host())
+        .policy(policy)
+        .memory_cap(Some(336 << 10))
+        .suballocate(false)
+        .prepare()
+        .unwrap();
+    let drain = |load: safetensors_staging::Load<'_>, contents: &Contents| {
+        let report_tensors = load.checkpoint().tensors().len();
+        let mut kept = Vec::new();
+        let mut load = load;
+        for tensor in load.by_ref() {
+            let tensor = tensor.unwrap();
+            assert_eq!(tensor.to_vec().unwrap(), contents[tensor.name()]);
+            kept.push(tensor);
+        }
+        let report = load.report();
+        assert_eq!((report.tensors, report_tensors), (4, 4));
+        assert_eq!(report.bytes_read, 4 * (64 << 10));
+        (kept, report)
+    };
+
+    // The first load's 256 KiB stay held: of the second's four tensors only one fits the
+    // 336 KiB on the device, the other three take the host path (through a staging buffer in
+    // the 16 KiB left).
+    let (held, report) = drain(prepared.open(&first).unwrap(), &first_contents);
+    assert_eq!(report.paths.device.tensors, 4);
+    let (_, report) = drain(prepared.open(&second).unwrap(), &second_contents);
+    assert_eq!(
+        (report.paths.device.tensors, report.paths.host.tensors),
+        (1, 3),
+        "the loads of one prepared backend do not share its memory account"
+    );
+    // Once they are dropped, a third load has the whole cap again.
+    drop(held);
+    let (_, report) = drain(prepared.open(&second).unwrap(), &second_contents);
+    assert_eq!(report.paths.device.tensors, 4);
+
+    // A destination serves the next load only.
+    let mut mine = Vec::new();
+    {
+        let mut prepared = Loader::new().backend(host()).prepare().unwrap();
+        prepared.destination(IntoVec {
+            name: "w1",
+            target: &mut mine,
+        });
+        let paths = |load: safetensors_staging::Load<'_>| -> Vec<StagingPath> {
+            load.map(|t| t.unwrap().path()).collect()
+        };
+        assert_eq!(
+            paths(prepared.open(&first).unwrap())[1],
+            StagingPath::Destination
+        );
+        assert!(
+            paths(prepared.open(&second).unwrap())
+                .iter()
+                .all(|p| *p == StagingPath::Device),
+            "a destination served a second load"
+        );
+    }
+    assert_eq!(mine, first_contents["w1"]);
 }

@@ -104,3 +104,30 @@ impl staging_core::Destination<backend_cufile::CudaMemory> for IntoSlice<'_> {
         Ok(Some(backend_cufile::cuda_region(self.slice, &self.stream)?))
     }
 }
+
+/// The stub libcuda and libcufile, built once per test binary into `dir` (under the test's
+/// temporary directory); the stub libcuda loaded into this process (so `cudarc` finds it by its
+/// soname) with two devices.
+pub(crate) fn cuda_stubs(dir: &str) -> &'static backend_cufile::stubs::Stubs {
+    static STUBS: std::sync::OnceLock<backend_cufile::stubs::Stubs> = std::sync::OnceLock::new();
+    STUBS.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir);
+        let stubs = backend_cufile::stubs::build(&out).unwrap();
+        // SAFETY: the stub's initializers are trivial; RTLD_GLOBAL makes its soname visible.
+        let lib = unsafe {
+            libloading::os::unix::Library::open(
+                Some(&stubs.cuda),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+            )
+        }
+        .unwrap();
+        // SAFETY: `void stub_cuda_set_devices(long)`.
+        unsafe {
+            let set: libloading::os::unix::Symbol<unsafe extern "C" fn(i64)> =
+                lib.get(b"stub_cuda_set_devices").unwrap();
+            set(2);
+        }
+        std::mem::forget(lib);
+        stubs
+    })
+}
