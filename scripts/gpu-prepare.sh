@@ -4,6 +4,7 @@
 #   - the release `stage` binary (stripped);
 #   - backend-mock's `range_serve` example (stripped): an HTTP server on loopback for the row
 #     that loads from http:// through the remote reader and pinned bounce buffers;
+#   - the `callers_stream` example (stripped): the Rust API on a cudarc stream of the caller's own;
 #   - the Python package as an abi3 wheel (imports on any CPython >= 3.9);
 #   - fastsafetensors' CPython 3.12 wheel, for its row;
 #   - all-MiniLM-L6-v2's config and tokenizer (its 91 MB weights exceed the carry limit; the
@@ -21,6 +22,8 @@ cargo build --release -p staging-cli --bin stage
 strip -o "$carry/stage" target/release/stage
 cargo build --release -p backend-mock --example range_serve
 strip -o "$carry/range_serve" target/release/examples/range_serve
+cargo build --release --example callers_stream
+strip -o "$carry/callers_stream" target/release/examples/callers_stream
 "$python" -m maturin build --release -m crates/staging-py/Cargo.toml -o "$carry" --interpreter "$python"
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d "$carry" fastsafetensors

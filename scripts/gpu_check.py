@@ -27,7 +27,9 @@ usage: gpu_check.py --stage PATH [--size-gib 8] [--dir /dev/shm/staging-gpu-chec
    (`cuCtxCreate`) current, still that one after a load and its close. And destinations
    created and filled on a busy side stream (the current stream during the load): the load's
    bytes, not the fill, are what they hold after (the library waits for that stream).
-9. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
+9. The Rust API with a cudarc stream of the caller's own (`examples/callers_stream.rs`, carried):
+   two loads through one prepared backend, POSIX and auto modes, bytes compared.
+10. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
    every row shows its ratio to it. fastsafetensors (its wheel carried over), when importable,
    is a row of its own.
 Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
@@ -473,6 +475,8 @@ def main():
     ap.add_argument("--budget", default="4GiB", help="--device-memory for the low-memory run")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--range-serve", help="backend-mock's range_serve example: adds a row loading from http://")
+    ap.add_argument("--callers-stream", help="the callers_stream example: adds rows loading (Rust) on a cudarc "
+                                             "stream of the caller's own, twice through one prepared backend")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results, facts = [], {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -565,6 +569,27 @@ def main():
         finally:
             server.terminate()
             server.wait(30)
+
+    if args.callers_stream and not args.dry_run:
+        # The Rust API with the caller's own cudarc context and stream (issue 20): every copy to
+        # the device on that stream, two loads through one prepared backend; bytes of both
+        # loads compared with what Python's safetensors reads.
+        for mode in ("posix", "auto"):
+            code, out, err, secs, rss, gpu = run_child([args.callers_stream, args.dir, mode], env=env, gpu=True)
+            row = {"what": f"Rust Loader::cuda_stream (caller's stream), {mode}, 2 loads of one Prepared",
+                   "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+            if code != 0:
+                row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
+            else:
+                r = json.loads(out.strip().splitlines()[-1])
+                first, second = r["loads"]
+                row.update({"mode": first["mode"], "load_s": round(first["seconds"], 3),
+                            "gb_per_s": round(first["bytes"] / first["seconds"] / 1e9, 2),
+                            "second_load_s": round(second["seconds"], 3)})
+                bad = sum(1 for load in r["loads"] for n in expected if load["sha256"].get(n) != expected[n])
+                row["bytes_exact"] = "yes" if bad == 0 and all(len(l["sha256"]) == len(expected) for l in r["loads"]) \
+                    else f"NO: {bad} differ"
+            results.append(row)
 
     if have_torch:
         baseline = (
