@@ -50,6 +50,7 @@
 mod checkpoint;
 mod error;
 pub mod host;
+mod kept;
 mod memory;
 mod policy;
 mod report;
@@ -65,6 +66,7 @@ pub use checkpoint::{
     StoreFile, TensorMeta, is_url, natural_cmp,
 };
 pub use error::{AllocError, DestinationError, DeviceError, Error, ErrorKind, ReadError, Result};
+pub use kept::{IoThreads, KeepOpen, OpenFiles};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};
 pub use policy::{
     COALESCE_ALIGN, FallbackCause, MIB, PolicyBuilder, StagingPath, StagingPolicy,

@@ -114,6 +114,39 @@ pub struct LoadReport {
     pub bytes_read: u64,
 }
 
+impl LoadReport {
+    /// Adds `other`, a later load on the same backend, to this report: one report for a
+    /// reader that loads tensor after tensor (counts, bytes and seconds add up; peaks are the
+    /// highest of either; the mode becomes the later load's when it differs).
+    pub fn absorb(&mut self, other: &LoadReport) {
+        for (mine, theirs) in [
+            (&mut self.paths.destination, other.paths.destination),
+            (&mut self.paths.device, other.paths.device),
+            (&mut self.paths.host, other.paths.host),
+        ] {
+            mine.tensors += theirs.tensors;
+            mine.bytes += theirs.bytes;
+        }
+        self.fallbacks.insufficient_memory += other.fallbacks.insufficient_memory;
+        self.fallbacks.allocation_race += other.fallbacks.allocation_race;
+        self.tensors += other.tensors;
+        self.bytes += other.bytes;
+        self.seconds += other.seconds;
+        self.bytes_per_second = if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds
+        } else {
+            0.0
+        };
+        self.peak_device_bytes = self.peak_device_bytes.max(other.peak_device_bytes);
+        self.peak_host_bytes = self.peak_host_bytes.max(other.peak_host_bytes);
+        self.taken_device_bytes += other.taken_device_bytes;
+        self.read_requests += other.read_requests;
+        self.bytes_read += other.bytes_read;
+        self.files = self.files.max(other.files);
+        self.mode = other.mode;
+    }
+}
+
 /// One tensor as the JSON report lists it (`stage --json`'s `tensor_list`, and the Python
 /// package's `report()`): one definition, so every door reports the same keys.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -203,6 +203,22 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// The checkpoint narrowed to one tensor, cut to `rows` when given: what
+    /// [`select`](Self::select) gives for `Selection::names([name])`, found by name instead of by
+    /// a walk over every tensor (a reader asking for tensors one at a time).
+    pub fn only(&self, name: &str, rows: Option<&RowRange>) -> Result<Checkpoint> {
+        let meta = self.tensor(name).ok_or_else(|| Error::UnknownTensor {
+            name: name.to_owned(),
+        })?;
+        let meta = match rows {
+            Some(rows) => narrow(meta, rows)?,
+            None => meta.clone(),
+        };
+        Ok(Checkpoint::from_parts(self.files.clone(), vec![meta]))
+    }
+}
+
 /// `meta` cut to the rows `rows` means for it.
 fn narrow(meta: &TensorMeta, rows: &RowRange) -> Result<TensorMeta> {
     let refuse = |reason: String| Error::Rows {

@@ -29,7 +29,7 @@ macro_rules! counted {
 macro_rules! batch_read {
     ($stager:expr) => {
         BatchRead {
-            pool: $stager.pool.as_ref(),
+            pool: $stager.pool.pool(),
             reader: counted!($stager),
             file: $stager.open.as_ref().map(|(_, f)| f),
             chunk_size: $stager.policy.chunk_size(),
@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Checkpoint, TensorMeta};
 use crate::error::{Error, Result};
+use crate::kept::IoThreads;
 use crate::policy::StagingPolicy;
 use crate::report::{Accounting, Fallbacks, HeldMemory, LoadReport, PathTotals};
 use crate::traits::{Destination, DeviceAllocator, DeviceBuffer, NoDestination, Reader};
@@ -76,7 +77,7 @@ where
     next: usize,
     open: Option<(usize, R::File)>,
     staging: Vec<DeviceTensor<A::Buffer>>,
-    pool: Option<rayon::ThreadPool>,
+    pool: IoThreads,
     ready: VecDeque<Result<StagedTensor<A::Buffer>>>,
     accounting: Arc<Accounting>,
     paths: PathTotals,
@@ -98,22 +99,22 @@ where
         allocator: A,
         policy: StagingPolicy,
     ) -> Result<Self> {
-        let pool = if policy.io_threads() > 1 {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(policy.io_threads())
-                .thread_name(|i| format!("staging-io-{i}"))
-                .build()
-                .map_err(|e| {
-                    Error::Policy(format!(
-                        "cannot start {} I/O threads: {e}",
-                        policy.io_threads()
-                    ))
-                })?;
-            Some(pool)
-        } else {
-            None
-        };
-        Ok(Self {
+        let threads = IoThreads::new(policy.io_threads())?;
+        Ok(Self::on_threads(
+            checkpoint, reader, allocator, policy, threads,
+        ))
+    }
+
+    /// A stager as [`new`](Self::new) makes, reading on `threads` (shared with other loads)
+    /// instead of threads of its own.
+    pub fn on_threads(
+        checkpoint: Checkpoint,
+        reader: R,
+        allocator: A,
+        policy: StagingPolicy,
+        threads: IoThreads,
+    ) -> Self {
+        Self {
             checkpoint,
             reader,
             allocator,
@@ -122,7 +123,7 @@ where
             next: 0,
             open: None,
             staging: Vec::new(),
-            pool,
+            pool: threads,
             ready: VecDeque::new(),
             accounting: Arc::default(),
             paths: PathTotals::default(),
@@ -130,7 +131,7 @@ where
             started: None,
             elapsed: None,
             finished: false,
-        })
+        }
     }
 }
 
@@ -319,7 +320,7 @@ where
         if self.ready.is_empty() && !self.finished {
             self.started.get_or_insert_with(Instant::now);
             if self.next < self.checkpoint.tensors().len() {
-                if self.pool.is_some() {
+                if self.pool.pool().is_some() {
                     self.stage_batch();
                 } else if let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() {
                     self.next += 1;
