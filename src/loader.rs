@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use staging_core::host::HostReader;
 use staging_core::{
-    Checkpoint, Destination, DeviceAllocator, HeldMemory, LoadReport, RawDestination, Reader,
-    Selection, Stager, StagingPolicy, SubAllocator,
+    Checkpoint, Destination, DeviceAllocator, HeldMemory, IoThreads, KeepOpen, LoadReport,
+    OpenFiles, RawDestination, Reader, Selection, Stager, StagingPolicy, SubAllocator,
 };
 
 use crate::backend::{self, Backend, Chosen, Opened};
@@ -332,6 +332,8 @@ impl<'d> Loader<'d> {
             suballocate: self.suballocate,
             selection: self.selection,
             destination: self.destination,
+            files: None,
+            threads: Vec::new(),
         })
     }
 
@@ -396,6 +398,12 @@ pub struct Prepared<'d> {
     selection: Selection,
     /// The destination of the load opened next (none after it).
     destination: AnyDestination<'d>,
+    /// The files loads have opened, kept open for the next ones ([`keep_files_open`]).
+    ///
+    /// [`keep_files_open`]: Self::keep_files_open
+    files: Option<OpenFiles>,
+    /// The I/O threads of every load, by how many there are (a URL's loads use more).
+    threads: Vec<IoThreads>,
 }
 
 impl fmt::Debug for Prepared<'_> {
@@ -503,6 +511,39 @@ impl<'d> Prepared<'d> {
         }
     }
 
+    /// Keeps every file a load opens open for the loads after it (on cuFile and hipFile,
+    /// registered), until this is dropped or [`close_files`](Self::close_files): for a reader
+    /// that asks for tensors one at a time, one small load each. A file replaced since its
+    /// header was read is still refused (the check is made on its path).
+    pub fn keep_files_open(&mut self) {
+        self.files.get_or_insert_with(OpenFiles::default);
+    }
+
+    /// Closes the files kept open (each when the last load reading it ends); later loads open
+    /// files again, and keep them if [`keep_files_open`](Self::keep_files_open) was called.
+    pub fn close_files(&mut self) {
+        if let Some(files) = &self.files {
+            files.clear();
+        }
+    }
+
+    /// How many files are kept open.
+    pub fn files_open(&self) -> usize {
+        self.files.as_ref().map_or(0, OpenFiles::len)
+    }
+
+    /// The I/O threads loads with `policy` read on: started by the first load that needs that
+    /// many, shared by every load after it (loads at once share them too).
+    fn threads_for(&mut self, policy: &StagingPolicy) -> Result<IoThreads> {
+        let wanted = policy.io_threads().max(1);
+        if let Some(threads) = self.threads.iter().find(|t| t.count() == wanted) {
+            return Ok(threads.clone());
+        }
+        let threads = IoThreads::new(wanted)?;
+        self.threads.push(threads.clone());
+        Ok(threads)
+    }
+
     /// Replaces the selection of the loads opened from now on (for a caller that chooses
     /// tensors from the headers it read with [`read_headers`](Self::read_headers)).
     pub fn select(&mut self, selection: Selection) {
@@ -553,6 +594,8 @@ impl<'d> Prepared<'d> {
         };
         let setup = Setup {
             checkpoint,
+            threads: self.threads_for(&policy)?,
+            files: self.files.clone(),
             policy,
             suballocate: self.suballocate,
             // A destination serves the one load it was given for.
@@ -678,6 +721,8 @@ impl Source {
 /// What every load is made of, whatever the backend.
 struct Setup<'d> {
     checkpoint: Checkpoint,
+    threads: IoThreads,
+    files: Option<OpenFiles>,
     policy: StagingPolicy,
     suballocate: bool,
     destination: AnyDestination<'d>,
@@ -687,15 +732,46 @@ impl<'d> Setup<'d> {
     fn start<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Box<dyn ErasedLoad + 'd>>
     where
         R: Reader + 'd,
+        R::File: 'static,
+        R::Space: KnownSpace,
+        A: DeviceAllocator<Space = R::Space> + 'static,
+        A::Buffer: Sync + 'static,
+    {
+        match self.files.clone() {
+            Some(files) => self.start_on(KeepOpen::new(reader, files), allocator, backend),
+            None => self.start_on(reader, allocator, backend),
+        }
+    }
+
+    fn start_on<R, A>(
+        self,
+        reader: R,
+        allocator: A,
+        backend: &str,
+    ) -> Result<Box<dyn ErasedLoad + 'd>>
+    where
+        R: Reader + 'd,
         R::Space: KnownSpace,
         A: DeviceAllocator<Space = R::Space> + 'static,
         A::Buffer: Sync + 'static,
     {
         let destination = <R::Space as Sealed>::unwrap(self.destination, backend)?;
-        let carve_below = if self.suballocate { CARVE_BELOW } else { 0 };
+        // A load of one tensor carves nothing: the block would outlive the load for that one
+        // tensor (a reader asking for tensors one at a time would hold a block per tensor).
+        let carve_below = if self.suballocate && self.checkpoint.tensors().len() > 1 {
+            CARVE_BELOW
+        } else {
+            0
+        };
         let allocator = Arc::new(SubAllocator::new(allocator, BLOCK_SIZE, carve_below));
-        let stager = Stager::new(self.checkpoint, reader, Arc::clone(&allocator), self.policy)?
-            .with_destination(destination);
+        let stager = Stager::on_threads(
+            self.checkpoint,
+            reader,
+            Arc::clone(&allocator),
+            self.policy,
+            self.threads,
+        )
+        .with_destination(destination);
         Ok(Box::new(Typed { stager, allocator }))
     }
 }

@@ -258,12 +258,9 @@ fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     let stream = cuda_stream();
-    let load = budget_loader()
-        .memory_cap(None)
-        .select(safetensors_staging::Selection::names(["c"]))
-        .open(&path)
-        .unwrap();
-    let c = load.into_iter().next().unwrap().unwrap();
+    let load = budget_loader().memory_cap(None).open(&path).unwrap();
+    let mut tensors = load.into_iter().map(|tensor| tensor.unwrap());
+    let c = tensors.find(|tensor| tensor.name() == "c").unwrap();
     let (_, memory) = c.into_cuda().unwrap();
     assert!(memory.is_shared(), "4 KiB is carved from a shared block");
     let (memory, error) = memory.into_cuda_slice(&stream).unwrap_err();
@@ -272,6 +269,25 @@ fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
     let mut back = vec![0u8; memory.len()];
     memory.copy_to_host(0, &mut back).unwrap();
     assert_eq!(back, contents["c"]);
+}
+
+#[test]
+fn a_load_of_one_tensor_carves_nothing() {
+    // A reader asking for tensors one at a time (Python's `safe_open`) would otherwise hold a
+    // block for each small tensor it hands out.
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = three_tensors(dir.path());
+    let stream = cuda_stream();
+    let load = budget_loader()
+        .memory_cap(None)
+        .select(safetensors_staging::Selection::names(["c"]))
+        .open(&path)
+        .unwrap();
+    let c = load.into_iter().next().unwrap().unwrap();
+    let (_, memory) = c.into_cuda().unwrap();
+    assert!(!memory.is_shared(), "the one tensor has a buffer of its own");
+    let slice = memory.into_cuda_slice(&stream).unwrap();
+    assert_eq!(stream.clone_dtoh(&slice).unwrap(), contents["c"]);
 }
 
 #[test]

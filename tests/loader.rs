@@ -556,3 +556,95 @@ fn a_prepared_loader_serves_several_loads_on_one_memory_account() {
     }
     assert_eq!(mine, first_contents["w1"]);
 }
+
+/// A reader asking for tensors one at a time (what Python's `safe_open` does): one small load
+/// per tensor on one prepared backend, its file kept open, no block carved for one tensor, a
+/// report adding every load up, and a file replaced meanwhile refused.
+#[test]
+fn tensor_by_tensor_on_a_prepared_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, contents) = matrix_file(dir.path());
+    let mut prepared = Loader::new().backend(host()).prepare().unwrap();
+    prepared.keep_files_open();
+    let checkpoint = prepared.read_headers(&[&path]).unwrap();
+    assert_eq!(
+        prepared.files_open(),
+        0,
+        "reading headers opens nothing for loads"
+    );
+
+    let mut total: Option<safetensors_staging::LoadReport> = None;
+    let mut kept = Vec::new();
+    for name in ["norm", "w", "scalar", "cube", "norm"] {
+        let mut load = prepared
+            .open_checkpoint(checkpoint.only(name, None).unwrap())
+            .unwrap();
+        let tensor = load.next().unwrap().unwrap();
+        assert!(load.next().is_none(), "one tensor per load");
+        assert_eq!(tensor.to_vec().unwrap(), contents[name], "{name}");
+        assert_eq!(
+            prepared.files_open(),
+            1,
+            "the file is opened once, for every load"
+        );
+        // A small tensor alone is not carved from a 32 MiB block: it holds its own bytes.
+        assert_eq!(
+            load.held_memory().device_bytes(),
+            tensor.len() as u64,
+            "{name}"
+        );
+        let report = load.report();
+        match &mut total {
+            Some(total) => total.absorb(&report),
+            None => total = Some(report),
+        }
+        kept.push(tensor);
+    }
+    let total = total.unwrap();
+    let bytes: u64 = ["norm", "w", "scalar", "cube", "norm"]
+        .iter()
+        .map(|n| contents[*n].len() as u64)
+        .sum();
+    assert_eq!(
+        (total.tensors, total.bytes, total.bytes_read),
+        (5, bytes, bytes)
+    );
+    assert_eq!(total.paths.device.tensors, 5);
+
+    // Rows of dimension 0: only their bytes are read.
+    let mut load = prepared
+        .open_checkpoint(checkpoint.only("w", Some(&RowRange::Rows(10..13))).unwrap())
+        .unwrap();
+    let rows = load.next().unwrap().unwrap();
+    let row = 40 * 2;
+    assert_eq!(rows.to_vec().unwrap(), contents["w"][10 * row..13 * row]);
+    assert_eq!(load.report().bytes_read, 3 * row as u64);
+    assert!(matches!(
+        checkpoint.only("missing", None),
+        Err(staging_core::Error::UnknownTensor { .. })
+    ));
+    assert!(
+        checkpoint
+            .only("scalar", Some(&RowRange::Rows(0..1)))
+            .is_err()
+    );
+
+    // Replaced since its header was read: refused, even through the file kept open.
+    std::fs::remove_file(&path).unwrap();
+    let specs = [TensorSpec::new("norm", Dtype::F32, &[40])];
+    write_file(&path, &specs, 99).unwrap();
+    let refused = prepared
+        .open_checkpoint(checkpoint.only("norm", None).unwrap())
+        .unwrap()
+        .next()
+        .unwrap();
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Load(staging_core::Error::FileChanged { .. }))
+        ),
+        "{refused:?}"
+    );
+    prepared.close_files();
+    assert_eq!(prepared.files_open(), 0);
+}
