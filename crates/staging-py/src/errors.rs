@@ -2,13 +2,14 @@
 //! chosen from the library's classification of the error (`Error::kind()`, the same C's statuses
 //! come from). Where Python has a builtin for the failure, the class derives from it too:
 //! `PathNotFoundError` is a `FileNotFoundError`, `PathPermissionError` a `PermissionError`,
-//! `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`. Every exception
+//! `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`,
+//! `UnsupportedDtypeError` a `TypeError` (as NumPy's "data type not understood"). Every exception
 //! carries `kind`, the kind's name. The message is the one line `stage` prints after
 //! `stage: error: `.
 
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyPermissionError,
-    PySystemExit, PyValueError,
+    PySystemExit, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -61,12 +62,6 @@ create_exception!(
     StagingError,
     "The destination callback failed, or gave memory of the wrong device, layout or size."
 );
-create_exception!(
-    safetensors_staging,
-    UnsupportedDtypeError,
-    StagingError,
-    "The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or float8)."
-);
 
 /// The one-line message of an error, as `stage` prints it.
 pub(crate) fn line(error: &dyn std::error::Error) -> String {
@@ -81,6 +76,7 @@ struct WithBuiltins {
     permission: Py<PyType>,
     out_of_memory: Py<PyType>,
     invalid_option: Py<PyType>,
+    unsupported_dtype: Py<PyType>,
 }
 
 static WITH_BUILTINS: PyOnceLock<WithBuiltins> = PyOnceLock::new();
@@ -140,6 +136,13 @@ fn with_builtins(py: Python<'_>) -> PyResult<&WithBuiltins> {
                 &[py.get_type::<StagingError>(), py.get_type::<PyValueError>()],
                 "An option's value does not parse or does not go with the others (a size, a \
                  device, a backend and a device that do not go together).",
+            )?,
+            unsupported_dtype: class(
+                py,
+                "UnsupportedDtypeError",
+                &[py.get_type::<StagingError>(), py.get_type::<PyTypeError>()],
+                "The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or \
+                 float8).",
             )?,
         })
     })
@@ -236,9 +239,6 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("InvalidOptionError", classes.invalid_option.bind(py))?;
     module.add("SelectionError", py.get_type::<SelectionError>())?;
     module.add("DestinationError", py.get_type::<DestinationError>())?;
-    module.add(
-        "UnsupportedDtypeError",
-        py.get_type::<UnsupportedDtypeError>(),
-    )?;
+    module.add("UnsupportedDtypeError", classes.unsupported_dtype.bind(py))?;
     Ok(())
 }

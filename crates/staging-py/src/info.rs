@@ -124,6 +124,12 @@ pub(crate) fn interrupt_for(paths: &[PathBuf]) -> Option<safetensors_staging::re
     }
 }
 
+impl PyCheckpoint {
+    pub(crate) fn new(checkpoint: Checkpoint) -> Self {
+        Self { checkpoint }
+    }
+}
+
 #[pymethods]
 impl PyCheckpoint {
     /// The tensor names, in file order.

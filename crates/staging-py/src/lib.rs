@@ -8,16 +8,20 @@
 //! - `export`: `_Staged`, one tensor owning its memory, exported zero-copy through DLPack with
 //!   the `dlpark` crate;
 //! - `info`: `open(path)`, metadata without loading;
+//! - `format`: saving (and parsing bytes) through the `safetensors` crate;
+//! - `reader`: `_Reader`, a checkpoint read tensor by tensor (what `safe_open` stands on);
 //! - `errors`: the `StagingError` hierarchy;
 //! - `options`: the keywords as the library's `LoadOptions`, through its one parser.
 
 mod destination;
 mod errors;
 mod export;
+mod format;
 mod info;
 mod interrupt;
 mod load;
 mod options;
+mod reader;
 
 use pyo3::prelude::*;
 
@@ -28,6 +32,10 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<info::TensorInfo>()?;
     module.add_class::<info::PyCheckpoint>()?;
     module.add_class::<load::PyLoad>()?;
+    module.add_class::<reader::PyReader>()?;
+    module.add_function(wrap_pyfunction!(format::serialize, module)?)?;
+    module.add_function(wrap_pyfunction!(format::parse, module)?)?;
+    module.add_function(wrap_pyfunction!(reader::reader, module)?)?;
     module.add_function(wrap_pyfunction!(load::stage, module)?)?;
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
     module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;

@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use safetensors_staging::{
     Error, HeldMemory, JsonReport, Load, LoadReport, RowRange, Selection, StagingPath, Tensor,
-    TensorMeta, TensorRecord,
+    TensorRecord,
 };
 
 use crate::destination::{GivenMap, PyDestination};
@@ -250,39 +250,35 @@ impl PyLoad {
     /// The Python object for a loaded tensor: the caller's own object when it was read into
     /// the destination's memory, else a `_Staged` owning the memory.
     fn hand_out(&self, py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
-        let fallback = tensor.fallback().map(|f| format!("{f:?}"));
-        match tensor.path() {
-            StagingPath::Destination => {
-                let given = locked(&self.given).remove(tensor.name());
-                given.map(|g| g.object.clone_ref(py)).ok_or_else(|| {
-                    errors::to_py(Error::Load(staging_core::Error::Internal(format!(
-                        "tensor {:?} was read into a destination that was not kept",
-                        tensor.name()
-                    ))))
-                })
-            }
-            StagingPath::Device => {
-                let (meta, memory) = tensor.take_device().map_err(|t| unexpected(&t))?;
-                self.staged(py, &meta, "device", fallback, Memory::Device(memory))
-            }
-            StagingPath::Host => {
-                let (meta, bytes) = tensor.into_host_bytes().map_err(|t| unexpected(&t))?;
-                self.staged(py, &meta, "host", fallback, Memory::Host(bytes))
-            }
+        if tensor.path() == StagingPath::Destination {
+            let given = locked(&self.given).remove(tensor.name());
+            return given.map(|g| g.object.clone_ref(py)).ok_or_else(|| {
+                errors::to_py(Error::Load(staging_core::Error::Internal(format!(
+                    "tensor {:?} was read into a destination that was not kept",
+                    tensor.name()
+                ))))
+            });
         }
+        staged(py, tensor, self.device_index)
     }
+}
 
-    fn staged(
-        &self,
-        py: Python<'_>,
-        meta: &TensorMeta,
-        path: &'static str,
-        fallback: Option<String>,
-        memory: Memory,
-    ) -> PyResult<Py<PyAny>> {
-        let staged = Staged::new(meta, path, fallback, memory, self.device_index);
-        Ok(Py::new(py, staged)?.into_any())
-    }
+/// A tensor the library allocated, as a `_Staged` owning its memory (device or host).
+pub(crate) fn staged(py: Python<'_>, tensor: Tensor, device_index: i32) -> PyResult<Py<PyAny>> {
+    let fallback = tensor.fallback().map(|f| format!("{f:?}"));
+    let (meta, path, memory) = match tensor.path() {
+        StagingPath::Device => {
+            let (meta, memory) = tensor.take_device().map_err(|t| unexpected(&t))?;
+            (meta, "device", Memory::Device(memory))
+        }
+        StagingPath::Host => {
+            let (meta, bytes) = tensor.into_host_bytes().map_err(|t| unexpected(&t))?;
+            (meta, "host", Memory::Host(bytes))
+        }
+        StagingPath::Destination => return Err(unexpected(&tensor)),
+    };
+    let staged = Staged::new(&meta, path, fallback, memory, device_index);
+    Ok(Py::new(py, staged)?.into_any())
 }
 
 fn unexpected(tensor: &Tensor) -> PyErr {

@@ -1,0 +1,181 @@
+//! `_Reader`: what `safe_open` stands on. The backend is opened once, the headers read once,
+//! and each `read(name, rows)` is one small load of one tensor (or of the rows of dimension 0
+//! that a slice needs) on that backend: its device, pinned buffers, I/O threads and open files
+//! (kept open for the life of the handle) are shared by every read.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, Tensor};
+
+use crate::errors::{self, StagingError};
+use crate::info::{PyCheckpoint, interrupt_for, interrupted_or};
+use crate::load::{locked, staged};
+use crate::options::Keywords;
+
+/// A checkpoint opened for reading tensor by tensor.
+#[pyclass(module = "safetensors_staging._native", name = "_Reader", frozen)]
+pub(crate) struct PyReader {
+    /// `None` once closed: the backend, its buffers and the files kept open are let go.
+    prepared: Mutex<Option<Prepared<'static>>>,
+    checkpoint: Checkpoint,
+    /// Every read so far, as one report (`None` before the first).
+    report: Mutex<Option<LoadReport>>,
+    backend: &'static str,
+    device_index: i32,
+}
+
+/// Opens the backend for `paths` and reads their headers. The keywords are `stage`'s, less
+/// what chooses tensors (`select`, `rows`): the caller asks for each tensor.
+#[pyfunction]
+#[pyo3(name = "_reader", signature = (paths, **kwargs))]
+pub(crate) fn reader(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyReader> {
+    let keywords = Keywords::parse(kwargs)?;
+    if keywords.has_functions()
+        || !keywords.options.select.is_empty()
+        || !keywords.options.rows.is_empty()
+        || keywords.select_none
+    {
+        return Err(errors::to_py(Error::InvalidOption {
+            key: "select".into(),
+            value: "(given)".into(),
+            reason: "a handle reads the tensors asked of it: choose them with get_tensor and \
+                     get_slice, not select or rows"
+                .into(),
+        }));
+    }
+    let gpu = keywords.options.device.gpu_index().unwrap_or(0);
+    let mut loader = keywords.options.loader().map_err(errors::to_py)?;
+    if let Some(interrupt) = interrupt_for(&paths) {
+        loader = loader.interrupt(interrupt);
+    }
+    let first = paths.first().cloned().unwrap_or_default();
+    let (prepared, checkpoint) = py
+        .detach(move || -> Result<_, Error> {
+            let mut prepared = loader.prepare_for(&first)?;
+            let checkpoint = prepared.read_headers(&paths)?;
+            prepared.keep_files_open();
+            Ok((prepared, checkpoint))
+        })
+        .map_err(|e| interrupted_or(py, e))?;
+    Ok(PyReader {
+        backend: prepared.backend_name(),
+        prepared: Mutex::new(Some(prepared)),
+        checkpoint,
+        report: Mutex::new(None),
+        device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
+    })
+}
+
+impl PyReader {
+    /// One load of `name` (its rows `rows` when given), on the handle's backend.
+    fn load_one(&self, name: &str, rows: Option<RowRange>) -> Result<Tensor, Failure> {
+        let narrowed = self
+            .checkpoint
+            .only(name, rows.as_ref())
+            .map_err(Error::from)?;
+        let mut prepared = locked(&self.prepared);
+        let Some(prepared) = prepared.as_mut() else {
+            return Err(Failure::Closed);
+        };
+        let mut load = prepared.open_checkpoint(narrowed)?;
+        let tensor = match load.next() {
+            Some(tensor) => tensor?,
+            None => {
+                return Err(Failure::Error(Error::Load(staging_core::Error::Internal(
+                    format!("a load of tensor {name:?} gave no tensor"),
+                ))));
+            }
+        };
+        // The load is over (one tensor): its report is final.
+        drop(load.next());
+        let report = load.report();
+        match &mut *locked(&self.report) {
+            Some(total) => total.absorb(&report),
+            empty @ None => *empty = Some(report),
+        }
+        Ok(tensor)
+    }
+}
+
+/// Why a read gave no tensor.
+enum Failure {
+    /// The handle was closed.
+    Closed,
+    /// The library's error.
+    Error(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Self::Error(error)
+    }
+}
+
+#[pymethods]
+impl PyReader {
+    /// The tensor `name` (rows `start..end` of dimension 0 when `rows` is given), as a
+    /// `_Staged` owning its memory. The GIL is released while its bytes move.
+    #[pyo3(signature = (name, rows=None))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        rows: Option<(usize, usize)>,
+    ) -> PyResult<Py<PyAny>> {
+        let rows = rows.map(|(start, end)| RowRange::Rows(start..end));
+        let tensor = py
+            .detach(|| self.load_one(name, rows))
+            .map_err(|e| match e {
+                Failure::Closed => StagingError::new_err("File is closed"),
+                Failure::Error(e) => interrupted_or(py, e),
+            })?;
+        staged(py, tensor, self.device_index)
+    }
+
+    /// The headers, as `open(path)` gives them.
+    fn checkpoint(&self) -> PyCheckpoint {
+        PyCheckpoint::new(self.checkpoint.clone())
+    }
+
+    /// Every read so far as one report, with the keys of `stage --json` (no `tensor_list`);
+    /// before the first read, the counts (all 0) and the backend.
+    fn report_json(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| match &*locked(&self.report) {
+            Some(report) => serde_json::to_string(report),
+            None => serde_json::to_string(&serde_json::json!({
+                "backend": self.backend,
+                "tensors": 0,
+                "bytes": 0,
+                "read_requests": 0,
+                "bytes_read": 0,
+            })),
+        })
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+    }
+
+    /// The backend: `host`, `cufile` or `hipfile`.
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        locked(&self.prepared).is_none()
+    }
+
+    /// Lets go of the backend, its buffers and the files kept open; tensors already read stay
+    /// valid.
+    fn close(&self, py: Python<'_>) {
+        let prepared = py.detach(|| locked(&self.prepared).take());
+        py.detach(move || drop(prepared));
+    }
+}
