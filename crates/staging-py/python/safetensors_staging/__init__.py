@@ -9,6 +9,12 @@ memory and exact bytes; tensors handed to PyTorch and NumPy through DLPack, zero
     print(it.report()["bytes_read"])
     with st.open("model_dir") as ckpt:                        # metadata, nothing loaded
         print(ckpt.keys(), ckpt["lm_head.weight"].shape, ckpt.metadata())
+    with st.safe_open("model.safetensors", framework="pt", device="cuda:0") as f:
+        w = f.get_slice("lm_head.weight")[0:512]              # safetensors' API; reads 512 rows
+
+`safetensors_staging.torch`, `.numpy` and `.flax` have the functions of `safetensors.torch`,
+`.numpy` and `.flax` (`load_file`, `load`, `save_file`, `save`; `save_model` and
+`load_model` for torch): code written for `safetensors` switches by changing its import.
 
 `path` is a `.safetensors` file, a directory (its `model.safetensors.index.json`, else its
 `.safetensors` files), an index file, or a list of files. Everything is decided by the Rust
@@ -63,6 +69,7 @@ __all__ = [
     "PathNotFoundError",
     "PathPermissionError",
     "ReadError",
+    "SafetensorError",
     "SelectionError",
     "Stage",
     "StagingError",
@@ -71,6 +78,8 @@ __all__ = [
     "__version__",
     "load_file",
     "open",
+    "safe_open",
+    "safe_slice",
     "stage",
 ]
 
@@ -407,3 +416,7 @@ def open(path: Paths, **remote: Any) -> Checkpoint:
     if "store_options" in remote and remote["store_options"] is not None:
         remote["store_options"] = dict(remote["store_options"])
     return _native._open(_paths(path), **remote)
+
+
+# The drop-in for `safetensors` (`safe_open`, `SafetensorError`); after the helpers it uses.
+from ._compat import SafetensorError, safe_open, safe_slice  # noqa: E402

@@ -1,18 +1,27 @@
-"""NumPy front door: `load_file` into `{name: numpy.ndarray}` (like
-`safetensors.numpy.load_file`) and `stage`, an iterator of `(name, ndarray)`; host memory only.
+"""NumPy front door, with the functions of `safetensors.numpy`: `load_file` into
+`{name: numpy.ndarray}`, `load(data)`, `save_file`, `save`; and `stage`, an iterator of
+`(name, ndarray)`. Host memory only.
 
-NumPy has no bfloat16, float8, float6 or float4: such tensors raise `UnsupportedDtypeError`
-unless `unsupported_dtypes="uint8"`, which gives each as `uint8` of its bytes, the last
-dimension widened to bytes, so that `arr.view(ml_dtypes.bfloat16)` gives the values back.
+NumPy has no bfloat16, float8, float6 or float4: loading such tensors raises
+`UnsupportedDtypeError` (a `TypeError`, as NumPy's "data type not understood") unless
+`unsupported_dtypes="uint8"`, which gives each as `uint8` of its bytes, the last dimension
+widened to bytes, so that `arr.view(ml_dtypes.bfloat16)` gives the values back. Saving takes
+`ml_dtypes` arrays (bfloat16, float8) as they are.
+
+Saving is written by the Rust `safetensors` crate, byte for byte what `safetensors` writes, and
+`save_file` is atomic (a temporary file renamed into place). A non-contiguous or big-endian
+array is saved as its values (made contiguous and little-endian on the way), not as its raw
+memory.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Tuple
 
-from . import Paths, Stage, _stage, _to_numpy
+from . import _NUMPY_NATIVE, Paths, Stage, _stage, _to_numpy
+from ._compat import _check_names, _code, _parsed, _serialize
 
-__all__ = ["load_file", "stage"]
+__all__ = ["load", "load_file", "save", "save_file", "stage"]
 
 
 def stage(path: Paths, *, unsupported_dtypes: str = "raise", **options: Any) -> Stage:
@@ -22,6 +31,8 @@ def stage(path: Paths, *, unsupported_dtypes: str = "raise", **options: Any) -> 
         raise TypeError("safetensors_staging.numpy loads into host memory: no device= here")
     if unsupported_dtypes not in ("raise", "uint8"):
         raise ValueError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
+    if options.get("backend") in ("mmap", "pread"):
+        options.pop("backend")
     return _stage(path, None, lambda staged: _to_numpy(staged, unsupported_dtypes), **options)
 
 
@@ -29,3 +40,54 @@ def load_file(path: Paths, **options: Any) -> Dict[str, Any]:
     """Loads a checkpoint into `{name: numpy.ndarray}`. Takes the keywords of `stage`."""
     with stage(path, **options) as arrays:
         return dict(arrays)
+
+
+_NUMPY_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "U64": "uint64",
+    "I32": "int32", "U32": "uint32", "I16": "int16", "U16": "uint16", "I8": "int8", "U8": "uint8",
+    "BOOL": "bool", "C64": "complex64",
+}
+
+
+def load(data: bytes) -> Dict[str, Any]:
+    """The arrays of a safetensors file's bytes: read-only views of `data`, as
+    `safetensors.numpy.load` gives."""
+    import numpy
+
+    start, tensors, _ = _parsed(data)
+    out = {}
+    for name, dtype, shape, begin, end in tensors:
+        if dtype not in _NUMPY_NATIVE:
+            from ._native import UnsupportedDtypeError
+
+            raise UnsupportedDtypeError(f"tensor {name!r}: NumPy has no dtype for {dtype}")
+        kind = numpy.dtype(_NUMPY_DTYPES[dtype])
+        count = (end - begin) // kind.itemsize
+        out[name] = numpy.frombuffer(data, dtype=kind, count=count, offset=start + begin).reshape(shape)
+    return out
+
+
+def _flatten(arrays: Dict[str, Any]) -> List[Tuple[str, str, List[int], Any]]:
+    import numpy
+
+    flat = []
+    for name, array in arrays.items():
+        if not isinstance(array, numpy.ndarray):
+            raise ValueError(f"Key `{name}` is invalid, expected numpy.ndarray but received {type(array)}")
+        code = _code(name, array.dtype.name)
+        little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+        values = numpy.ascontiguousarray(array, dtype=little)
+        flat.append((name, code, list(array.shape), values.reshape(-1).view(numpy.uint8)))
+    return flat
+
+
+def save(tensor_dict: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file of the arrays (and `metadata`, text only)."""
+    _check_names(tensor_dict, metadata)
+    return _serialize(_flatten(tensor_dict), metadata)
+
+
+def save_file(tensor_dict: Dict[str, Any], filename: Any, metadata: Optional[Dict[str, str]] = None) -> None:
+    """Saves the arrays (and `metadata`) to `filename`, atomically."""
+    _check_names(tensor_dict, metadata)
+    _serialize(_flatten(tensor_dict), metadata, filename)

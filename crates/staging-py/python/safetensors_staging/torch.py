@@ -1,0 +1,227 @@
+"""The functions of `safetensors.torch`, on this library: `from safetensors_staging.torch import
+load_file, save_file` in place of `from safetensors.torch import ...`.
+
+- `load_file(filename, device="cpu", **options)`: through the library's loads (a GPU `device`
+  goes through cuFile or hipFile); `filename` may also be a directory, an index, a hub-cache
+  snapshot or a URL. Every keyword of `safetensors_staging.load_file` applies;
+  `backend="mmap"`/`"pread"` (safetensors' own) mean the default.
+- `load(data)`: tensors from the bytes of a safetensors file (each owning a copy of its bytes).
+- `save_file(tensors, filename, metadata=None)`, `save(tensors, metadata=None)`: written by the
+  Rust `safetensors` crate, byte for byte what `safetensors` writes; `save_file` writes a
+  temporary file in the same directory and renames it into place, so a reader of the old file
+  is never broken and a failed save leaves it as it was.
+- `save_model(model, filename, metadata=None, force_contiguous=True)`,
+  `load_model(model, filename, strict=True, device="cpu")`: tensors that share memory (tied
+  weights) saved once, as `safetensors` does.
+
+Saving checks what `safetensors` checks, with its exceptions: a dict of `str` to dense,
+contiguous tensors (`ValueError` otherwise), no two sharing memory (`RuntimeError`; use
+`save_model`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+
+import torch
+
+from . import _torch_from_bytes
+from . import load_file as _load_file
+from ._compat import _check_names, _code, _parsed, _serialize
+
+__all__ = ["load", "load_file", "load_model", "save", "save_file", "save_model"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def load_file(filename: Any, device: Any = "cpu", **options: Any) -> Dict[str, torch.Tensor]:
+    """Loads a checkpoint into `{name: torch.Tensor}` on `device`."""
+    if options.get("backend") in ("mmap", "pread"):
+        options.pop("backend")
+    return _load_file(filename, device, **options)
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """The tensors of a safetensors file's bytes, each owning a copy of its bytes."""
+    start, tensors, _ = _parsed(data)
+    view = memoryview(data)
+    out = {}
+    for name, dtype, shape, begin, end in tensors:
+        raw = bytearray(view[start + begin : start + end])
+        buffer = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        out[name] = _torch_from_bytes(buffer, dtype, shape, "raise", name)
+    return out
+
+
+def _storage(tensor: torch.Tensor) -> Tuple[int, int]:
+    """The address and size of a tensor's storage; (0, 0) when it has none."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):
+        return 0, 0
+
+
+def _span(tensor: torch.Tensor) -> Tuple[int, int]:
+    """The bytes a tensor's elements cover: from its first element to past its last."""
+    first = tensor.data_ptr()
+    if tensor.numel() == 0:
+        return first, first
+    size = tensor.element_size()
+    reach = sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
+    return first, first + (reach + 1) * size
+
+
+def _shared_groups(tensors: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """Names whose tensors overlap in memory: grouped by storage, then split where the bytes
+    they cover do not overlap (two halves of one buffer are not shared)."""
+    by_storage: Dict[Tuple[Any, int, int], Set[str]] = defaultdict(set)
+    for name, tensor in tensors.items():
+        if tensor.device.type == "meta":
+            continue
+        address, size = _storage(tensor)
+        if address and size:
+            by_storage[(tensor.device, address, size)].add(name)
+    groups: List[Set[str]] = []
+    for names in sorted(by_storage.values(), key=lambda g: sorted(g)):
+        spans = sorted((*_span(tensors[n]), n) for n in names)
+        current: Set[str] = set()
+        end = -1
+        for begin, stop, name in spans:
+            if current and begin >= end:
+                groups.append(current)
+                current = set()
+            current.add(name)
+            end = max(end, stop)
+        groups.append(current)
+    return groups
+
+
+def _covers_storage(tensor: torch.Tensor) -> bool:
+    address, size = _storage(tensor)
+    return tensor.data_ptr() == address and tensor.numel() * tensor.element_size() == size
+
+
+def _flatten(tensors: Dict[str, torch.Tensor]) -> List[Tuple[str, str, List[int], Any]]:
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    sparse = []
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(tensor)}")
+        if tensor.layout != torch.strided:
+            sparse.append(name)
+    if sparse:
+        raise ValueError(
+            f"You are trying to save sparse tensors: `{sparse}`, which safetensors does not hold. "
+            "Make them dense first (`.to_dense()`)."
+        )
+    shared = [sorted(g) for g in _shared_groups(tensors) if len(g) > 1]
+    if shared:
+        raise RuntimeError(
+            f"Some tensors share memory, which would be saved twice and load as separate tensors: "
+            f"{shared}. Save the model with `save_model`, which keeps one of each."
+        )
+    flat = []
+    for name, tensor in tensors.items():
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"You are trying to save a non contiguous tensor: `{name}`, which is not allowed. "
+                "Call `.contiguous()` on it first (or save the full tensor and slice it at load time)."
+            )
+        host = tensor.detach().to("cpu")
+        code = _code(name, str(host.dtype).rsplit(".", 1)[-1])
+        shape = list(host.shape)
+        if code == "F4" and shape:
+            shape[-1] *= 2  # two values per byte: the file counts values
+        raw = host.reshape(-1).view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
+        flat.append((name, code, shape, raw))
+    return flat
+
+
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file of `tensors` (and `metadata`, text only)."""
+    _check_names(tensors, metadata)
+    return _serialize(_flatten(tensors), metadata)
+
+
+def save_file(
+    tensors: Dict[str, torch.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None
+) -> None:
+    """Saves `tensors` (and `metadata`) to `filename`, atomically."""
+    _check_names(tensors, metadata)
+    _serialize(_flatten(tensors), metadata, filename)
+
+
+def _names_to_drop(
+    state: Dict[str, torch.Tensor], *, prefer: Iterable[str] = (), avoid: Iterable[str] = ()
+) -> Dict[str, List[str]]:
+    """For each group of names sharing memory, the one kept (covering its whole storage; the
+    first in sorted order, preferring `prefer` and not `avoid`) and the others, dropped."""
+    prefer, avoid = set(prefer), set(avoid)
+    dropped: Dict[str, List[str]] = defaultdict(list)
+    for group in _shared_groups(state):
+        if len(group) < 2:
+            continue
+        whole = {n for n in group if _covers_storage(state[n])}
+        if not whole:
+            raise RuntimeError(
+                f"None of {sorted(group)} covers the memory they share: saving them would store "
+                "more than the model holds. Make the tensors separate (`.clone()`) first."
+            )
+        keep = min(whole)
+        if whole - avoid:
+            keep = min(whole - avoid)
+        if prefer & whole:
+            keep = min(prefer & whole)
+        dropped[keep].extend(sorted(n for n in group if n != keep))
+    return dropped
+
+
+def save_model(
+    model: torch.nn.Module, filename: PathLike, metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True
+) -> None:
+    """Saves `model`'s state dict, each group of tensors sharing memory (tied weights) once;
+    the names dropped are recorded in the metadata (`{dropped: kept}`, never over the
+    caller's own keys)."""
+    state = model.state_dict()
+    for kept, names in _names_to_drop(state).items():
+        for name in names:
+            if metadata is None:
+                metadata = {}
+            metadata.setdefault(name, kept)
+            del state[name]
+    if force_contiguous:
+        state = {k: v.contiguous() for k, v in state.items()}
+    try:
+        save_file(state, filename, metadata)
+    except ValueError as e:
+        raise ValueError(f"{e} Or use save_model(..., force_contiguous=True).") from None
+
+
+def load_model(
+    model: torch.nn.Module, filename: Any, strict: bool = True, device: Any = "cpu", **options: Any
+) -> Tuple[Set[str], List[str]]:
+    """Loads a file saved by `save_model` (or any with the model's names) into `model`:
+    `(missing, unexpected)` names (a set and a list, as `safetensors` returns them); with `strict`, a `RuntimeError` when either is not empty.
+    Names the model shares memory between count as loaded when one of them is."""
+    state = load_file(filename, device, **options)
+    dropped = _names_to_drop(model.state_dict(), prefer=state.keys())
+    missing_list, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing_list)
+    for names in dropped.values():
+        for name in names:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        lines = [f"Error(s) in loading state_dict for {type(model).__name__}:"]
+        if missing:
+            lines.append("    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing)))
+        if unexpected:
+            lines.append("    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected)))
+        raise RuntimeError("\n".join(lines))
+    return missing, unexpected
