@@ -1,0 +1,429 @@
+"""The drop-in for `safetensors` (issue 21), against the real `safetensors` package on the same
+files: `safe_open` (keys, metadata, tensors, slices, errors), the `torch`, `numpy` and `flax`
+modules (load, save byte for byte, shared tensors, checks), and `transformers`' own loading path
+with `safe_open` swapped for ours."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+import safetensors.torch
+import torch
+
+import safetensors_staging as st
+import safetensors_staging.numpy
+import safetensors_staging.torch
+
+from conftest import every_dtype_specs, write_safetensors, write_sharded
+
+
+def torch_tensors() -> Dict[str, torch.Tensor]:
+    """Every dtype torch and safetensors share, plus scalars, empty and zero-length tensors."""
+    g = torch.Generator().manual_seed(3)
+    out: Dict[str, torch.Tensor] = {}
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
+                  torch.uint16, torch.uint32, torch.uint64):
+        raw = torch.randint(0, 256, (5, 6, 8 * torch.empty((), dtype=dtype).element_size()), generator=g,
+                            dtype=torch.uint8)
+        value = raw.view(dtype)
+        if dtype == torch.bool:
+            value = (raw[..., :8] & 1).bool()
+        out[f"w.{str(dtype).split('.')[-1]}"] = value
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2):
+        out[f"w.{str(dtype).split('.')[-1]}"] = torch.randint(0, 256, (4, 6), generator=g, dtype=torch.uint8).view(dtype)
+    out["scalar"] = torch.tensor(1.25)
+    out["empty"] = torch.zeros(0)
+    out["zero_dim"] = torch.zeros(3, 0, 2, dtype=torch.bfloat16)
+    out["row"] = torch.arange(40, dtype=torch.float32).reshape(8, 5)
+    return out
+
+
+def same(a: Any, b: Any) -> None:
+    """Equal dtype, shape, device and bytes (NaNs included)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        assert (a.dtype, tuple(a.shape), a.device) == (b.dtype, tuple(b.shape), b.device)
+        if a.numel():
+            assert torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    else:
+        a, b = np.asarray(a), np.asarray(b)
+        assert (a.dtype, a.shape) == (b.dtype, b.shape)
+        assert a.tobytes() == b.tobytes()
+
+
+def outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return ("ok", call())
+    except Exception as e:  # noqa: BLE001 - the exception is what is compared
+        return ("raised", e)
+
+
+@pytest.fixture(scope="module")
+def pt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("compat") / "model.safetensors"
+    safetensors.torch.save_file(torch_tensors(), path, metadata={"format": "pt", "note": "x"})
+    return path
+
+
+def test_safe_open_agrees_with_safetensors(pt_file: Path) -> None:
+    with safetensors.safe_open(pt_file, framework="pt") as theirs, st.safe_open(pt_file, framework="pt") as ours:
+        assert ours.keys() == theirs.keys()
+        assert ours.offset_keys() == theirs.offset_keys()
+        assert ours.metadata() == theirs.metadata()
+        for name in theirs.keys():
+            same(ours.get_tensor(name), theirs.get_tensor(name))
+            a, b = ours.get_slice(name), theirs.get_slice(name)
+            assert (a.get_shape(), a.get_dtype()) == (b.get_shape(), b.get_dtype()), name
+        assert ours.report()["tensors"] == len(theirs.keys())
+
+
+SLICES: List[Any] = [
+    slice(None), 0, -1, slice(2, 5), slice(-3, None), slice(1, 7, 2), slice(6, 2), slice(-100, 100),
+    (slice(None), 1), (slice(None), slice(1, 3)), (1, slice(None, None, 2)), (Ellipsis, 2),
+    (Ellipsis, slice(1, 4)), Ellipsis, (), None, (None, 2), (2, None), (Ellipsis, Ellipsis), (0, 0),
+    (slice(1, 3), [0, 2]),
+    # Errors: out of bounds, too many indices, a step that is not positive, a bad type.
+    8, -9, (0, 0, 0), slice(None, None, -1), slice(None, None, 0), 1.5, "x",
+]
+
+
+@pytest.mark.parametrize("key", SLICES, ids=repr)
+def test_slices_agree_with_safetensors_and_read_only_their_rows(pt_file: Path, key: Any) -> None:
+    with safetensors.safe_open(pt_file, framework="pt") as theirs, st.safe_open(pt_file, framework="pt") as ours:
+        want = outcome(lambda: theirs.get_slice("row")[key])
+        before = ours.bytes_read
+        got = outcome(lambda: ours.get_slice("row")[key])
+        read = ours.bytes_read - before
+    assert got[0] == want[0], (got, want)
+    if want[0] == "raised":
+        assert type(got[1]) is type(want[1]) and str(got[1]) == str(want[1])
+        assert read == 0, "nothing is read for an index that cannot be taken"
+        return
+    same(got[1], want[1])
+    # What was read: the rows of dimension 0 from the first to the last the index touches (a
+    # row is 5 x 4 bytes), found by indexing a tensor of row numbers the same way. An index
+    # with a list (advanced indexing) reads the whole tensor.
+    touched = torch.arange(8).reshape(8, 1).expand(8, 5)[key]
+    expected = 0 if touched.numel() == 0 else (int(touched.max()) - int(touched.min()) + 1) * 20
+    advanced = isinstance(key, tuple) and any(isinstance(k, list) for k in key)
+    assert read == (8 * 20 if advanced else expected), (key, read, expected)
+
+
+def test_slicing_reads_the_rows_it_needs_of_a_big_tensor(tmp_path: Path) -> None:
+    path = tmp_path / "big.safetensors"
+    weight = torch.randn(4096, 256)
+    safetensors.torch.save_file({"w": weight}, path)
+    row = 256 * 4
+    with st.safe_open(path, framework="pt") as f:
+        parts = [f.get_slice("w")[i * 1024 : (i + 1) * 1024] for i in range(4)]
+        assert f.bytes_read == 4096 * row  # four quarters, each read once
+        assert torch.equal(torch.cat(parts), weight)
+        before = f.bytes_read
+        column_block = f.get_slice("w")[:, 64:128]  # an inner dimension: every row is needed
+        assert f.bytes_read - before == 4096 * row
+        assert torch.equal(column_block, weight[:, 64:128])
+        # The columns are a compact copy: the rows read for them are not held by the result.
+        assert column_block.untyped_storage().nbytes() == 4096 * 64 * 4
+        before = f.bytes_read
+        assert torch.equal(f.get_slice("w")[100, 3:9], weight[100, 3:9])
+        assert f.bytes_read - before == row
+        report = f.report()
+        assert report["tensors"] == 6 and report["read_requests"] >= 6
+
+
+@pytest.mark.parametrize("framework", ["np", "numpy", "flax", "jax"])
+def test_numpy_and_flax_frameworks_agree(pt_file: Path, framework: str) -> None:
+    theirs_framework = {"numpy": "np", "jax": "flax"}.get(framework, framework)
+    reference = safetensors.torch.load_file(pt_file)
+    with safetensors.safe_open(pt_file, framework=theirs_framework) as theirs, st.safe_open(pt_file, framework=framework) as ours:
+        for name in theirs.keys():
+            want = outcome(lambda: theirs.get_tensor(name))
+            got = outcome(lambda: ours.get_tensor(name))
+            if want[0] == "raised":
+                # NumPy has no bfloat16 or float8: safetensors raises NumPy's TypeError,
+                # this package an UnsupportedDtypeError, which is a TypeError.
+                # (For F4 safetensors fails on its own lookup, an AttributeError.) JAX has
+                # float8 through ml_dtypes, which safetensors' flax does not use: there, this
+                # package gives the tensor, with the file's bytes.
+                if got[0] == "ok" and theirs_framework == "flax":
+                    raw = reference[name].contiguous().reshape(-1).view(torch.uint8).numpy()
+                    assert np.asarray(got[1]).tobytes() == raw.tobytes(), name
+                    continue
+                assert got[0] == "raised" and isinstance(got[1], TypeError), (name, got)
+                continue
+            assert got[0] == "ok", (name, got)
+            assert type(got[1]) is type(want[1]), name
+            same(got[1], want[1])
+            # Slices follow NumPy's indexing: where safetensors' own slicing of NumPy arrays
+            # answers, the same; where it refuses a slice NumPy takes (a stop past the end,
+            # a negative start, an empty tensor), what NumPy gives.
+            full = np.asarray(want[1])
+            for key in (slice(1, 3), slice(-2, None), slice(0, 100), (Ellipsis, 0), 0):
+                s = outcome(lambda: ours.get_slice(name)[key])
+                t = outcome(lambda: theirs.get_slice(name)[key])
+                n = outcome(lambda: full[key])
+                assert s[0] == n[0], (name, key, s, n)
+                if s[0] == "ok":
+                    same(s[1], n[1])
+                    if t[0] == "ok":
+                        same(s[1], t[1])
+
+
+def test_errors_are_those_safetensors_code_catches(pt_file: Path, tmp_path: Path) -> None:
+    assert issubclass(st.SafetensorError, Exception) and st.SafetensorError is st.StagingError
+    missing = tmp_path / "missing.safetensors"
+    for module in (safetensors, st):
+        with pytest.raises(FileNotFoundError):
+            module.safe_open(missing, framework="pt")
+        with module.safe_open(pt_file, framework="pt") as f:
+            with pytest.raises(module.SafetensorError, match="File does not contain tensor nope"):
+                f.get_tensor("nope")
+            with pytest.raises(module.SafetensorError, match="File does not contain tensor nope"):
+                f.get_slice("nope")
+        with pytest.raises(module.SafetensorError, match="framework tf2 is invalid"):
+            module.safe_open(pt_file, framework="tf2")
+        with pytest.raises(module.SafetensorError, match="File is closed"):
+            f.get_tensor("row")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
+    for module in (safetensors, st):
+        with pytest.raises(module.SafetensorError):
+            module.safe_open(bad, framework="pt")
+
+
+def test_safe_open_takes_a_directory_an_index_and_options(tmp_path: Path) -> None:
+    contents = write_sharded(tmp_path / "sharded", [[("a", "F32", (4, 2)), ("b", "I8", (3,))], [("c", "F16", (2, 2))]])
+    for path in (tmp_path / "sharded", tmp_path / "sharded" / "model.safetensors.index.json"):
+        with st.safe_open(path, framework="pt", backend="mmap", chunk_size="1MiB") as f:
+            assert f.keys() == ["a", "b", "c"] and f.backend == "host"
+            for name, data in contents.items():
+                assert f.get_tensor(name).contiguous().view(torch.uint8).reshape(-1).numpy().tobytes() == data
+    with pytest.raises(st.InvalidOptionError):
+        st.safe_open(tmp_path / "sharded", framework="pt", select=["a"])  # a handle chooses by asking
+
+
+def test_files_stay_open_and_a_replaced_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({"a": torch.ones(4), "b": torch.zeros(4)}, path)
+    fd_dir = Path("/proc/self/fd")
+    def open_fds() -> int:
+        return sum(1 for p in fd_dir.iterdir() if os.path.realpath(p) == str(path))
+    with st.safe_open(path, framework="pt") as f:
+        f.get_tensor("a")
+        f.get_tensor("b")
+        assert open_fds() == 1, "one open file, kept for the handle"
+        # The file replaced (atomically, as save_file does) after the headers were read.
+        st.torch.save_file({"a": torch.full((4,), 7.0), "b": torch.zeros(4)}, path)
+        with pytest.raises(st.ReadError, match="changed"):
+            f.get_tensor("a")
+    assert open_fds() == 0, "closed with the handle"
+
+
+def test_saving_writes_what_safetensors_writes(tmp_path: Path) -> None:
+    tensors = torch_tensors()
+    metadata = {"format": "pt"}
+    assert st.torch.save(tensors, metadata) == safetensors.torch.save(tensors, metadata)
+    # With two metadata keys or more, safetensors' own output varies from run to run (the crate
+    # writes them in a HashMap's order); the header then agrees as JSON, the data byte for byte.
+    several = {"format": "pt", "z": "last", "a": "first"}
+    ours, theirs = st.torch.save(tensors, several), safetensors.torch.save(tensors, several)
+    assert len(ours) == len(theirs) and ours[:8] == theirs[:8]
+    n = 8 + int.from_bytes(ours[:8], "little")
+    assert json.loads(ours[8:n]) == json.loads(theirs[8:n]) and ours[n:] == theirs[n:]
+    assert st.torch.save(tensors) == safetensors.torch.save(tensors)
+    st.torch.save_file(tensors, tmp_path / "ours.safetensors", metadata)
+    safetensors.torch.save_file(tensors, tmp_path / "theirs.safetensors", metadata)
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.safetensors", "theirs.safetensors"], "no temporary left"
+    arrays = {k: v.numpy() for k, v in tensors.items() if k.split(".")[-1] in (
+        "float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64", "uint16")}
+    arrays["be"] = np.arange(6, dtype=">i4").reshape(2, 3)
+    assert st.numpy.save(arrays, metadata) == safetensors.numpy.save(arrays, metadata)
+    # A non-contiguous array: safetensors' numpy `save` writes its raw memory; ours its values.
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4).T
+    np.testing.assert_array_equal(st.numpy.load(st.numpy.save({"t": strided}))["t"], strided)
+
+
+def test_loading_bytes_agrees_with_safetensors() -> None:
+    tensors = {k: v for k, v in torch_tensors().items() if "float8_e8m0" not in k and "float4" not in k}
+    data = safetensors.torch.save(tensors, {"k": "v"})
+    ours, theirs = st.torch.load(data), safetensors.torch.load(data)
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        same(ours[name], theirs[name])
+    # Where safetensors has no torch dtype for a file's tensor (F8_E8M0, F4), this loads it.
+    every = torch_tensors()
+    for name, value in st.torch.load(safetensors.torch.save(every)).items():
+        same(value, every[name])
+    arrays = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "s": np.full((), 2.5)}
+    data = safetensors.numpy.save(arrays)
+    for name, value in st.numpy.load(data).items():
+        same(value, safetensors.numpy.load(data)[name])
+    for garbage in (b"garbage", b"\xff" * 16):
+        with pytest.raises(st.SafetensorError):
+            st.torch.load(garbage)
+        with pytest.raises(safetensors.SafetensorError):
+            safetensors.torch.load(garbage)
+
+
+@pytest.mark.parametrize(
+    "tensors, metadata, error",
+    [
+        ({"t": torch.arange(12.0).reshape(3, 4).T}, None, ValueError),  # not contiguous
+        ("not a dict", None, ValueError),
+        ({"t": [1, 2]}, None, ValueError),
+        ({1: torch.zeros(1)}, None, TypeError),
+        ({"t": torch.zeros(1)}, {"k": 1}, TypeError),
+        ({"a": (x := torch.zeros(4)), "b": x}, None, RuntimeError),  # shared memory
+        ({"a": (y := torch.zeros(8))[:4], "b": y[2:]}, None, RuntimeError),  # overlapping views
+        ({"t": torch.zeros(2, 2).to_sparse()}, None, ValueError),
+    ],
+    ids=["noncontiguous", "not-a-dict", "not-a-tensor", "int-key", "int-metadata", "shared", "overlap", "sparse"],
+)
+def test_saving_refuses_what_safetensors_refuses(tensors: Any, metadata: Any, error: type) -> None:
+    with pytest.raises(error):
+        safetensors.torch.save(tensors, metadata)
+    with pytest.raises(error):
+        st.torch.save(tensors, metadata)
+
+
+def test_two_halves_of_one_buffer_are_not_shared() -> None:
+    buffer = torch.arange(8.0)
+    tensors = {"a": buffer[:4], "b": buffer[4:]}
+    assert st.torch.save(tensors) == safetensors.torch.save(tensors)
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+
+def test_save_model_and_load_model_agree_with_safetensors(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Tied()
+    st.torch.save_model(model, tmp_path / "ours.safetensors")
+    safetensors.torch.save_model(model, tmp_path / "theirs.safetensors")
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    fresh, reference = Tied(), Tied()
+    assert st.torch.load_model(fresh, tmp_path / "ours.safetensors") == safetensors.torch.load_model(
+        reference, tmp_path / "theirs.safetensors")
+    assert torch.equal(fresh.head.weight, model.head.weight)
+    assert fresh.head.weight.data_ptr() == fresh.embed.weight.data_ptr(), "still tied"
+    # A file missing a weight: strict raises what safetensors raises; not strict returns it.
+    st.torch.save_file({"embed.weight": torch.zeros(3, 4)[:0].contiguous()}, tmp_path / "wrong.safetensors")
+    safetensors.torch.save_file({"other": torch.zeros(1)}, tmp_path / "other.safetensors")
+    for module in (safetensors.torch, st.torch):
+        with pytest.raises(RuntimeError, match="Unexpected key"):
+            module.load_model(Tied(), tmp_path / "other.safetensors")
+    assert st.torch.load_model(Tied(), tmp_path / "other.safetensors", strict=False) == \
+        safetensors.torch.load_model(Tied(), tmp_path / "other.safetensors", strict=False)
+
+
+def test_flax_module_agrees_with_safetensors(tmp_path: Path) -> None:
+    import jax.numpy as jnp
+    import safetensors.flax
+
+    import safetensors_staging.flax
+
+    arrays = {"a": jnp.arange(12, dtype=jnp.float32).reshape(3, 4), "b": jnp.ones((2, 2), dtype=jnp.bfloat16),
+              "s": jnp.asarray(3, dtype=jnp.int32)}
+    data = safetensors.flax.save(dict(arrays))
+    assert safetensors_staging.flax.save(dict(arrays)) == data
+    safetensors_staging.flax.save_file(dict(arrays), tmp_path / "f.safetensors")
+    assert (tmp_path / "f.safetensors").read_bytes() == data
+    # safetensors' flax `load` of bytes goes through NumPy and cannot hold bfloat16; its
+    # `load_file` can, and is what both are compared with.
+    with pytest.raises(KeyError):
+        safetensors.flax.load(data)
+    want = safetensors.flax.load_file(tmp_path / "f.safetensors")
+    for loaded in (safetensors_staging.flax.load(data), safetensors_staging.flax.load_file(tmp_path / "f.safetensors")):
+        assert loaded.keys() == want.keys()
+        for name in want:
+            assert type(loaded[name]) is type(want[name])
+            same(loaded[name], want[name])
+
+
+def test_save_file_is_atomic_for_a_reader_of_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    st.torch.save_file({"w": torch.ones(1 << 16)}, path)
+    with open(path, "rb") as reader:
+        old = reader.read(64)
+        st.torch.save_file({"w": torch.full((1 << 16,), 2.0)}, path)
+        reader.seek(0)
+        assert reader.read(64) == old, "the old file's reader still reads the old file"
+    assert torch.equal(st.torch.load_file(path)["w"], torch.full((1 << 16,), 2.0))
+    # A save that fails leaves the file as it was, and no temporary file behind.
+    before = path.read_bytes()
+    with pytest.raises(ValueError):
+        st.torch.save_file({"w": torch.zeros(4, 4).T}, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+def test_loads_of_every_dtype_file_agree(tmp_path: Path) -> None:
+    """Files written independently of both packages (the suite's own writer)."""
+    path = tmp_path / "every.safetensors"
+    # Torch has no dtype for F6, nor for an F4 tensor with an odd last dimension.
+    specs = [s for s in every_dtype_specs() if s[1] not in ("F6_E2M3", "F6_E3M2") and s[0] != "odd.F4"]
+    write_safetensors(path, specs)
+    theirs = safetensors.torch.load_file(path)
+    ours = st.torch.load_file(path, backend="mmap")
+    assert ours.keys() == theirs.keys()
+    for name, value in theirs.items():
+        same(ours[name], value)
+
+
+def test_threads_share_one_handle(pt_file: Path) -> None:
+    want = safetensors.torch.load_file(pt_file)
+    errors: List[BaseException] = []
+    with st.safe_open(pt_file, framework="pt") as f:
+        def read() -> None:
+            try:
+                for name in f.keys():
+                    same(f.get_tensor(name), want[name])
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+
+
+def test_transformers_loads_through_safe_open(minilm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`transformers.modeling_utils.safe_open` swapped for ours: from_pretrained's own path
+    (get_slice per key, `[...]` to materialize) gives bit-equal embeddings."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers.modeling_utils
+    from transformers import AutoModel, AutoTokenizer
+
+    from test_model import embed
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    reference = AutoModel.from_pretrained(minilm_dir).eval()
+    opened: List[Any] = []
+
+    def recording_safe_open(*args: Any, **kwargs: Any) -> Any:
+        handle = st.safe_open(*args, **kwargs)
+        opened.append(handle)
+        return handle
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_open", recording_safe_open)
+    model = AutoModel.from_pretrained(minilm_dir).eval()
+    assert opened, "transformers opened the checkpoint through safetensors_staging.safe_open"
+    assert sum(h.report()["tensors"] for h in opened) >= len(model.state_dict()) - 1
+    assert torch.equal(embed(model, tokenizer), embed(reference, tokenizer))
+    for (name, p), (_, q) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(p, q), name
