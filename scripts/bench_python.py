@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Python loaders side by side on one checkpoint, in one run: `safetensors_staging.load_file`
-(torch and NumPy) against `safetensors.torch.load_file` and `safetensors.numpy.load_file`.
+(torch and NumPy) against `safetensors.torch.load_file` and `safetensors.numpy.load_file`; and
+the drop-in API: `safe_open` + `get_tensor` for every key (safetensors' tensors cloned, so their
+bytes are really read), and tensor-parallel slicing of every 2-D weight into 4 parts through
+`get_slice(name)[a:b]`, along dimension 0 (`slice0`) and along dimension 1 (`slice1`), with the
+bytes this package read (`bytes_read`; safetensors maps the file, so its bytes read are the pages
+the slices touch).
 
     python scripts/bench_python.py CHECKPOINT_DIR [--device cpu|cuda:0] [--rounds 3] [--write GIB]
 
@@ -41,6 +46,7 @@ if cuda:
     torch.cuda.init(); torch.empty(1, device=device)
     free0 = torch.cuda.mem_get_info()[0]
 base = rss()
+bytes_read = None
 start = time.perf_counter()
 if which == "pinned-h2d":
     total = sum(os.path.getsize(f) for f in files)
@@ -60,6 +66,34 @@ elif which == "safetensors.numpy":
     out = {}
     for f in files:
         out.update(safetensors.numpy.load_file(f))
+elif which == "safetensors.safe_open":
+    out = {}
+    for f in files:
+        with safetensors.safe_open(f, framework="pt", device=device) as h:
+            for k in h.offset_keys():
+                out[k] = h.get_tensor(k).clone()
+elif which == "staging.safe_open":
+    with safetensors_staging.safe_open(path, framework="pt", device=device) as h:
+        out = {k: h.get_tensor(k) for k in h.offset_keys()}
+        bytes_read = h.bytes_read
+elif which.endswith((".slice0", ".slice1")):
+    dim = int(which[-1])
+    out = {}
+    opened = ([safetensors_staging.safe_open(path, framework="pt", device=device)] if which.startswith("staging")
+              else [safetensors.safe_open(f, framework="pt", device=device) for f in files])
+    for h in opened:
+        for k in h.offset_keys():
+            sl = h.get_slice(k)
+            shape = sl.get_shape()
+            if len(shape) != 2:
+                continue
+            n = shape[dim]
+            for part in range(4):
+                a, b = part * n // 4, (part + 1) * n // 4
+                piece = sl[a:b] if dim == 0 else sl[:, a:b]
+                out[f"{k}.{part}"] = piece.clone() if which.startswith("safetensors") else piece
+    if which.startswith("staging"):
+        bytes_read = opened[0].bytes_read
 if cuda:
     torch.cuda.synchronize()
 seconds = time.perf_counter() - start
@@ -73,7 +107,7 @@ touched = time.perf_counter() - start
 nbytes = sum(int(t.nbytes) for t in out.values())
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 device_used = (free0 - torch.cuda.mem_get_info()[0]) if cuda else 0
-print(json.dumps({"seconds": seconds, "touched": touched, "bytes": nbytes, "peak_rss_above_base": peak - base, "device_bytes": device_used}))
+print(json.dumps({"seconds": seconds, "touched": touched, "bytes": nbytes, "peak_rss_above_base": peak - base, "device_bytes": device_used, "bytes_read": bytes_read}))
 """
 
 
@@ -124,7 +158,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.write:
         write_synthetic(args.checkpoint, args.write)
-    loaders = ["staging.torch", "safetensors.torch"]
+    loaders = ["staging.torch", "safetensors.torch", "staging.safe_open", "safetensors.safe_open",
+               "staging.slice0", "safetensors.slice0", "staging.slice1", "safetensors.slice1"]
     if args.device == "cpu":
         loaders += ["staging.numpy", "safetensors.numpy"]
     else:
@@ -151,8 +186,8 @@ def main() -> None:
     limit = None
     if "pinned-h2d" in runs:
         limit = statistics.median(r["bytes"] / r["seconds"] for r in runs["pinned-h2d"])
-    print(f"| loader ({args.device}) | GiB | GB/s, load call | GB/s, load + every page read | x safetensors (load + read) | peak RSS above imports (MiB) | device bytes held (MiB) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| loader ({args.device}) | GiB | GB/s, load call | GB/s, load + every page read | x safetensors (load + read) | spread (s) | bytes read (GiB) | peak RSS above imports (MiB) | device bytes held (MiB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in loaders:
         rs = runs[name]
         rate = statistics.median(r["bytes"] / r["seconds"] for r in rs)
@@ -160,12 +195,17 @@ def main() -> None:
         dev = max(r["device_bytes"] for r in rs) / (1 << 20)
         ready = statistics.median(r["bytes"] / r["touched"] for r in rs)
         ratio = ""
-        ref = {"staging.torch": "safetensors.torch", "staging.numpy": "safetensors.numpy"}.get(name)
+        ref = {"staging.torch": "safetensors.torch", "staging.numpy": "safetensors.numpy",
+               "staging.safe_open": "safetensors.safe_open", "staging.slice0": "safetensors.slice0",
+               "staging.slice1": "safetensors.slice1"}.get(name)
         if ref:
             ref_ready = statistics.median(r["bytes"] / r["touched"] for r in runs[ref])
             ratio = f"{ready / ref_ready:.2f}"
         of_limit = f" ({rate / limit:.0%} of pinned H2D)" if limit and name != "pinned-h2d" else ""
-        print(f"| `{name}` | {rs[0]['bytes'] / gib:.2f} | {rate / 1e9:.2f}{of_limit} | {ready / 1e9:.2f} | {ratio} | {rs_peak:.0f} | {dev:.0f} |")
+        spread = f"{min(r['touched'] for r in rs):.2f}-{max(r['touched'] for r in rs):.2f}"
+        read = rs[0].get("bytes_read")
+        read = f"{read / gib:.2f}" if read is not None else ""
+        print(f"| `{name}` | {rs[0]['bytes'] / gib:.2f} | {rate / 1e9:.2f}{of_limit} | {ready / 1e9:.2f} | {ratio} | {spread} | {read} | {rs_peak:.0f} | {dev:.0f} |")
 
 
 if __name__ == "__main__":
