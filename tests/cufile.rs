@@ -285,7 +285,10 @@ fn a_load_of_one_tensor_carves_nothing() {
         .unwrap();
     let c = load.into_iter().next().unwrap().unwrap();
     let (_, memory) = c.into_cuda().unwrap();
-    assert!(!memory.is_shared(), "the one tensor has a buffer of its own");
+    assert!(
+        !memory.is_shared(),
+        "the one tensor has a buffer of its own"
+    );
     let slice = memory.into_cuda_slice(&stream).unwrap();
     assert_eq!(stream.clone_dtoh(&slice).unwrap(), contents["c"]);
 }
