@@ -145,6 +145,18 @@ pub(crate) fn serialize(
             shape: shape.clone(),
             data: array.bytes(),
         };
+        // The crate multiplies the dimensions unchecked: a shape whose element count overflows
+        // is refused here first.
+        let elements = view
+            .shape
+            .iter()
+            .try_fold(1usize, |count, &dim| count.checked_mul(dim))
+            .and_then(|count| count.checked_mul(view.dtype.bitsize()));
+        if elements.is_none() {
+            return Err(invalid(format!(
+                "tensor {name:?} ({dtype}, shape {shape:?}) cannot be saved: its size overflows"
+            )));
+        }
         // What the crate checks too, said with the tensor's name.
         let want = TensorView::new(view.dtype, view.shape.clone(), view.data);
         if let Err(e) = want {
@@ -185,13 +197,27 @@ where
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let failed = |error: std::io::Error| {
+        // A `StagingError` (what `except SafetensorError` catches, as for safetensors), also a
+        // `FileNotFoundError` or `PermissionError` where one applies.
+        let kind = match error.kind() {
+            std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+            std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            _ => ErrorKind::Io,
+        };
+        of_kind(
+            kind,
+            format!("Error while serializing: {}: {error}", path.display()),
+        )
+    };
     let mut file = tempfile::Builder::new()
         .prefix(".safetensors-staging-")
         .suffix(".tmp")
-        .tempfile_in(&dir)?;
-    file.write_all(&bytes)?;
-    file.as_file().sync_data()?;
-    file.persist(path).map_err(|e| e.error)?;
+        .tempfile_in(&dir)
+        .map_err(failed)?;
+    file.write_all(&bytes).map_err(failed)?;
+    file.as_file().sync_data().map_err(failed)?;
+    file.persist(path).map_err(|e| failed(e.error))?;
     Ok(())
 }
 

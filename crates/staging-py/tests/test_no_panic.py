@@ -67,6 +67,31 @@ CHILD = textwrap.dedent(
         "rows resolved junk": lambda: _native._resolve_rows(None, 10),
         "unsupported dtypes junk": lambda: st.load_file(good, unsupported_dtypes="maybe"),
         "open with a bad option": lambda: st.open(good, range_size="lots"),
+        # The drop-in for safetensors.
+        "safe_open a bad framework": lambda: st.safe_open(good, framework=None),
+        "safe_open a bad device": lambda: st.safe_open(good, device="cuda:-1"),
+        "safe_open select": lambda: st.safe_open(good, select=["w"]),
+        "safe_open an unknown keyword": lambda: st.safe_open(good, chunk=1),
+        "get_tensor an int": lambda: st.safe_open(good).get_tensor(1),
+        "get_slice past the end": lambda: st.safe_open(good).get_slice("w")[1 << 62],
+        "get_slice a huge negative": lambda: st.safe_open(good).get_slice("w")[-(1 << 62)],
+        "get_slice too many": lambda: st.safe_open(good).get_slice("s")[0],
+        "get_slice a float": lambda: st.safe_open(good, framework="np").get_slice("w")[0.5],
+        "reader rows reversed": lambda: _native._reader([good]).read("w", (3, 1)),
+        "reader rows past the end": lambda: _native._reader([good]).read("w", (0, 1 << 62)),
+        "reader rows of a scalar": lambda: _native._reader([good]).read("s", (0, 1)),
+        "reader unknown tensor": lambda: _native._reader([good]).read("nope"),
+        "reader after close": lambda: (r := _native._reader([good]), r.close(), r.read("w")),
+        "parse nothing": lambda: _native._parse(b""),
+        "parse junk": lambda: _native._parse(b"\xff" * 64),
+        "parse a huge header": lambda: _native._parse((1 << 62).to_bytes(8, "little") + b"{}"),
+        "torch load junk": lambda: __import__("safetensors_staging.torch").torch.load(b"\x08" + b"\x00" * 7 + b"{}"),
+        "numpy load junk": lambda: __import__("safetensors_staging.numpy").numpy.load(b"junk"),
+        "serialize a bad dtype": lambda: _native._serialize([("a", "Q9", [1], __import__("numpy").zeros(4, "uint8"))], None),
+        "serialize too few bytes": lambda: _native._serialize([("a", "F32", [4], __import__("numpy").zeros(3, "uint8"))], None),
+        "serialize a huge shape": lambda: _native._serialize([("a", "F32", [1 << 62, 1 << 62], __import__("numpy").zeros(4, "uint8"))], None),
+        "serialize into a directory": lambda: _native._serialize([], None, directory),
+        "serialize metadata junk": lambda: _native._serialize([], {1: 2}),
     }
     results = {}
     for name, case in cases.items():
@@ -81,7 +106,9 @@ CHILD = textwrap.dedent(
 
 # Python's own, for a wrong type, a missing key, a negative where an unsigned goes, and what the
 # caller's own function raised.
-ALLOWED = {"TypeError", "ValueError", "KeyError", "OverflowError", "ZeroDivisionError"}
+ALLOWED = {"TypeError", "ValueError", "KeyError", "OverflowError", "ZeroDivisionError",
+           # A bad index, raised by the framework's own indexing (as safetensors' slices raise it).
+           "IndexError"}
 
 
 def test_bad_input_never_panics(tmp_path: Path) -> None:

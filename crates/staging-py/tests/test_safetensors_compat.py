@@ -193,6 +193,12 @@ def test_errors_are_those_safetensors_code_catches(pt_file: Path, tmp_path: Path
             module.safe_open(pt_file, framework="tf2")
         with pytest.raises(module.SafetensorError, match="File is closed"):
             f.get_tensor("row")
+    # A save that cannot write: safetensors' error class (here also a FileNotFoundError).
+    for module, saving in ((safetensors, safetensors.torch), (st, st.torch)):
+        with pytest.raises(module.SafetensorError, match="Error while serializing"):
+            saving.save_file({"a": torch.ones(2)}, tmp_path / "nodir" / "x.safetensors")
+    with pytest.raises(FileNotFoundError):
+        st.torch.save_file({"a": torch.ones(2)}, tmp_path / "nodir" / "x.safetensors")
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
     for module in (safetensors, st):
