@@ -80,11 +80,15 @@ impl PyReader {
             .checkpoint
             .only(name, rows.as_ref())
             .map_err(Error::from)?;
-        let mut prepared = locked(&self.prepared);
-        let Some(prepared) = prepared.as_mut() else {
-            return Err(Failure::Closed);
+        // The backend is locked only to open the load (a load owns what it reads with), so
+        // reads of several threads, and a read ahead, move bytes at once.
+        let mut load = {
+            let mut prepared = locked(&self.prepared);
+            let Some(prepared) = prepared.as_mut() else {
+                return Err(Failure::Closed);
+            };
+            prepared.open_checkpoint(narrowed)?
         };
-        let mut load = prepared.open_checkpoint(narrowed)?;
         let tensor = match load.next() {
             Some(tensor) => tensor?,
             None => {

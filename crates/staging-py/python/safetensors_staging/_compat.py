@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
@@ -38,6 +40,13 @@ def _framework(framework: Any) -> str:
     if name is None:
         raise _native.InvalidOptionError(f"framework {framework} is invalid")
     return name
+
+
+# `get_tensor` in file order reads the next tensor while the caller uses this one when the next
+# is smaller than this: a bigger tensor is read in chunks by every I/O thread already, a smaller
+# one by one thread, so reading two at once is what keeps the threads busy. It costs the memory
+# of one tensor under this size, and the bytes of one tensor if the caller then stops.
+_READ_AHEAD_BELOW = 16 << 20
 
 
 def _is_gpu(device: str) -> bool:
@@ -268,8 +277,15 @@ class safe_open:
         checkpoint = self._reader.checkpoint()
         self._infos = {info.name: info for info in checkpoint.tensors()}
         self._offset_keys = [info.name for info in checkpoint.tensors()]
+        self._position = {name: i for i, name in enumerate(self._offset_keys)}
         self._metadata = checkpoint.metadata()
         self._closed = False
+        # Reading ahead (see `_READ_AHEAD_BELOW`): the tensor being read ahead, the position
+        # of the last tensor asked for, and the threads that read ahead (made when needed).
+        self._ahead_lock = threading.Lock()
+        self._ahead: Optional[Tuple[str, "Future[Any]"]] = None
+        self._last = -1
+        self._ahead_thread: Optional[ThreadPoolExecutor] = None
 
     def __enter__(self) -> "safe_open":
         return self
@@ -280,6 +296,11 @@ class safe_open:
     def close(self) -> None:
         """Lets go of the backend and its files; tensors already read stay valid."""
         self._closed = True
+        with self._ahead_lock:
+            self._ahead = None
+            thread, self._ahead_thread = self._ahead_thread, None
+        if thread is not None:
+            thread.shutdown(wait=True)  # a read ahead finishes, and its tensor is dropped
         self._reader.close()
 
     def _check_open(self) -> None:
@@ -312,10 +333,35 @@ class safe_open:
         return None if self._metadata is None else dict(self._metadata)
 
     def get_tensor(self, name: str) -> Any:
-        """The whole tensor `name`, read now."""
+        """The whole tensor `name`, read now (or already read ahead: asked for in file order,
+        the next small tensor is read while the caller uses this one)."""
         info = self._info(name)
-        staged = self._reader.read(name)
+        pending = self._read_ahead_after(name)
+        staged = pending.result() if pending is not None else self._reader.read(name)
         return self._convert.convert(staged, info.dtype, list(info.shape), name)
+
+    def _read_ahead_after(self, name: str) -> "Optional[Future[Any]]":
+        """The read of `name` already under way, if any; and the next tensor read ahead when
+        `name` follows the last one asked for in file order."""
+        position = self._position[name]
+        with self._ahead_lock:
+            pending = None
+            if self._ahead is not None and self._ahead[0] == name:
+                pending = self._ahead[1]
+            self._ahead = None  # a read ahead not asked for next is dropped
+            sequential = position == self._last + 1
+            self._last = position
+            following = position + 1
+            if sequential and following < len(self._offset_keys) and not self._closed:
+                upcoming = self._offset_keys[following]
+                if self._infos[upcoming].nbytes < _READ_AHEAD_BELOW:
+                    if self._ahead_thread is None:
+                        self._ahead_thread = ThreadPoolExecutor(
+                            # Two: the tensor asked for may still be being read ahead by one
+                            # when the next is asked of the other.
+                            2, thread_name_prefix="safe_open-read-ahead")
+                    self._ahead = (upcoming, self._ahead_thread.submit(self._reader.read, upcoming))
+        return pending
 
     def get_slice(self, name: str) -> safe_slice:
         """The tensor `name`, not read yet: index it to read the rows the index needs."""
