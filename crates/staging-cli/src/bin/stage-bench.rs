@@ -11,7 +11,7 @@
 //!
 //! - `seq-reused`: sequential `pread` of the files into one reused 16 MiB buffer (page-cache limit);
 //! - `fresh-memory`: the files read into fresh memory of their size (fresh-memory limit; the same
-//!   huge-page-advised mappings the host backend uses);
+//!   anonymous mappings the host backend uses);
 //! - `safetensors-mmap`: the `safetensors` crate over an mmap, every tensor copied out;
 //! - `python-numpy`: Python's `safetensors.numpy.load_file` (when importable);
 //! - `stager-1`: the library's `Loader`, host backend, one I/O thread;
