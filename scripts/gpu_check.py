@@ -258,6 +258,48 @@ print(json.dumps({"seconds": seconds, "bad": bad, "backend": backend, "bytes_rea
                   "bytes_received": report["bytes_received"], "devices": sorted({str(v.device) for v in out.values()})}))
 """
 
+# The drop-in: `safe_open(device=...)` + `get_tensor` of every key in file order, ours against
+# safetensors' (which copies through host memory), bytes compared on the device, and a slice.
+SAFE_OPEN = r"""
+import glob, json, os, sys, time, torch, safetensors
+import safetensors_staging as st
+path, device, which = sys.argv[1], sys.argv[2], sys.argv[3]
+files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+torch.empty(1, device=device)
+out, backend, bytes_read = {}, None, None
+t = time.perf_counter()
+if which == "staging":
+    with st.safe_open(path, framework="pt", device=device) as h:
+        for k in h.offset_keys():
+            out[k] = h.get_tensor(k)
+        backend, bytes_read = h.backend, h.bytes_read
+        first = h.offset_keys()[0]
+        n = h.get_slice(first).get_shape()[0]
+        part = h.get_slice(first)[n // 4 : n // 2]
+else:
+    for f in files:
+        with safetensors.safe_open(f, framework="pt", device=device) as h:
+            for k in h.offset_keys():
+                out[k] = h.get_tensor(k)
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+seconds = time.perf_counter() - t
+bad = 0
+if which == "staging":
+    for f in files:
+        with safetensors.safe_open(f, framework="pt", device=device) as h:
+            for k in h.offset_keys():
+                want, got = h.get_tensor(k), out[k]
+                if got.dtype != want.dtype or got.shape != want.shape or got.device != want.device or not torch.equal(
+                        got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+                    bad += 1
+            if first in h.keys():
+                n = h.get_slice(first).get_shape()[0]
+                bad += 0 if torch.equal(part.view(torch.uint8), h.get_slice(first)[n // 4 : n // 2].view(torch.uint8)) else 1
+print(json.dumps({"seconds": seconds, "bad": bad, "backend": backend, "bytes_read": bytes_read,
+                  "devices": sorted({str(v.device) for v in out.values()})}))
+"""
+
 PINNED = r"""
 import json, sys, time, torch
 n = int(sys.argv[1])
@@ -403,6 +445,23 @@ def python_rows(args, results, facts, total_bytes, device, env):
                         "read_requests": rep["read_requests"], "bytes_read_gib": round(rep["bytes_read"] / GIB, 3),
                         "fallbacks": rep["fallbacks"], "devices": r["devices"],
                         "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+        results.append(row)
+    # The drop-in for safetensors: safe_open + get_tensor on the device, ours then theirs.
+    for which in ("staging", "safetensors"):
+        code, out, err, secs, rss, gpu = run_child([sys.executable, "-c", SAFE_OPEN, args.dir, device, which],
+                                                   env=env, gpu=device != "cpu")
+        label = "safetensors_staging" if which == "staging" else "safetensors"
+        row = {"what": f"{label}.safe_open(device={device!r}) + get_tensor, every key", "exit": code,
+               "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            row.update({"load_s": round(r["seconds"], 3), "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                        "devices": r["devices"]})
+            if which == "staging":
+                row.update({"mode": r["backend"], "bytes_read_gib": round(r["bytes_read"] / GIB, 3),
+                            "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+        else:
+            row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
         results.append(row)
     # A process group of one (NCCL on the GPU): the many-ranks code path as a smoke test. Only
     # one GPU here, so multi-GPU exchange is not run.
