@@ -1,0 +1,119 @@
+"""`safetensors_staging.transformers.from_pretrained` against `transformers`' own
+`from_pretrained` on the same checkpoints: all-MiniLM-L6-v2, and small Qwen2- and
+Llama-architecture models made here by `transformers` itself (random weights, saved sharded):
+bit-equal embeddings, logits and a greedy `generate` of 20 tokens; and each weight read once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import safetensors_staging as st
+from safetensors_staging.transformers import from_pretrained
+
+from test_model import embed
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def small_causal_lm(kind: str, directory: Path) -> Path:
+    """A small model of architecture `kind`, random weights, saved in shards of about 200 kB."""
+    import transformers
+
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    if kind == "qwen2":
+        config = transformers.Qwen2Config(**common, tie_word_embeddings=False)
+        model_class = transformers.Qwen2ForCausalLM
+    else:
+        config = transformers.LlamaConfig(**common, tie_word_embeddings=True)
+        model_class = transformers.LlamaForCausalLM
+    torch.manual_seed(7)
+    model = model_class(config).eval()
+    model.generation_config.pad_token_id = 0
+    path = directory / kind
+    model.save_pretrained(path, max_shard_size="200KB")
+    return path
+
+
+def same_state(a: Any, b: Any) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert sa[name].dtype == sb[name].dtype and torch.equal(sa[name], sb[name]), name
+
+
+def test_minilm_from_pretrained_is_bit_equal(minilm_dir: Path) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    reference = AutoModel.from_pretrained(minilm_dir).eval()
+    ours = from_pretrained(minilm_dir).eval()
+    assert type(ours) is type(reference)
+    same_state(ours, reference)
+    assert torch.equal(embed(ours, tokenizer), embed(reference, tokenizer))
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_causal_lm_logits_and_generation_are_bit_equal(kind: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = small_causal_lm(kind, tmp_path)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1, "saved in shards"
+    reference = AutoModelForCausalLM.from_pretrained(path).eval()
+    ours = from_pretrained(path, AutoModelForCausalLM).eval()
+    assert type(ours) is type(reference)
+    same_state(ours, reference)
+    if kind == "llama":
+        assert ours.lm_head.weight.data_ptr() == ours.model.embed_tokens.weight.data_ptr(), "still tied"
+    prompt = torch.tensor([[1, 17, 42, 99, 3, 250]])
+    with torch.no_grad():
+        assert torch.equal(ours(prompt).logits, reference(prompt).logits)
+        want = reference.generate(prompt, max_new_tokens=20, do_sample=False)
+        got = ours.generate(prompt, max_new_tokens=20, do_sample=False)
+    assert want.shape == (1, 26) and torch.equal(got, want)
+
+
+def test_each_weight_is_read_once_and_options_reach_the_loader(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = small_causal_lm("qwen2", tmp_path)
+    total = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    seen: list = []
+    original = st.safe_open
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append((self, kwargs))
+
+        def close(self) -> None:
+            self.final = self.report()
+            super().close()
+
+    import safetensors_staging.transformers as helper
+
+    helper.safe_open = Recording
+    try:
+        model = from_pretrained(path, AutoModelForCausalLM, chunk_size="64KiB", model_kwargs={"dtype": torch.float32})
+    finally:
+        helper.safe_open = original
+    (handle, kwargs), = seen
+    assert kwargs == {"framework": "pt", "device": "cpu", "chunk_size": "64KiB"} and handle.backend == "host"
+    report = handle.final
+    headers = total - report["bytes_read"]
+    assert report["tensors"] == len(model.state_dict()), "each weight read once"
+    assert 0 < headers < 64 * 1024, "everything but the headers read, once"
+
+
+def test_a_wrong_model_class_is_refused(minilm_dir: Path) -> None:
+    from transformers import AutoModelForImageClassification
+
+    with pytest.raises(ValueError, match="AutoModelForImageClassification has no model class for BertConfig"):
+        from_pretrained(minilm_dir, AutoModelForImageClassification)
