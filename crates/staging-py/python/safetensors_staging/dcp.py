@@ -1,0 +1,117 @@
+"""PyTorch distributed checkpoints (`torch.distributed.checkpoint`) of Hugging Face
+safetensors files, read through this library.
+
+    import torch.distributed.checkpoint as dcp
+    from safetensors_staging.dcp import StagingStorageReader
+
+    dcp.load(state_dict, storage_reader=StagingStorageReader("model_dir"))
+
+`StagingStorageReader` is torch's `HuggingFaceStorageReader` (same metadata, same planner, same
+checks) whose reads go through `safetensors_staging.safe_open`: each `ReadItem` of a rank's plan
+is one `get_slice(name)[...]`, which reads only the rows of dimension 0 the item covers (an item
+cut along an inner dimension reads the rows it spans), into memory on the device of the tensor
+being loaded (through cuFile/hipFile for a GPU), then copied into it. `bytes_read` says what this
+rank read.
+"""
+
+from __future__ import annotations
+
+import threading
+from torch.futures import Future
+from typing import Any, Dict, List, Tuple
+
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+from ._compat import safe_open
+
+__all__ = ["StagingStorageReader"]
+
+
+class StagingStorageReader(HuggingFaceStorageReader):
+    """`HuggingFaceStorageReader` reading through this library.
+
+    path: the directory of the checkpoint's `.safetensors` files (as for torch's reader).
+    thread_count: files read at once (as for torch's reader; default 1).
+    options: this library's options for every file opened (`backend`, `memory_cap`,
+        `chunk_size`, ...), as for `safe_open`.
+    """
+
+    def __init__(self, path: str, thread_count: int = 1, **options: Any) -> None:
+        super().__init__(path, thread_count=thread_count)
+        self._options = options
+        self._lock = threading.Lock()
+        self._bytes_read = 0
+        self._tensors_read = 0
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes this reader has read from storage, over every `read_data` so far."""
+        return self._bytes_read
+
+    @property
+    def tensors_read(self) -> int:
+        """Reads (one per `ReadItem`) made so far."""
+        return self._tensors_read
+
+    def _read_file(self, file_name: str, requests: List[Any], planner: Any) -> None:
+        handles: Dict[str, safe_open] = {}
+        try:
+            for request in requests:
+                target = planner.resolve_tensor(request).detach()
+                device = "cpu" if target.device.type == "cpu" else str(target.device)
+                handle = handles.get(device)
+                if handle is None:
+                    handle = handles[device] = safe_open(file_name, framework="pt", device=device, **self._options)
+                index = tuple(
+                    slice(offset, offset + length) for offset, length in zip(request.storage_offsets, request.lengths)
+                )
+                tensor = handle.get_slice(request.storage_index.fqn)[index]
+                if target.size() != tensor.size():
+                    raise AssertionError(
+                        f"req {request.storage_index} mismatch sizes {target.size()} vs {tensor.size()}"
+                    )
+                target.copy_(tensor)
+                planner.commit_tensor(request, target)
+        finally:
+            for handle in handles.values():
+                report = handle.report()
+                handle.close()
+                with self._lock:
+                    self._bytes_read += int(report["bytes_read"])
+                    self._tensors_read += int(report["tensors"])
+
+    def read_data(self, plan: Any, planner: Any) -> "Future[None]":
+        per_file: Dict[str, List[Any]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        work: List[Tuple[str, List[Any]]] = list(per_file.items())
+        errors: List[BaseException] = []
+        if self.thread_count <= 1 or len(work) <= 1:
+            for file_name, requests in work:
+                self._read_file(file_name, requests, planner)
+        else:
+            pending = list(work)
+            pending_lock = threading.Lock()
+
+            def worker() -> None:
+                while True:
+                    with pending_lock:
+                        if not pending or errors:
+                            return
+                        file_name, requests = pending.pop(0)
+                    try:
+                        self._read_file(file_name, requests, planner)
+                    except BaseException as e:  # noqa: BLE001 - raised by read_data below
+                        with pending_lock:
+                            errors.append(e)
+
+            threads = [threading.Thread(target=worker) for _ in range(min(self.thread_count, len(work)))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+        done: "Future[None]" = Future()
+        done.set_result(None)
+        return done
