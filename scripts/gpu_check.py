@@ -300,6 +300,26 @@ print(json.dumps({"seconds": seconds, "bad": bad, "backend": backend, "bytes_rea
                   "devices": sorted({str(v.device) for v in out.values()})}))
 """
 
+# safetensors_staging.transformers.from_pretrained of a small Qwen2 (random weights, saved
+# sharded here) onto the GPU, against the same on the CPU: weights bit-equal, logits close.
+QWEN = r"""
+import json, sys, torch, transformers
+from safetensors_staging.transformers import from_pretrained
+work, device = sys.argv[1], sys.argv[2]
+config = transformers.Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                                  num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
+torch.manual_seed(7)
+transformers.Qwen2ForCausalLM(config).save_pretrained(work, max_shard_size="2MB")
+cpu = from_pretrained(work, transformers.AutoModelForCausalLM).eval()
+gpu = from_pretrained(work, transformers.AutoModelForCausalLM, device=device).eval()
+same = all(torch.equal(a.cpu(), b) for a, b in zip(gpu.state_dict().values(), cpu.state_dict().values()))
+prompt = torch.tensor([[1, 17, 42, 99, 3, 250]])
+with torch.no_grad():
+    diff = (gpu(prompt.to(device)).logits.cpu() - cpu(prompt).logits).abs().max()
+print(json.dumps({"same_weights": same, "max_abs_diff": float(diff),
+                  "devices": sorted({str(p.device) for p in gpu.parameters()})}))
+"""
+
 PINNED = r"""
 import json, sys, time, torch
 n = int(sys.argv[1])
@@ -502,6 +522,15 @@ def python_rows(args, results, facts, total_bytes, device, env):
                                 "bytes_exact": f"NO: {len(r['bad'])} differ", "error": json.dumps(r)[:300]})
         else:
             facts["destination synchronization check"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+    if device != "cpu":
+        code, out, err, *_ = run_child([sys.executable, "-c", QWEN, os.path.join(args.dir, "qwen2-small"), device],
+                                       env=env, gpu=True)
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            facts[f"small Qwen2 by safetensors_staging.transformers.from_pretrained on {device} vs cpu"] = (
+                f"weights bit-equal: {r['same_weights']}, logits max |diff| {r['max_abs_diff']:.3g}, on {r['devices']}")
+        else:
+            facts["small Qwen2 through the transformers helper"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
     minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
     if os.path.isdir(minilm):
         work = os.path.join(args.dir, "minilm-seeded")
