@@ -1,0 +1,1 @@
+from vllm.config.load import LoadConfig  # noqa: F401

@@ -1,0 +1,253 @@
+"""The vLLM plugin (`safetensors_staging.vllm`) against stand-ins of the few vLLM symbols it
+uses (`tests/standins/vllm`; vLLM itself pulls several GB of CUDA wheels and starts no engine
+without a GPU). `test_standins_have_the_real_signatures` compares the stand-ins with the real
+package where it is importable (`scripts/check-vllm.sh` installs it and runs that test)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Set, Tuple
+
+import pytest
+import torch
+
+STANDINS = Path(__file__).parent / "standins"
+
+
+def _real_vllm_importable() -> bool:
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 1)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterable[Any]:
+    """The stand-in vLLM on the path, and a fresh `safetensors_staging.vllm`."""
+    def forget() -> None:
+        for name in list(sys.modules):
+            if name == "vllm" or name.startswith("vllm.") or name == "safetensors_staging.vllm":
+                del sys.modules[name]
+
+    forget()
+    monkeypatch.syspath_prepend(str(STANDINS))
+    import vllm
+
+    assert Path(vllm.__file__).is_relative_to(STANDINS), "the stand-in, not a real vLLM"
+    yield vllm
+    forget()
+
+
+def checkpoint(directory: Path) -> Dict[str, torch.Tensor]:
+    """A sharded checkpoint with an index, plus what vLLM's default loader leaves alone: a
+    consolidated copy beside the shards (different bytes) and files under `original/`."""
+    import safetensors.torch
+
+    g = torch.Generator().manual_seed(5)
+    tensors = {"embed.weight": torch.randn(64, 16, generator=g), "layer.weight": torch.randn(16, 16, generator=g),
+               "layer.bias": torch.randn(16, generator=g).to(torch.bfloat16)}
+    directory.mkdir(parents=True)
+    safetensors.torch.save_file({"embed.weight": tensors["embed.weight"]}, directory / "model-00001-of-00002.safetensors")
+    safetensors.torch.save_file({k: tensors[k] for k in ("layer.weight", "layer.bias")},
+                                directory / "model-00002-of-00002.safetensors")
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "embed.weight": "model-00001-of-00002.safetensors", "layer.weight": "model-00002-of-00002.safetensors",
+        "layer.bias": "model-00002-of-00002.safetensors"}}))
+    safetensors.torch.save_file({k: torch.zeros_like(v) for k, v in tensors.items()}, directory / "consolidated.safetensors")
+    (directory / "original").mkdir()
+    safetensors.torch.save_file({"stray": torch.ones(1)}, directory / "original" / "model.safetensors")
+    return tensors
+
+
+class Model(torch.nn.Module):
+    """What vLLM's models offer the loader: `load_weights(iterable of (name, tensor))`, which
+    copies each into its parameter, keeps every tensor it was given (as some models do), and
+    returns the names loaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.layer = torch.nn.Linear(16, 16, dtype=torch.float32)
+        self.layer.bias = torch.nn.Parameter(torch.zeros(16, dtype=torch.bfloat16))
+        self.kept: List[Tuple[str, torch.Tensor]] = []
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            self.kept.append((name, tensor))
+            with torch.no_grad():
+                params[name].copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+
+class ModelConfig:
+    def __init__(self, model: str, quantization: Any = None) -> None:
+        self.model, self.revision, self.quantization = model, None, quantization
+
+
+def test_importing_the_plugin_imports_neither_vllm_nor_torch() -> None:
+    code = ("import sys; import safetensors_staging.vllm as p; "
+            "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); print(p.LOAD_FORMAT)")
+    env = dict(os.environ, PYTHONPATH=str(STANDINS))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "staging", out.stderr
+
+
+def test_entry_point_registers_the_loader_once(vllm: Any) -> None:
+    (entry,) = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins")
+                if e.value.startswith("safetensors_staging.")]
+    assert entry.value == "safetensors_staging.vllm:register"
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import REGISTRATIONS, get_model_loader
+
+    entry.load()()
+    entry.load()()  # vLLM calls plugins in every process; twice in one is harmless
+    import safetensors_staging.vllm as plugin
+
+    assert REGISTRATIONS == [("staging", plugin.StagingModelLoader)]
+    loader = get_model_loader(LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"}))
+    assert type(loader) is plugin.StagingModelLoader and loader.options == {"backend": "host"}
+
+
+def test_load_weights_reads_the_indexed_shards_into_owned_tensors(vllm: Any, tmp_path: Path) -> None:
+    import safetensors_staging.vllm as plugin
+    from vllm.config.load import LoadConfig
+
+    tensors = checkpoint(tmp_path / "model")
+    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config=json.dumps(
+        {"backend": "host", "device_memory": "1GiB", "chunk_size": "4KiB", "threads": 2})))
+    model = Model()
+    loader.download_model(ModelConfig(str(tmp_path / "model")))
+    loader.load_weights(model, ModelConfig(str(tmp_path / "model")))
+    # Every parameter equal to the shards' bytes (not the consolidated copy's zeros).
+    assert torch.equal(model.embed.weight, tensors["embed.weight"])
+    assert torch.equal(model.layer.weight, tensors["layer.weight"])
+    assert torch.equal(model.layer.bias, tensors["layer.bias"])
+    # The tensors handed out stay right after the load moved on: each owns its memory.
+    assert sorted(n for n, _ in model.kept) == sorted(tensors)
+    for name, tensor in model.kept:
+        assert tensor.device.type == "cpu" and torch.equal(tensor, tensors[name]), name
+    pointers = [t.data_ptr() for _, t in model.kept]
+    assert len(set(pointers)) == len(pointers), "no buffer shared between two tensors"
+    report = loader.last_report
+    assert report["tensors"] == 3 and report["backend"] == "host"
+    assert report["bytes_read"] == sum(t.nbytes for t in tensors.values()), "the shards, once; no other file"
+
+
+def test_weights_elsewhere_and_ignore_patterns(vllm: Any, tmp_path: Path) -> None:
+    import safetensors_staging.vllm as plugin
+    from vllm.config.load import LoadConfig
+
+    tensors = checkpoint(tmp_path / "weights")
+    (tmp_path / "config-only").mkdir()
+    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging",
+                                                  model_loader_extra_config={"weights": str(tmp_path / "weights")}))
+    model = Model()
+    loader.load_weights(model, ModelConfig(str(tmp_path / "config-only")))
+    assert torch.equal(model.embed.weight, tensors["embed.weight"])
+    # Without an index, vLLM's ignore patterns decide: here they leave one shard.
+    os.remove(tmp_path / "weights" / "model.safetensors.index.json")
+    files = plugin.weight_files(str(tmp_path / "weights"), ["consolidated*", "model-00002-*"])
+    assert [Path(f).name for f in files] == ["model-00001-of-00002.safetensors"]
+    with pytest.raises(ValueError, match="no safetensors weights"):
+        plugin.weight_files(str(tmp_path / "config-only"))
+
+
+def test_unknown_extra_config_keys_and_missing_weights_are_errors(vllm: Any, tmp_path: Path) -> None:
+    import safetensors_staging.vllm as plugin
+    from vllm.config.load import LoadConfig
+
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'memory' .* accepted: weights, share_reads, backend, device_memory"):
+        plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"memory": "1GiB"}))
+    with pytest.raises(ValueError, match="share_reads' must be true or false"):
+        plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": "yes"}))
+    import safetensors.torch
+
+    (tmp_path / "partial").mkdir()
+    safetensors.torch.save_file({"embed.weight": torch.zeros(64, 16)}, tmp_path / "partial" / "model.safetensors")
+    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging"))
+    with pytest.raises(ValueError, match=r"not initialized from checkpoint: \['layer.bias', 'layer.weight'\]"):
+        loader.load_weights(Model(), ModelConfig(str(tmp_path / "partial")))
+    # A quantized model may leave parameters to its own post-processing.
+    loader.load_weights(Model(), ModelConfig(str(tmp_path / "partial"), quantization="fp8"))
+    # A bad option of this library is this library's error.
+    import safetensors_staging as st
+
+    bad = plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"threads": 0}))
+    with pytest.raises(st.InvalidOptionError):
+        bad.load_weights(Model(), ModelConfig(str(tmp_path / "partial")))
+
+
+def test_share_reads_goes_through_the_world_group(vllm: Any, tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    import safetensors_staging.vllm as plugin
+    from vllm.config.load import LoadConfig
+
+    tensors = checkpoint(tmp_path / "model")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        loader = plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": True}))
+        model = Model()
+        loader.load_weights(model, ModelConfig(str(tmp_path / "model")))
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(model.layer.weight, tensors["layer.weight"])
+    assert "bytes_received" in loader.last_report, "the load went through process_group="
+
+
+# The vLLM symbols the plugin uses, with the parameters it passes or overrides.
+USED = [
+    ("vllm.model_executor.model_loader", "register_model_loader", ["load_format"]),
+    ("vllm.model_executor.model_loader", "get_model_loader", ["load_config"]),
+    ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.__init__", ["self", "load_config"]),
+    ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.download_model", ["self", "model_config"]),
+    ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.load_weights", ["self", "model", "model_config"]),
+    ("vllm.model_executor.model_loader.weight_utils", "download_weights_from_hf",
+     ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "ignore_patterns"]),
+    ("vllm.distributed.parallel_state", "get_world_group", []),
+]
+
+
+def _signatures() -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for module, name, _ in USED:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        out[f"{module}:{name}"] = list(inspect.signature(obj).parameters)
+    from vllm.config.load import LoadConfig
+
+    fields = getattr(LoadConfig, "__dataclass_fields__", None) or getattr(LoadConfig, "model_fields", {})
+    out["LoadConfig"] = sorted(set(fields) & {"load_format", "download_dir", "model_loader_extra_config", "ignore_patterns"})
+    return out
+
+
+def test_standins_use_what_the_plugin_passes(vllm: Any) -> None:
+    got = _signatures()
+    for module, name, params in USED:
+        assert got[f"{module}:{name}"][: len(params)] == params, (module, name)
+    assert got["LoadConfig"] == ["download_dir", "ignore_patterns", "load_format", "model_loader_extra_config"]
+
+
+@pytest.mark.skipif(not _real_vllm_importable(), reason="the real vLLM is not installed here (scripts/check-vllm.sh installs it)")
+def test_standins_have_the_real_signatures() -> None:
+    code = ("import json, sys; sys.path.insert(0, %r); from test_engines_vllm import _signatures; "
+            "print(json.dumps(_signatures()))") % str(Path(__file__).parent)
+    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert real.returncode == 0, real.stderr[-2000:]
+    env = dict(os.environ, PYTHONPATH=str(STANDINS))
+    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    real_sigs, stand_in = json.loads(real.stdout.strip().splitlines()[-1]), json.loads(ours.stdout.strip().splitlines()[-1])
+    for module, name, params in USED:
+        key = f"{module}:{name}"
+        assert real_sigs[key][: len(params)] == params == stand_in[key][: len(params)], key
+    assert real_sigs["LoadConfig"] == stand_in["LoadConfig"]
