@@ -26,84 +26,13 @@ An unknown key is an error naming the accepted ones.
 
 from __future__ import annotations
 
-import fnmatch
-import glob
-import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from ._engines import EXTRA_CONFIG_KEYS, REMOTE, current_device, parse_extra_config, stream, weight_files
 
 LOAD_FORMAT = "staging"
-
-# Extra-config key -> this library's keyword.
-_OPTIONS = {
-    "backend": "backend",
-    "device_memory": "memory_cap",
-    "chunk_size": "chunk_size",
-    "threads": "threads",
-    "concurrency": "concurrency",
-    "range_size": "range_size",
-    "retries": "retries",
-    "bandwidth": "bandwidth",
-    "store_options": "store_options",
-}
-EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
-
-_INDEX = "model.safetensors.index.json"
-_REMOTE = ("s3://", "gs://", "az://", "http://", "https://")
-
-
-def parse_extra_config(extra: Any) -> Tuple[Optional[str], bool, Dict[str, Any]]:
-    """`(weights, share_reads, options)` from `model_loader_extra_config` (a dict, or JSON
-    text); an unknown key or a value of the wrong kind is a `ValueError`."""
-    if extra is None or extra == "":
-        extra = {}
-    if isinstance(extra, str):
-        extra = json.loads(extra)
-    if not isinstance(extra, dict):
-        raise ValueError(f"model_loader_extra_config for load format {LOAD_FORMAT!r} must be a mapping, not {extra!r}")
-    unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {', '.join(map(repr, unknown))} in model_loader_extra_config for load format "
-            f"{LOAD_FORMAT!r}; accepted: {', '.join(EXTRA_CONFIG_KEYS)}"
-        )
-    weights = extra.get("weights")
-    if weights is not None and not isinstance(weights, str):
-        raise ValueError(f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}")
-    share_reads = extra.get("share_reads", False)
-    if not isinstance(share_reads, bool):
-        raise ValueError(f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}")
-    options = {_OPTIONS[key]: value for key, value in extra.items() if key in _OPTIONS}
-    return weights, share_reads, options
-
-
-def weight_files(directory: str, ignore_patterns: Any = None) -> List[str]:
-    """The safetensors files vLLM's default loader would read from a local directory: its
-    top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
-    there, only the files it names (a repository with a consolidated copy beside the shards
-    reads the shards once)."""
-    if isinstance(ignore_patterns, str):
-        ignore_patterns = [ignore_patterns]
-    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-    files = [f for f in files if not any(
-        fnmatch.fnmatch(os.path.relpath(f, directory), pattern) for pattern in (ignore_patterns or []))]
-    index = os.path.join(directory, _INDEX)
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            named = {os.path.join(directory, name) for name in json.load(f).get("weight_map", {}).values()}
-        files = [f for f in files if f in named]
-    if not files:
-        raise ValueError(f"no safetensors weights in {directory} (load format {LOAD_FORMAT!r} reads safetensors only)")
-    return files
-
-
-def _current_device() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}"
-    return "cpu"
-
+__all__ = ["LOAD_FORMAT", "EXTRA_CONFIG_KEYS", "StagingModelLoader", "register", "weight_files"]
 
 def _world_group(device: str) -> Any:
     """vLLM's world group, the one its own fastsafetensors branch reads across."""
@@ -122,11 +51,11 @@ def _make_loader_class() -> type:
         def __init__(self, load_config: Any) -> None:
             super().__init__(load_config)
             self.weights, self.share_reads, self.options = parse_extra_config(
-                getattr(load_config, "model_loader_extra_config", None))
+                getattr(load_config, "model_loader_extra_config", None), LOAD_FORMAT)
             self.last_report: Optional[Dict[str, Any]] = None
 
         def _local_dir(self, model_config: Any) -> str:
-            if self.weights is not None and not self.weights.startswith(_REMOTE):
+            if self.weights is not None and not self.weights.startswith(REMOTE):
                 return self.weights
             model = model_config.model
             if os.path.isdir(model):
@@ -142,24 +71,21 @@ def _make_loader_class() -> type:
             )
 
         def download_model(self, model_config: Any) -> None:
-            if self.weights is None or not self.weights.startswith(_REMOTE):
+            if self.weights is None or not self.weights.startswith(REMOTE):
                 self._local_dir(model_config)
 
         def weights_iterator(self, model_config: Any) -> Iterator[Tuple[str, Any]]:
             """`(name, tensor)` for every tensor, full, owning its memory, on vLLM's device."""
-            import safetensors_staging as st
-
-            device = _current_device()
-            if self.weights is not None and self.weights.startswith(_REMOTE):
+            device = current_device()
+            if self.weights is not None and self.weights.startswith(REMOTE):
                 source: Any = self.weights
             else:
-                source = weight_files(self._local_dir(model_config), self.load_config.ignore_patterns)
-            extra: Dict[str, Any] = {}
-            if self.share_reads:
-                extra["process_group"] = _world_group(device)
-            with st.stage(source, device, **self.options, **extra) as load:
-                yield from load
-                self.last_report = load.report()
+                source = weight_files(self._local_dir(model_config), self.load_config.ignore_patterns, LOAD_FORMAT)
+            group = _world_group(device) if self.share_reads else None
+            yield from stream(source, device, self.options, group, self._keep_report)
+
+        def _keep_report(self, report: Dict[str, Any]) -> None:
+            self.last_report = report
 
         def load_weights(self, model: Any, model_config: Any) -> None:
             wanted = {name for name, _ in model.named_parameters()}

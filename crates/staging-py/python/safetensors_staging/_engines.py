@@ -1,0 +1,92 @@
+"""What the engine plugins share: the keys of a loader's extra config and the files a model
+directory's weights are in, as vLLM's and SGLang's default loaders choose them."""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+# Extra-config key -> this library's keyword.
+_OPTIONS = {
+    "backend": "backend",
+    "device_memory": "memory_cap",
+    "chunk_size": "chunk_size",
+    "threads": "threads",
+    "concurrency": "concurrency",
+    "range_size": "range_size",
+    "retries": "retries",
+    "bandwidth": "bandwidth",
+    "store_options": "store_options",
+}
+EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
+
+_INDEX = "model.safetensors.index.json"
+REMOTE = ("s3://", "gs://", "az://", "http://", "https://")
+
+
+def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], bool, Dict[str, Any]]:
+    """`(weights, share_reads, options)` from `model_loader_extra_config` (a dict, or JSON
+    text); an unknown key or a value of the wrong kind is a `ValueError`."""
+    if extra is None or extra == "":
+        extra = {}
+    if isinstance(extra, str):
+        extra = json.loads(extra)
+    if not isinstance(extra, dict):
+        raise ValueError(f"model_loader_extra_config for load format {load_format!r} must be a mapping, not {extra!r}")
+    unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(map(repr, unknown))} in model_loader_extra_config for load format "
+            f"{load_format!r}; accepted: {', '.join(EXTRA_CONFIG_KEYS)}"
+        )
+    weights = extra.get("weights")
+    if weights is not None and not isinstance(weights, str):
+        raise ValueError(f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}")
+    share_reads = extra.get("share_reads", False)
+    if not isinstance(share_reads, bool):
+        raise ValueError(f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}")
+    options = {_OPTIONS[key]: value for key, value in extra.items() if key in _OPTIONS}
+    return weights, share_reads, options
+
+
+def weight_files(directory: str, ignore_patterns: Any = None, load_format: str = "staging") -> List[str]:
+    """The safetensors files vLLM's default loader would read from a local directory: its
+    top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
+    there, only the files it names (a repository with a consolidated copy beside the shards
+    reads the shards once)."""
+    if isinstance(ignore_patterns, str):
+        ignore_patterns = [ignore_patterns]
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    files = [f for f in files if not any(
+        fnmatch.fnmatch(os.path.relpath(f, directory), pattern) for pattern in (ignore_patterns or []))]
+    index = os.path.join(directory, _INDEX)
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            named = {os.path.join(directory, name) for name in json.load(f).get("weight_map", {}).values()}
+        files = [f for f in files if f in named]
+    if not files:
+        raise ValueError(f"no safetensors weights in {directory} (load format {load_format!r} reads safetensors only)")
+    return files
+
+
+def current_device() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+def stream(source: Any, device: str, options: Dict[str, Any], process_group: Any,
+           on_report: Callable[[Dict[str, Any]], None]) -> Iterator[Tuple[str, Any]]:
+    """`(name, tensor)` for every tensor of `source`, each full and owning its memory, on
+    `device`; `on_report` gets the load's report once every tensor was handed out."""
+    import safetensors_staging as st
+
+    extra = {} if process_group is None else {"process_group": process_group}
+    with st.stage(source, device, **options, **extra) as load:
+        yield from load
+        on_report(load.report())

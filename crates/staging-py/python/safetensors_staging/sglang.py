@@ -1,0 +1,96 @@
+"""SGLang: a model loader class reading safetensors through this library.
+
+    import sglang
+    from safetensors_staging.sglang import StagingModelLoader
+
+    engine = sglang.Engine(model_path="MODEL_DIR", load_format=StagingModelLoader,
+                           model_loader_extra_config='{"backend": "cufile"}')
+
+SGLang's `get_model_loader` uses a loader class given as `load_format` as it is. The class is
+SGLang's own `DefaultModelLoader` (so SGLang builds the model, calls `model.load_weights` and runs
+its post-processing as usual) whose weights come from this library: full tensors, each owning
+its memory, on the model's device. The extra-config keys are those of the vLLM plugin (`weights`,
+`backend`, `device_memory`, `chunk_size`, `threads`, `share_reads`, remote options); an unknown key
+is an error naming them. Nothing here imports SGLang before the class is asked for.
+
+Not built: a `--load-format staging` string for SGLang's CLI (its plugin group
+`sglang.srt.plugins` would have to hook the closed list of formats and `get_model_loader`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from ._engines import EXTRA_CONFIG_KEYS, REMOTE, current_device, parse_extra_config, stream, weight_files
+
+LOAD_FORMAT = "staging"
+__all__ = ["EXTRA_CONFIG_KEYS", "StagingModelLoader"]
+
+
+def _world_group(device: str) -> Any:
+    """SGLang's world group, for `share_reads`."""
+    from sglang.srt.distributed.parallel_state import get_world_group
+
+    group = get_world_group()
+    return group.cpu_group if device == "cpu" else group.device_group
+
+
+def _make_loader_class() -> type:
+    from sglang.srt.model_loader.loader import BaseModelLoader, DefaultModelLoader
+
+    class StagingModelLoader(DefaultModelLoader):
+        """SGLang's `DefaultModelLoader` reading safetensors through `safetensors_staging`."""
+
+        def __init__(self, load_config: Any) -> None:
+            # DefaultModelLoader's own __init__ accepts only its extra-config keys.
+            BaseModelLoader.__init__(self, load_config)
+            self.weights, self.share_reads, self.options = parse_extra_config(
+                getattr(load_config, "model_loader_extra_config", None), LOAD_FORMAT)
+            self.last_report: Optional[Dict[str, Any]] = None
+
+        def _local_dir(self, model_or_path: str, revision: Optional[str]) -> str:
+            if self.weights is not None and not self.weights.startswith(REMOTE):
+                return self.weights
+            if os.path.isdir(model_or_path):
+                return model_or_path
+            from sglang.srt.model_loader.weight_utils import download_weights_from_hf
+
+            return download_weights_from_hf(model_or_path, self.load_config.download_dir, ["*.safetensors"],
+                                            revision, ignore_patterns=self.load_config.ignore_patterns)
+
+        def download_model(self, model_config: Any) -> None:
+            if self.weights is None or not self.weights.startswith(REMOTE):
+                self._local_dir(model_config.model_path, model_config.revision)
+
+        def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:
+            device = current_device()
+            if self.weights is not None and self.weights.startswith(REMOTE) and not source.prefix:
+                files: Any = self.weights
+            else:
+                files = weight_files(self._local_dir(source.model_or_path, source.revision),
+                                     self.load_config.ignore_patterns, LOAD_FORMAT)
+            group = _world_group(device) if self.share_reads else None
+            weights = stream(files, device, self.options, group, self._keep_report)
+            draft = getattr(self.load_config, "draft_model_idx", None)
+            if draft is not None:
+                return iter(self._filter_mtp_weights(weights, source.prefix, draft))
+            return ((source.prefix + name, tensor) for name, tensor in weights)
+
+        def _keep_report(self, report: Dict[str, Any]) -> None:
+            self.last_report = report
+
+    return StagingModelLoader
+
+
+_CLASS: Optional[type] = None
+
+
+def __getattr__(name: str) -> Any:
+    # `StagingModelLoader` subclasses SGLang's loader: made (importing SGLang) when asked for.
+    global _CLASS
+    if name == "StagingModelLoader":
+        if _CLASS is None:
+            _CLASS = _make_loader_class()
+        return _CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
