@@ -5,37 +5,20 @@ class as `load_format`, its default loader's `load_model` builds the model and c
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
 import pytest
 import torch
 
-from test_engines_vllm import STANDINS, Model, checkpoint
+from test_engines_vllm import Model, checkpoint, compare_with_real, imports_nothing_early, real_importable, signatures, use_standin
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture
 def sglang(monkeypatch: pytest.MonkeyPatch) -> Iterable[Any]:
-    def forget() -> None:
-        for name in list(sys.modules):
-            if name == "sglang" or name.startswith("sglang.") or name == "safetensors_staging.sglang":
-                del sys.modules[name]
-
-    forget()
-    monkeypatch.syspath_prepend(str(STANDINS))
-    import sglang
-
-    assert Path(sglang.__file__).is_relative_to(STANDINS), "the stand-in, not a real SGLang"
-    yield sglang
-    forget()
+    yield from use_standin(monkeypatch, "sglang")
 
 
 class SglangModel(Model):
@@ -56,11 +39,7 @@ class DeviceConfig:
 
 
 def test_importing_the_module_imports_neither_sglang_nor_torch() -> None:
-    code = ("import sys; import safetensors_staging.sglang as p; "
-            "assert 'sglang' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); print('ok')")
-    env = dict(os.environ, PYTHONPATH=str(STANDINS))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    imports_nothing_early("safetensors_staging.sglang", "sglang")
 
 
 def test_sglang_loads_the_model_through_the_class(sglang: Any, tmp_path: Path) -> None:
@@ -129,18 +108,10 @@ USED = [
 
 
 def _signatures() -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for module, name, _ in USED:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        out[f"{module}:{name}"] = list(inspect.signature(obj).parameters)
     from sglang.srt.configs.load_config import LoadConfig
 
-    fields = getattr(LoadConfig, "__dataclass_fields__", {})
-    out["LoadConfig"] = sorted(set(fields) & {"load_format", "download_dir", "model_loader_extra_config",
-                                              "ignore_patterns", "draft_model_idx"})
-    return out
+    return signatures(USED, LoadConfig, {"load_format", "download_dir", "model_loader_extra_config",
+                                         "ignore_patterns", "draft_model_idx"})
 
 
 def test_standins_use_what_the_loader_passes(sglang: Any) -> None:
@@ -150,22 +121,6 @@ def test_standins_use_what_the_loader_passes(sglang: Any) -> None:
     assert len(got["LoadConfig"]) == 5
 
 
-def _real_sglang_importable() -> bool:
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('sglang') else 1)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _real_sglang_importable(), reason="the real SGLang is not installed here")
+@pytest.mark.skipif(not real_importable("sglang"), reason="the real SGLang is not installed here")
 def test_standins_have_the_real_signatures() -> None:
-    code = ("import json, sys; sys.path.insert(0, %r); from test_engines_sglang import _signatures; "
-            "print(json.dumps(_signatures()))") % str(Path(__file__).parent)
-    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert real.returncode == 0, real.stderr[-2000:]
-    env = dict(os.environ, PYTHONPATH=str(STANDINS))
-    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-    assert ours.returncode == 0, ours.stderr[-2000:]
-    real_sigs, stand_in = json.loads(real.stdout.strip().splitlines()[-1]), json.loads(ours.stdout.strip().splitlines()[-1])
-    for module, name, params in USED:
-        key = f"{module}:{name}"
-        assert real_sigs[key][: len(params)] == params == stand_in[key][: len(params)], key
-    assert real_sigs["LoadConfig"] == stand_in["LoadConfig"]
+    compare_with_real("test_engines_sglang", USED)

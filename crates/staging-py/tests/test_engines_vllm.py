@@ -21,26 +21,71 @@ import torch
 STANDINS = Path(__file__).parent / "standins"
 
 
-def _real_vllm_importable() -> bool:
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 1)"
+def real_importable(package: str) -> bool:
+    """Whether the real `package` is installed (looked for without the stand-ins on the path)."""
+    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({package!r}) else 1)"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
-@pytest.fixture
-def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterable[Any]:
-    """The stand-in vLLM on the path, and a fresh `safetensors_staging.vllm`."""
+def use_standin(monkeypatch: pytest.MonkeyPatch, package: str) -> Iterable[Any]:
+    """The stand-in `package` on the path and a fresh `safetensors_staging.<package>`, for the
+    length of a test."""
     def forget() -> None:
         for name in list(sys.modules):
-            if name == "vllm" or name.startswith("vllm.") or name == "safetensors_staging.vllm":
+            if name == package or name.startswith(package + ".") or name == f"safetensors_staging.{package}":
                 del sys.modules[name]
 
     forget()
     monkeypatch.syspath_prepend(str(STANDINS))
-    import vllm
-
-    assert Path(vllm.__file__).is_relative_to(STANDINS), "the stand-in, not a real vLLM"
-    yield vllm
+    module = importlib.import_module(package)
+    assert Path(module.__file__).is_relative_to(STANDINS), f"the stand-in, not a real {package}"
+    yield module
     forget()
+
+
+def signatures(used: List[Tuple[str, str, List[str]]], load_config: Any, fields: Set[str]) -> Dict[str, Any]:
+    """The parameter names of each symbol `used`, and which of `fields` `load_config` has."""
+    out: Dict[str, Any] = {}
+    for module, name, _ in used:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        out[f"{module}:{name}"] = list(inspect.signature(obj).parameters)
+    known = getattr(load_config, "__dataclass_fields__", None) or getattr(load_config, "model_fields", {})
+    out["LoadConfig"] = sorted(set(known) & fields)
+    return out
+
+
+def compare_with_real(test_module: str, used: List[Tuple[str, str, List[str]]]) -> None:
+    """`test_module._signatures()` with the real engine and with the stand-ins: the parameters the
+    loader passes are there in both, in the same order, and the config fields agree."""
+    code = ("import json, sys; sys.path.insert(0, %r); from %s import _signatures; "
+            "print(json.dumps(_signatures()))") % (str(Path(__file__).parent), test_module)
+    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert real.returncode == 0, real.stderr[-2000:]
+    env = dict(os.environ, PYTHONPATH=str(STANDINS))
+    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    real_sigs = json.loads(real.stdout.strip().splitlines()[-1])
+    stand_in = json.loads(ours.stdout.strip().splitlines()[-1])
+    for module, name, params in used:
+        key = f"{module}:{name}"
+        assert real_sigs[key][: len(params)] == params == stand_in[key][: len(params)], key
+    assert real_sigs["LoadConfig"] == stand_in["LoadConfig"]
+
+
+def imports_nothing_early(module: str, engine: str) -> None:
+    """Importing `module` imports neither `engine` nor torch."""
+    code = (f"import sys; import {module}; "
+            f"assert {engine!r} not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); print('ok')")
+    env = dict(os.environ, PYTHONPATH=str(STANDINS))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.fixture
+def vllm(monkeypatch: pytest.MonkeyPatch) -> Iterable[Any]:
+    yield from use_standin(monkeypatch, "vllm")
 
 
 def checkpoint(directory: Path) -> Dict[str, torch.Tensor]:
@@ -93,11 +138,7 @@ class ModelConfig:
 
 
 def test_importing_the_plugin_imports_neither_vllm_nor_torch() -> None:
-    code = ("import sys; import safetensors_staging.vllm as p; "
-            "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); print(p.LOAD_FORMAT)")
-    env = dict(os.environ, PYTHONPATH=str(STANDINS))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "staging", out.stderr
+    imports_nothing_early("safetensors_staging.vllm", "vllm")
 
 
 def test_entry_point_registers_the_loader_once(vllm: Any) -> None:
@@ -217,17 +258,9 @@ USED = [
 
 
 def _signatures() -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for module, name, _ in USED:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        out[f"{module}:{name}"] = list(inspect.signature(obj).parameters)
     from vllm.config.load import LoadConfig
 
-    fields = getattr(LoadConfig, "__dataclass_fields__", None) or getattr(LoadConfig, "model_fields", {})
-    out["LoadConfig"] = sorted(set(fields) & {"load_format", "download_dir", "model_loader_extra_config", "ignore_patterns"})
-    return out
+    return signatures(USED, LoadConfig, {"load_format", "download_dir", "model_loader_extra_config", "ignore_patterns"})
 
 
 def test_standins_use_what_the_plugin_passes(vllm: Any) -> None:
@@ -237,17 +270,6 @@ def test_standins_use_what_the_plugin_passes(vllm: Any) -> None:
     assert got["LoadConfig"] == ["download_dir", "ignore_patterns", "load_format", "model_loader_extra_config"]
 
 
-@pytest.mark.skipif(not _real_vllm_importable(), reason="the real vLLM is not installed here (scripts/check-vllm.sh installs it)")
+@pytest.mark.skipif(not real_importable("vllm"), reason="the real vLLM is not installed here (scripts/check-vllm.sh installs it)")
 def test_standins_have_the_real_signatures() -> None:
-    code = ("import json, sys; sys.path.insert(0, %r); from test_engines_vllm import _signatures; "
-            "print(json.dumps(_signatures()))") % str(Path(__file__).parent)
-    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert real.returncode == 0, real.stderr[-2000:]
-    env = dict(os.environ, PYTHONPATH=str(STANDINS))
-    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-    assert ours.returncode == 0, ours.stderr[-2000:]
-    real_sigs, stand_in = json.loads(real.stdout.strip().splitlines()[-1]), json.loads(ours.stdout.strip().splitlines()[-1])
-    for module, name, params in USED:
-        key = f"{module}:{name}"
-        assert real_sigs[key][: len(params)] == params == stand_in[key][: len(params)], key
-    assert real_sigs["LoadConfig"] == stand_in["LoadConfig"]
+    compare_with_real("test_engines_vllm", USED)

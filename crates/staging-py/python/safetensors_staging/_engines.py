@@ -90,3 +90,24 @@ def stream(source: Any, device: str, options: Dict[str, Any], process_group: Any
     with st.stage(source, device, **options, **extra) as load:
         yield from load
         on_report(load.report())
+
+
+def devices_group(coordinator: Any, device: str) -> Any:
+    """The process group of an engine's group coordinator (vLLM's and SGLang's world group)
+    that moves tensors of `device`."""
+    return coordinator.cpu_group if device == "cpu" else coordinator.device_group
+
+
+def lazy_class(make: Callable[[], type], name: str, module: str) -> Callable[[str], Any]:
+    """A module `__getattr__` giving the class `name` made by `make()` when first asked for: the
+    loader classes subclass the engine's own, whose import must wait for the engine."""
+    made: List[type] = []
+
+    def __getattr__(attribute: str) -> Any:
+        if attribute != name:
+            raise AttributeError(f"module {module!r} has no attribute {attribute!r}")
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return __getattr__

@@ -29,17 +29,24 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from ._engines import EXTRA_CONFIG_KEYS, REMOTE, current_device, parse_extra_config, stream, weight_files
+from ._engines import (
+    EXTRA_CONFIG_KEYS,
+    REMOTE,
+    current_device,
+    devices_group,
+    lazy_class,
+    parse_extra_config,
+    stream,
+    weight_files,
+)
 
 LOAD_FORMAT = "staging"
 __all__ = ["LOAD_FORMAT", "EXTRA_CONFIG_KEYS", "StagingModelLoader", "register", "weight_files"]
 
 def _world_group(device: str) -> Any:
-    """vLLM's world group, the one its own fastsafetensors branch reads across."""
     from vllm.distributed.parallel_state import get_world_group
 
-    group = get_world_group()
-    return group.cpu_group if device == "cpu" else group.device_group
+    return devices_group(get_world_group(), device)
 
 
 def _make_loader_class() -> type:
@@ -99,17 +106,7 @@ def _make_loader_class() -> type:
     return StagingModelLoader
 
 
-_CLASS: Optional[type] = None
-
-
-def __getattr__(name: str) -> Any:
-    # `StagingModelLoader` subclasses vLLM's base class: made (importing vLLM) when asked for.
-    global _CLASS
-    if name == "StagingModelLoader":
-        if _CLASS is None:
-            _CLASS = _make_loader_class()
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(_make_loader_class, "StagingModelLoader", __name__)
 
 
 def register() -> None:
