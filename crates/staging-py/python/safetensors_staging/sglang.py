@@ -87,6 +87,8 @@ def _make_loader_class() -> type:
         def _keep_report(self, report: Dict[str, Any]) -> None:
             self.last_report = report
 
+    StagingModelLoader.__qualname__ = "StagingModelLoader"
+    StagingModelLoader.__module__ = __name__
     return StagingModelLoader
 
 

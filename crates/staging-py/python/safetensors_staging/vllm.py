@@ -103,6 +103,8 @@ def _make_loader_class() -> type:
                 if missing:
                     raise ValueError(f"Following weights were not initialized from checkpoint: {sorted(missing)}")
 
+    StagingModelLoader.__qualname__ = "StagingModelLoader"
+    StagingModelLoader.__module__ = __name__
     return StagingModelLoader
 
 
