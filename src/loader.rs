@@ -535,7 +535,7 @@ impl<'d> Prepared<'d> {
     /// The I/O threads loads with `policy` read on: started by the first load that needs that
     /// many, shared by every load after it (loads at once share them too).
     fn threads_for(&mut self, policy: &StagingPolicy) -> Result<IoThreads> {
-        let wanted = policy.io_threads().max(1);
+        let wanted = policy.io_threads();
         if let Some(threads) = self.threads.iter().find(|t| t.count() == wanted) {
             return Ok(threads.clone());
         }

@@ -40,7 +40,7 @@ where
             .map_err(|(bytes, source)| staging_error(bytes, source))?;
         let held = Held::new(&self.accounting, MemoryKind::Device, size as u64);
         self.staging.push(DeviceTensor { buffer, held });
-        let slots = if self.pool.pool().is_some() {
+        let slots = if self.threads.pool().is_some() {
             self.policy.staging_slots()
         } else {
             1
@@ -90,7 +90,7 @@ where
                 meta: &meta,
                 chunk_size: self.policy.chunk_size(),
             };
-            match self.pool.pool().filter(|_| self.staging.len() > 1) {
+            match self.threads.pool().filter(|_| self.staging.len() > 1) {
                 Some(pool) => assembly.run_overlapped(pool, &mut self.staging, &mut host.bytes)?,
                 None => {
                     let Some(slot) = self.staging.first_mut() else {

@@ -29,7 +29,7 @@ macro_rules! counted {
 macro_rules! batch_read {
     ($stager:expr) => {
         BatchRead {
-            pool: $stager.pool.pool(),
+            pool: $stager.threads.pool(),
             reader: counted!($stager),
             file: $stager.open.as_ref().map(|(_, f)| f),
             chunk_size: $stager.policy.chunk_size(),
@@ -77,7 +77,7 @@ where
     next: usize,
     open: Option<(usize, R::File)>,
     staging: Vec<DeviceTensor<A::Buffer>>,
-    pool: IoThreads,
+    threads: IoThreads,
     ready: VecDeque<Result<StagedTensor<A::Buffer>>>,
     accounting: Arc<Accounting>,
     paths: PathTotals,
@@ -123,7 +123,7 @@ where
             next: 0,
             open: None,
             staging: Vec::new(),
-            pool: threads,
+            threads,
             ready: VecDeque::new(),
             accounting: Arc::default(),
             paths: PathTotals::default(),
@@ -152,7 +152,7 @@ where
             next: self.next,
             open: self.open,
             staging: self.staging,
-            pool: self.pool,
+            threads: self.threads,
             ready: self.ready,
             accounting: self.accounting,
             paths: self.paths,
@@ -320,7 +320,7 @@ where
         if self.ready.is_empty() && !self.finished {
             self.started.get_or_insert_with(Instant::now);
             if self.next < self.checkpoint.tensors().len() {
-                if self.pool.pool().is_some() {
+                if self.threads.pool().is_some() {
                     self.stage_batch();
                 } else if let Some(meta) = self.checkpoint.tensors().get(self.next).cloned() {
                     self.next += 1;
