@@ -17,10 +17,11 @@ rank read.
 from __future__ import annotations
 
 import threading
-from torch.futures import Future
-from typing import Any, Dict, List, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List
 
 from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.futures import Future
 
 from ._compat import safe_open
 
@@ -84,34 +85,15 @@ class StagingStorageReader(HuggingFaceStorageReader):
         per_file: Dict[str, List[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        work: List[Tuple[str, List[Any]]] = list(per_file.items())
-        errors: List[BaseException] = []
-        if self.thread_count <= 1 or len(work) <= 1:
+        work = list(per_file.items())
+        threads = min(self.thread_count, len(work))
+        if threads <= 1:
             for file_name, requests in work:
                 self._read_file(file_name, requests, planner)
         else:
-            pending = list(work)
-            pending_lock = threading.Lock()
-
-            def worker() -> None:
-                while True:
-                    with pending_lock:
-                        if not pending or errors:
-                            return
-                        file_name, requests = pending.pop(0)
-                    try:
-                        self._read_file(file_name, requests, planner)
-                    except BaseException as e:  # noqa: BLE001 - raised by read_data below
-                        with pending_lock:
-                            errors.append(e)
-
-            threads = [threading.Thread(target=worker) for _ in range(min(self.thread_count, len(work)))]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            if errors:
-                raise errors[0]
+            with ThreadPoolExecutor(threads, thread_name_prefix="staging-dcp") as pool:
+                # `list` re-raises the first file's error, after the others ended.
+                list(pool.map(lambda item: self._read_file(item[0], item[1], planner), work))
         done: "Future[None]" = Future()
         done.set_result(None)
         return done

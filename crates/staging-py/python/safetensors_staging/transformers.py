@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ._compat import safe_open
+from . import _device
+from ._compat import _is_gpu, _torch_device, safe_open
 
 # The torch dtype of a floating safetensors dtype `transformers` can build a model in.
 _FLOATING = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -91,15 +92,8 @@ def from_pretrained(
         state_dict = {name: handle.get_slice(name) for name in handle.offset_keys()}
         if kwargs.get("dtype", "auto") == "auto" and "torch_dtype" not in kwargs:
             kwargs["dtype"] = _dtype_of(handle, config)
-        if "device_map" not in kwargs and "tp_plan" not in kwargs and str(device) != "cpu":
-            kwargs["device_map"] = {"": _torch_device(device)}
+        spelled = _device(device)
+        if "device_map" not in kwargs and "tp_plan" not in kwargs and _is_gpu(spelled):
+            kwargs["device_map"] = {"": _torch_device(spelled)}
         return model_class.from_pretrained(None, config=config, state_dict=state_dict, **kwargs)
-
-
-def _torch_device(device: Any) -> Any:
-    import torch
-
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    return torch.device(device)
 
