@@ -2,7 +2,9 @@
 # The SGLang loader class against the real SGLang, on a CPU: installs SGLang (several GB) in a venv
 # of its own, then checks that SGLang's own `get_model_loader` takes `StagingModelLoader` as
 # `load_format`, that its weight iterator over SGLang's `DefaultModelLoader.Source` gives the
-# file's bytes, and that the stand-ins the CI tests use have the real signatures. No engine starts
+# file's bytes, that SGLang's `load_plugins()` finds our entry point so that its own argument
+# parser takes `--load-format staging` and its `LoadConfig` turns it into our class, and that the
+# stand-ins the CI tests use have the real signatures. No engine starts
 # (SGLang needs a GPU for that). Usage: [WHEEL=...] scripts/check-sglang.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +32,34 @@ got = dict(loader._get_weights_iterator(DefaultModelLoader.Source(str(d), None, 
 assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 print("weights through SGLang's DefaultModelLoader.Source: bytes equal for", sorted(got),
       "bytes_read", loader.last_report["bytes_read"])
+
+# The plugin: what `sglang serve` does first, then its own argument parsing and LoadConfig.
+from importlib.metadata import entry_points
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+print("sglang.srt.plugins entry points:", [f"{e.name} = {e.value}" for e in entry_points(group="sglang.srt.plugins")])
+load_plugins()
+from transformers import Qwen2Config, Qwen2ForCausalLM
+Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2)).save_pretrained(d / "qwen2")
+args = prepare_server_args(["--model-path", str(d / "qwen2"), "--device", "cpu", "--load-format", "staging",
+                            "--model-loader-extra-config", '{"backend": "host"}'])
+args.resolve_once()  # what `sglang serve` does next: SGLang's own checks of the arguments
+print("prepare_server_args(--load-format staging) + resolve_once: load_format =", repr(args.load_format))
+config = LoadConfig(load_format=args.load_format, model_loader_extra_config=args.model_loader_extra_config)
+assert config.load_format is StagingModelLoader, config.load_format
+loader = get_model_loader(config)
+assert type(loader) is StagingModelLoader, type(loader)
+got = dict(loader._get_weights_iterator(DefaultModelLoader.Source(str(d), None, prefix="")))
+assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+print("LoadConfig(load_format='staging') ->", type(loader).__qualname__, "bytes equal, bytes_read",
+      loader.last_report["bytes_read"])
+assert LoadConfig(load_format="safetensors").load_format.value == "safetensors"
+try:
+    LoadConfig(load_format="stagingx")
+except ValueError as e:
+    print("an unknown format is still SGLang's error:", e)
+else:
+    raise AssertionError("LoadConfig took an unknown format")
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_sglang.py -k real_signatures -rs

@@ -5,6 +5,7 @@ class as `load_format`, its default loader's `load_model` builds the model and c
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
@@ -101,6 +102,44 @@ def test_weights_elsewhere_draft_layers_and_bad_keys(sglang: Any, tmp_path: Path
                                              model_loader_extra_config={"num_threads": 4}))
 
 
+def test_the_plugin_makes_load_format_staging_the_class(sglang: Any, tmp_path: Path) -> None:
+    (entry,) = [e for e in importlib.metadata.entry_points(group="sglang.srt.plugins")
+                if e.value.startswith("safetensors_staging.")]
+    assert entry.value == "safetensors_staging.sglang:register"
+    from sglang.srt.arg_groups.choices import LOAD_FORMAT_CHOICES
+    from sglang.srt.configs.load_config import LoadConfig, LoadFormat
+    from sglang.srt.model_loader.loader import get_model_loader
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    with pytest.raises(ValueError, match="'staging' is not a valid LoadFormat"):
+        LoadConfig(load_format="staging")  # SGLang alone refuses the string
+    assert "staging" not in LOAD_FORMAT_CHOICES
+    load_plugins()  # what SGLang does first in each process: our entry point, then the hooks
+    entry.load()()  # a second call in the same process changes nothing
+    import safetensors_staging.sglang as plugin
+
+    assert LOAD_FORMAT_CHOICES.count("staging") == 1
+    assert len(HookRegistry._hooks["sglang.srt.configs.load_config.LoadConfig._verify_load_format"]) == 1
+    tensors = checkpoint(tmp_path / "model")
+    config = LoadConfig(load_format="Staging", model_loader_extra_config={"backend": "host"},
+                        ignore_patterns=["consolidated*"])
+    assert config.load_format is plugin.StagingModelLoader
+    loader = get_model_loader(config)
+    assert type(loader) is plugin.StagingModelLoader
+    model = loader.load_model(model_config=ModelConfig(str(tmp_path / "model")), device_config=DeviceConfig())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, tensors[name]), name
+    assert loader.last_report["bytes_read"] == sum(t.nbytes for t in tensors.values())
+    # SGLang's own formats, and its refusal of unknown ones, are left to SGLang.
+    assert LoadConfig(load_format="SafeTensors").load_format is LoadFormat.SAFETENSORS
+    assert LoadConfig(load_format=LoadFormat.DUMMY).load_format is LoadFormat.DUMMY
+    with pytest.raises(ValueError, match="'stagingx' is not a valid LoadFormat"):
+        LoadConfig(load_format="stagingx")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'num_threads'"):
+        get_model_loader(LoadConfig(load_format="staging", model_loader_extra_config={"num_threads": 4}))
+
+
 USED = [
     ("sglang.srt.model_loader.loader", "BaseModelLoader.__init__", ["self", "load_config"]),
     ("sglang.srt.model_loader.loader", "DefaultModelLoader._get_weights_iterator", ["self", "source"]),
@@ -113,6 +152,10 @@ USED = [
     ("sglang.srt.model_loader.weight_utils", "download_weights_from_hf",
      ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"]),
     ("sglang.srt.distributed.parallel_state", "get_world_group", []),
+    ("sglang.srt.plugins", "load_plugins", []),
+    ("sglang.srt.plugins.hook_registry", "HookRegistry.register", ["target", "hook", "hook_type"]),
+    ("sglang.srt.plugins.hook_registry", "HookRegistry.apply_hooks", []),
+    ("sglang.srt.configs.load_config", "LoadConfig._verify_load_format", ["self"]),
 ]
 
 

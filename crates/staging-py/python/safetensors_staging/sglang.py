@@ -1,4 +1,10 @@
-"""SGLang: a model loader class reading safetensors through this library.
+"""SGLang: a model loader reading safetensors through this library.
+
+    pip install 'safetensors-staging[sglang]'    # the plugin is found through its entry point
+    sglang serve --model-path MODEL_DIR --load-format staging \\
+        --model-loader-extra-config '{"backend": "cufile"}'
+
+or, from Python, with the class itself:
 
     import sglang
     from safetensors_staging.sglang import StagingModelLoader
@@ -6,15 +12,19 @@
     engine = sglang.Engine(model_path="MODEL_DIR", load_format=StagingModelLoader,
                            model_loader_extra_config='{"backend": "cufile"}')
 
-SGLang's `get_model_loader` uses a loader class given as `load_format` as it is. The class is
-SGLang's own `DefaultModelLoader` (so SGLang builds the model, calls `model.load_weights` and runs
-its post-processing as usual) whose weights come from this library: full tensors, each owning
-its memory, on the model's device. The extra-config keys are those of the vLLM plugin (`weights`,
-`backend`, `device_memory`, `chunk_size`, `threads`, `share_reads`, remote options); an unknown key
-is an error naming them. Nothing here imports SGLang before the class is asked for.
+SGLang's `get_model_loader` uses a loader class given as `load_format` as it is. The package
+declares `register` in SGLang's plugin group `sglang.srt.plugins`, so SGLang's `load_plugins()`
+calls it in each of its processes before it reads its arguments; `register` adds `staging` to
+the choices of `--load-format` and hooks `LoadConfig._verify_load_format` (through SGLang's
+`HookRegistry`) so that the string `staging` becomes this class; every other format is left to
+SGLang.
 
-Not built: a `--load-format staging` string for SGLang's CLI (its plugin group
-`sglang.srt.plugins` would have to hook the closed list of formats and `get_model_loader`).
+The class is SGLang's own `DefaultModelLoader` (so SGLang builds the model, calls
+`model.load_weights` and runs its post-processing as usual) whose weights come from this
+library: full tensors, each owning its memory, on the model's device. The extra-config keys are
+those of the vLLM plugin (`weights`, `backend`, `device_memory`, `chunk_size`, `threads`,
+`share_reads`, remote options); an unknown key is an error naming them. Nothing here imports
+SGLang before SGLang calls `register` or the class is asked for.
 """
 
 from __future__ import annotations
@@ -34,7 +44,11 @@ from ._engines import (
 )
 
 LOAD_FORMAT = "staging"
-__all__ = ["EXTRA_CONFIG_KEYS", "StagingModelLoader"]
+__all__ = ["LOAD_FORMAT", "EXTRA_CONFIG_KEYS", "StagingModelLoader", "register"]
+
+# The hooked check: SGLang turns a format string into its closed `LoadFormat` enum there.
+_VERIFY = "sglang.srt.configs.load_config.LoadConfig._verify_load_format"
+_registered = False
 
 
 def _world_group(device: str) -> Any:
@@ -90,6 +104,38 @@ def _make_loader_class() -> type:
     StagingModelLoader.__qualname__ = "StagingModelLoader"
     StagingModelLoader.__module__ = __name__
     return StagingModelLoader
+
+
+def register() -> None:
+    """SGLang's plugin hook (entry-point group `sglang.srt.plugins`): `--load-format staging`
+    becomes `StagingModelLoader`. Idempotent: SGLang calls it in every process, and a second
+    call in one process changes nothing."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    try:
+        from sglang.srt.arg_groups import choices
+    except ImportError:  # SGLang before the argument groups kept the choices in server_args
+        from sglang.srt import server_args as choices  # type: ignore[no-redef]
+    if LOAD_FORMAT not in choices.LOAD_FORMAT_CHOICES:
+        choices.add_load_format_choices([LOAD_FORMAT])
+    HookRegistry.register(_VERIFY, _verify_load_format, HookType.AROUND)
+    _registered = True
+
+
+def _verify_load_format(original: Any, load_config: Any) -> None:
+    """Around SGLang's `LoadConfig._verify_load_format`: the string `staging` (any case) becomes
+    the loader class, which SGLang's `get_model_loader` then uses as it is."""
+    if isinstance(load_config.load_format, str) and load_config.load_format.lower() == LOAD_FORMAT:
+        load_config.load_format = _loader_class()
+        return None
+    return original(load_config)
+
+
+def _loader_class() -> type:
+    return __getattr__("StagingModelLoader")
 
 
 __getattr__ = lazy_class(_make_loader_class, "StagingModelLoader", __name__)
