@@ -129,13 +129,9 @@ def _verify_load_format(original: Any, load_config: Any) -> None:
     """Around SGLang's `LoadConfig._verify_load_format`: the string `staging` (any case) becomes
     the loader class, which SGLang's `get_model_loader` then uses as it is."""
     if isinstance(load_config.load_format, str) and load_config.load_format.lower() == LOAD_FORMAT:
-        load_config.load_format = _loader_class()
+        load_config.load_format = __getattr__("StagingModelLoader")
         return None
     return original(load_config)
-
-
-def _loader_class() -> type:
-    return __getattr__("StagingModelLoader")
 
 
 __getattr__ = lazy_class(_make_loader_class, "StagingModelLoader", __name__)
