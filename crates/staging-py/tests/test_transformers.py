@@ -117,3 +117,83 @@ def test_a_wrong_model_class_is_refused(minilm_dir: Path) -> None:
 
     with pytest.raises(ValueError, match="AutoModelForImageClassification has no model class for BertConfig"):
         from_pretrained(minilm_dir, AutoModelForImageClassification)
+
+
+def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
+    """One rank of a 2-rank gloo group: the model with `tp_plan="auto"` through our helper and
+    through `transformers`' own loader; what each rank holds, reads and computes."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+    from transformers import AutoModelForCausalLM
+
+    import safetensors_staging.transformers as helper
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    result: dict = {"rank": rank}
+    try:
+        handles: list = []
+        original = helper.safe_open
+
+        class Recording(original):  # type: ignore[misc, valid-type]
+            def close(self) -> None:
+                handles.append(self.report())
+                super().close()
+
+        helper.safe_open = Recording
+        try:
+            ours = from_pretrained(path, AutoModelForCausalLM, model_kwargs={"tp_plan": "auto"}).eval()
+        finally:
+            helper.safe_open = original
+        reference = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
+        theirs = dict(reference.named_parameters())
+        bad, row_shares, expected = [], 0, 0
+        for name, param in ours.named_parameters():
+            want = theirs[name]
+            local = param.to_local() if isinstance(param, DTensor) else param.data
+            if isinstance(param, DTensor) != isinstance(want, DTensor) or not torch.equal(
+                    local, want.to_local() if isinstance(want, DTensor) else want.data):
+                bad.append(name)
+            # What this rank must read: the rows of its share of a tensor split along dimension 0;
+            # every row of one split along dimension 1 (a column block spans them) or replicated.
+            if isinstance(param, DTensor) and param.placements == (Shard(0),):
+                row_shares += 1
+                assert local.shape[0] < param.shape[0]
+                expected += local.numel() * local.element_size()
+            else:
+                expected += param.numel() * param.element_size()
+        prompt = torch.tensor([[1, 17, 42, 99, 3, 250]])
+        with torch.no_grad():
+            same_logits = torch.equal(ours(prompt).logits, reference(prompt).logits)
+        (report,) = handles
+        result.update(bad=bad, row_shares=row_shares, expected=expected, bytes_read=report["bytes_read"],
+                      same_logits=same_logits)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+
+
+def test_tensor_parallel_ranks_read_their_share_and_compute_as_transformers_does(tmp_path: Path) -> None:
+    """`model_kwargs={"tp_plan": "auto"}` on 2 gloo ranks: `transformers` shards the model as
+    DTensors and indexes our lazy slices, so each rank reads the rows of its dimension-0 shares
+    only; its local shards and the logits equal `transformers`' own tensor-parallel load."""
+    import torch.multiprocessing as mp
+
+    path = small_causal_lm("qwen2", tmp_path)
+    total = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(_tensor_parallel_worker, args=(2, str(path), str(out)), nprocs=2, join=True,
+                       start_method="spawn")
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in results:
+        assert "error" not in r, r
+        assert r["bad"] == [] and r["same_logits"], r
+        assert r["row_shares"] >= 20, "q/k/v/gate/up projections, embeddings and lm_head split by rows"
+        assert r["bytes_read"] == r["expected"], r
+        assert r["bytes_read"] < 0.65 * total, r
