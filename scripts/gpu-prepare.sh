@@ -20,8 +20,9 @@ grep -qx 'gpu-check-out/' .git/info/exclude 2>/dev/null || echo 'gpu-check-out/'
 rm -rf "${carry:?}"/*
 cargo build --release -p staging-cli --bin stage
 strip -o "$carry/stage" target/release/stage
-cargo build --release -p backend-mock --example range_serve
+cargo build --release -p backend-mock --example range_serve --example delay_proxy
 strip -o "$carry/range_serve" target/release/examples/range_serve
+strip -o "$carry/delay_proxy" target/release/examples/delay_proxy
 cargo build --release --example callers_stream
 strip -o "$carry/callers_stream" target/release/examples/callers_stream
 "$python" -m maturin build --release -m crates/staging-py/Cargo.toml -o "$carry" --interpreter "$python"

@@ -563,6 +563,7 @@ def main():
     ap.add_argument("--budget", default="4GiB", help="--device-memory for the low-memory run")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--range-serve", help="backend-mock's range_serve example: adds a row loading from http://")
+    ap.add_argument("--delay-proxy", help="backend-mock's delay_proxy example: the http:// row again, 20 ms away")
     ap.add_argument("--callers-stream", help="the callers_stream example: adds rows loading (Rust) on a cudarc "
                                              "stream of the caller's own, twice through one prepared backend")
     args = ap.parse_args()
@@ -654,6 +655,16 @@ def main():
         try:
             base = server.stdout.readline().strip() if server.stdout else ""
             stage_row("stage cufile from http:// (remote reader, pinned bounce)", [], path=f"{base}/gpu/ckpt")
+            if args.delay_proxy:
+                # The same 20 ms away (a round trip added to each request by a proxy).
+                proxy = subprocess.Popen([args.delay_proxy, base.removeprefix("http://"), "20"],
+                                         stdout=subprocess.PIPE, text=True)
+                try:
+                    far = proxy.stdout.readline().strip() if proxy.stdout else ""
+                    stage_row("stage cufile from http:// 20 ms away (delay_proxy)", [], path=f"{far}/gpu/ckpt")
+                finally:
+                    proxy.terminate()
+                    proxy.wait(30)
         finally:
             server.terminate()
             server.wait(30)

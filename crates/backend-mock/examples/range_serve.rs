@@ -1,6 +1,7 @@
 //! Serves the files of a directory over plain HTTP from memory (HEAD, ranged GET, ETag): a
 //! stand-in for an S3 endpoint with path-style URLs that is not itself the bottleneck, for the
-//! remote benchmark (`scripts/bench_remote.py --server range`). Requests are not authenticated.
+//! GPU check's remote rows (`scripts/gpu_check.py --range-serve`), where nginx may not be
+//! installed; the remote benchmark uses nginx. Requests are not authenticated.
 //!
 //! ```text
 //! cargo run --release -p backend-mock --example range_serve -- DIR /BUCKET/PREFIX [ADDR]
