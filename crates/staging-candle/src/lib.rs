@@ -189,6 +189,11 @@ fn deliver(
     tensor.to_dtype(dtype)?.to_device(device)
 }
 
+/// A loader of the `host` backend with the library's default policy.
+fn host_loader() -> Loader<'static> {
+    Loader::new().backend(safetensors_staging::Backend::Host(Default::default()))
+}
+
 /// A whole checkpoint in candle CPU tensors, loaded at once by the library: a
 /// [`SimpleBackend`] for [`VarBuilder::from_backend`].
 pub struct StagedTensors {
@@ -211,10 +216,7 @@ impl StagedTensors {
     /// Loads the checkpoint at `path` into host memory (the `host` backend, the library's
     /// default policy).
     pub fn load(path: impl AsRef<Path>) -> candle_core::Result<Self> {
-        Self::load_with(
-            Loader::new().backend(safetensors_staging::Backend::Host(Default::default())),
-            path,
-        )
+        Self::load_with(host_loader(), path)
     }
 
     /// Loads the checkpoint at `path` with `loader`'s options (selection, policy, remote
@@ -331,10 +333,7 @@ impl std::fmt::Debug for ShardedStaged {
 impl ShardedStaged {
     /// Reads the headers of the checkpoint at `path` (host backend); tensors are read later.
     pub fn open(path: impl AsRef<Path>) -> candle_core::Result<Self> {
-        Self::open_with(
-            Loader::new().backend(safetensors_staging::Backend::Host(Default::default())),
-            path,
-        )
+        Self::open_with(host_loader(), path)
     }
 
     /// Reads the headers of the checkpoint at `path` with `loader`'s options (its backend must
