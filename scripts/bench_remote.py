@@ -44,6 +44,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -218,8 +219,6 @@ def start_nginx(checkpoint: Path, work: Path) -> Tuple[subprocess.Popen, str]:
     root = work / "root"
     (root / BUCKET).mkdir(parents=True)
     (root / BUCKET / "model").symlink_to(checkpoint.resolve())
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -294,7 +293,7 @@ def main() -> None:
         servers.append(nginx)
         chosen = [c for c in args.only.split(",") if c]
         extra = shlex.split(args.stage_args)
-        results: Dict[Tuple[int, str], List[Tuple[float, float]]] = {}
+        results: Dict[Tuple[int, str], List[Tuple[float, float, int]]] = {}  # seconds, sys, peak RSS
         endpoints: Dict[int, str] = {}
         for rtt in (int(r) for r in args.rtt_ms.split(",")):
             if rtt:

@@ -157,15 +157,23 @@ impl Destination<HostMemory> for IntoVecs {
     }
 }
 
-/// A candle CPU tensor of `meta`'s dtype and shape from its bytes (one copy).
-fn from_bytes(meta: &TensorMeta, bytes: &[u8]) -> candle_core::Result<Tensor> {
+/// A candle CPU tensor of a loaded tensor's dtype and shape, its bytes copied once into candle's
+/// memory (straight from the library's host memory; through a copy to the host otherwise).
+fn from_loaded(tensor: &safetensors_staging::Tensor, what: &str) -> candle_core::Result<Tensor> {
+    let meta = tensor.meta();
     let dtype = candle_dtype(meta.dtype).ok_or_else(|| {
         error(format!(
             "tensor {}: candle has no dtype for {:?}",
             meta.name, meta.dtype
         ))
     })?;
-    Tensor::from_raw_buffer(bytes, dtype, &meta.shape, &Device::Cpu)
+    match tensor.host_bytes() {
+        Some(bytes) => Tensor::from_raw_buffer(bytes, dtype, &meta.shape, &Device::Cpu),
+        None => {
+            let bytes = tensor.to_vec().map_err(|e| staging_error(what, e))?;
+            Tensor::from_raw_buffer(&bytes, dtype, &meta.shape, &Device::Cpu)
+        }
+    }
 }
 
 /// The tensor `name` as a model asks for it: on `device`, of `dtype` (converted as candle's
@@ -242,8 +250,7 @@ impl StagedTensors {
                 } else if candle_dtype(meta.dtype).is_none() {
                     unsupported.insert(meta.name.clone(), meta.dtype);
                 } else {
-                    let bytes = tensor.to_vec().map_err(|e| staging_error(&what, e))?;
-                    tensors.insert(meta.name.clone(), from_bytes(&meta, &bytes)?);
+                    tensors.insert(meta.name.clone(), from_loaded(&tensor, &what)?);
                 }
             }
             load.report()
@@ -365,17 +372,22 @@ impl ShardedStaged {
         self.bytes_read.load(Ordering::Relaxed)
     }
 
+    /// `name`'s metadata, or candle's error for a tensor the checkpoint lacks.
+    fn meta(&self, name: &str) -> candle_core::Result<&TensorMeta> {
+        self.checkpoint
+            .tensor(name)
+            .ok_or_else(|| candle_core::Error::CannotFindTensor {
+                path: name.to_owned(),
+            })
+    }
+
     /// Reads `name`, only `rows` of dimension 0 when given: a candle CPU tensor.
     fn read(
         &self,
         name: &str,
         rows: Option<std::ops::Range<usize>>,
     ) -> candle_core::Result<Tensor> {
-        if self.checkpoint.tensor(name).is_none() {
-            return Err(candle_core::Error::CannotFindTensor {
-                path: name.to_owned(),
-            });
-        }
+        self.meta(name)?;
         let mut selection = Selection::names([name]);
         if let Some(rows) = rows {
             selection = selection.rows(name, RowRange::Rows(rows));
@@ -392,12 +404,11 @@ impl ShardedStaged {
             .next()
             .ok_or_else(|| error(format!("tensor {name}: the load gave nothing")))?
             .map_err(|e| staging_error(name, e))?;
-        let tensor_meta = &tensor.meta().clone();
-        let bytes = tensor.to_vec().map_err(|e| staging_error(name, e))?;
+        let candle = from_loaded(&tensor, name)?;
         drop(tensor);
         self.bytes_read
             .fetch_add(load.report().bytes_read, Ordering::Relaxed);
-        from_bytes(tensor_meta, &bytes)
+        Ok(candle)
     }
 }
 
@@ -416,12 +427,7 @@ impl Backend for ShardedStaged {
             let tensor = self.read(name, None)?;
             return deliver(&tensor, name, Some(&target_shape), dtype, dev);
         }
-        let meta =
-            self.checkpoint
-                .tensor(name)
-                .ok_or_else(|| candle_core::Error::CannotFindTensor {
-                    path: name.to_owned(),
-                })?;
+        let meta = self.meta(name)?;
         let Shard {
             dim,
             rank,
