@@ -1,8 +1,10 @@
 //! A plain HTTP/1.1 server on loopback that serves objects from memory with `HEAD`, ranged
 //! `GET`, `ETag` and `If-Match`, `Last-Modified` and `If-Unmodified-Since`, and scripted
 //! faults: the first request of each range failing with 503, bodies cut short, denied paths,
-//! objects replaced while a load runs, validators left out or conditions ignored. For tests of
-//! the remote reader against a real socket and a real HTTP client.
+//! objects replaced while a load runs, validators left out, weak ETags or conditions ignored;
+//! and redirects, to wherever a test points them. It logs each request's `Authorization`
+//! header, so a test sees which host was sent a login. For tests of the remote reader against
+//! a real socket and a real HTTP client.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, Write};
@@ -33,6 +35,9 @@ pub struct Faults {
     /// Every `GET` is read and never answered (the connection stays open until the server
     /// stops), as a server that stopped answering does.
     pub stall: bool,
+    /// Send weak ETags (`W/"v1"`), and evaluate `If-Match` as RFC 9110 says: by strong
+    /// comparison, which a weak tag never passes (412).
+    pub weak_etag: bool,
 }
 
 /// One request the server answered.
@@ -50,6 +55,8 @@ pub struct Logged {
     pub if_match: Option<String>,
     /// The request's `If-Unmodified-Since`, if any, as sent.
     pub if_unmodified_since: Option<String>,
+    /// The request's `Authorization`, if any.
+    pub authorization: Option<String>,
 }
 
 /// One object: its bytes, its ETag and its modification time (seconds since the epoch).
@@ -74,6 +81,8 @@ struct State {
     seen_ends: HashSet<(String, Option<u64>)>,
     log: Vec<Logged>,
     versions: u64,
+    /// Paths answered with `302 Found` and this `Location`.
+    redirects: HashMap<String, String>,
 }
 
 /// The server; it stops when dropped.
@@ -159,6 +168,14 @@ impl RangeServer {
         Ok(())
     }
 
+    /// Answers every request for `path` with `302 Found` to `location` (a URL, perhaps of
+    /// another server).
+    pub fn redirect(&self, path: &str, location: &str) {
+        self.state()
+            .redirects
+            .insert(path.to_owned(), location.to_owned());
+    }
+
     /// Stops serving `path` (404 from now on).
     pub fn remove(&self, path: &str) {
         self.state().objects.remove(path);
@@ -197,6 +214,7 @@ impl Drop for RangeServer {
 /// What one answer is.
 enum Answer {
     Status(u16),
+    Redirect(String),
     Listing(String),
     Head {
         len: u64,
@@ -384,6 +402,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
         let mut range = None;
         let mut if_match = None;
         let mut if_unmodified_since = None;
+        let mut authorization = None;
         loop {
             let mut header = String::new();
             if reader.read_line(&mut header)? == 0 {
@@ -398,6 +417,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
                     "range" => range = parse_range(value),
                     "if-match" => if_match = Some(value.trim().to_owned()),
                     "if-unmodified-since" => if_unmodified_since = Some(value.trim().to_owned()),
+                    "authorization" => authorization = Some(value.trim().to_owned()),
                     _ => {}
                 }
             }
@@ -421,6 +441,9 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
             let faults = state.faults.clone();
             let answer = match state.objects.get(&path) {
                 _ if faults.denied.contains(&path) => Answer::Status(403),
+                _ if state.redirects.contains_key(&path) => {
+                    Answer::Redirect(state.redirects[&path].clone())
+                }
                 None if method == "GET" && query.contains("list-type=2") => {
                     Answer::Listing(list_objects(&state.objects, &path, &query))
                 }
@@ -428,14 +451,21 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
                 Some(object) => {
                     let bytes = &object.bytes;
                     let range = range.map(|r| resolve(r, bytes.len() as u64));
+                    let etag = if faults.weak_etag {
+                        format!("W/{}", object.etag)
+                    } else {
+                        object.etag.clone()
+                    };
                     let validators = Validators {
-                        etag: (!faults.no_etag).then(|| object.etag.clone()),
+                        etag: (!faults.no_etag).then_some(etag),
                         last_modified: (!faults.no_last_modified)
                             .then(|| http_date(object.modified)),
                     };
+                    // Strong comparison: a weak tag on either side never matches.
                     let etag_stale = matches!(
                         (&if_match, &validators.etag),
-                        (Some(want), Some(have)) if want != have
+                        (Some(want), Some(have))
+                            if want != have || want.starts_with("W/") || have.starts_with("W/")
                     );
                     // RFC 9110 13.1.4: evaluated only without If-Match, and only when the
                     // server has a modification date.
@@ -470,6 +500,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
             };
             let status = match &answer {
                 Answer::Status(s) => *s,
+                Answer::Redirect(_) => 302,
                 Answer::Head { .. } | Answer::Listing(_) => 200,
                 Answer::Body { range, .. } => {
                     if range.is_some() {
@@ -486,12 +517,19 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
                 status,
                 if_match,
                 if_unmodified_since,
+                authorization,
             });
             answer
         };
         match answer {
             Answer::Status(status) => {
                 write!(out, "HTTP/1.1 {status} Status\r\nContent-Length: 0\r\n\r\n")?;
+            }
+            Answer::Redirect(location) => {
+                write!(
+                    out,
+                    "HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n"
+                )?;
             }
             Answer::Listing(xml) => {
                 write!(
