@@ -593,6 +593,10 @@ where
         self.source.unchanged_by()
     }
 
+    fn redirects(&self) -> Vec<String> {
+        self.source.redirects()
+    }
+
     fn open(&self, path: &Path) -> Result<R::File, ReadError> {
         self.source.open(path)
     }

@@ -163,6 +163,10 @@ impl<R: Reader> Reader for FaultyReader<R> {
         self.inner.unchanged_by()
     }
 
+    fn redirects(&self) -> Vec<String> {
+        self.inner.redirects()
+    }
+
     fn open(&self, path: &Path) -> Result<Self::File, ReadError> {
         if self.fail_open {
             return Err(ReadError::Io(io::Error::new(

@@ -112,6 +112,10 @@ where
         self.inner.unchanged_by()
     }
 
+    fn redirects(&self) -> Vec<String> {
+        self.inner.redirects()
+    }
+
     fn verify_unchanged(
         &self,
         path: &Path,

@@ -80,6 +80,10 @@ pub struct LoadReport {
     /// and for object storage `etag`, `last-modified` or `size` (a replacement of the same size
     /// is then not seen).
     pub unchanged_by: &'static str,
+    /// Each redirect the reader followed to another host than the one asked for, as
+    /// `URL -> host[:port]`: where the bytes of that URL really came from (none for local
+    /// files, and none when every response came from the host asked for).
+    pub redirects: Vec<String>,
     /// Why the backend runs its POSIX path when its library's own path was asked for
     /// automatically and could not run (no usable `libcufile`, say); `None` otherwise.
     pub mode_reason: Option<String>,
@@ -144,6 +148,11 @@ impl LoadReport {
         self.bytes_read += other.bytes_read;
         self.files = self.files.max(other.files);
         self.mode = other.mode;
+        for redirect in &other.redirects {
+            if !self.redirects.contains(redirect) {
+                self.redirects.push(redirect.clone());
+            }
+        }
     }
 }
 

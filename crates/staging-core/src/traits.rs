@@ -129,6 +129,12 @@ pub trait Reader: Send + Sync {
         "file-identity"
     }
 
+    /// Each redirect this reader followed to another host than the one asked for, as
+    /// `URL -> host[:port]`, for the report's `redirects`: by default none (local files).
+    fn redirects(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Whether `path` is still the file whose header was read (`identity`), checked when a file
     /// is opened and after every tensor is read, before it is handed out; `Err` says what
     /// changed. By default, the file's metadata on the local file system; a reader of another
@@ -167,6 +173,10 @@ impl<R: Reader + ?Sized> Reader for std::sync::Arc<R> {
 
     fn unchanged_by(&self) -> &'static str {
         (**self).unchanged_by()
+    }
+
+    fn redirects(&self) -> Vec<String> {
+        (**self).redirects()
     }
 
     fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {

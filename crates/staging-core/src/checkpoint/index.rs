@@ -22,7 +22,7 @@ struct IndexFile {
 
 impl Checkpoint {
     /// Opens a sharded checkpoint from its index file. Every shard name, as written, must be a
-    /// plain relative path inside the index's directory (see [`checked_relative`]) naming a
+    /// plain relative path inside the index's directory ([`Store::join`]) naming a
     /// regular file; where a symlink of that name then points is the file system's business, as
     /// for Python `safetensors` (a Hugging Face hub-cache snapshot links every file into
     /// `../../blobs/`). The index and the shards' headers must agree tensor for tensor.
@@ -56,9 +56,9 @@ impl Checkpoint {
         let mut shard_paths: Vec<PathBuf> = Vec::new();
         let mut canonical_seen: HashMap<PathBuf, usize> = HashMap::new();
         for name in names {
-            let relative = checked_relative(name)
+            let joined = store
+                .join(&root, name)
                 .map_err(|why| Error::index(index_path, format!("shard path {name:?} {why}")))?;
-            let joined = root.join(&relative);
             let Some(canonical) = store.canonical(&joined)? else {
                 return Err(Error::index(
                     index_path,
@@ -113,34 +113,11 @@ impl Checkpoint {
     }
 }
 
-/// Checks that an index's shard name is a plain relative path and returns it: `/`-separated
-/// components, each a real name (not empty, not `.` or `..`, without a backslash or a NUL), and
-/// no leading `/`.
-pub(super) fn checked_relative(name: &str) -> std::result::Result<PathBuf, &'static str> {
-    if name.is_empty() {
-        return Err("is empty");
-    }
-    if name.starts_with('/') {
-        return Err("is absolute");
-    }
-    let mut out = PathBuf::new();
-    for part in name.split('/') {
-        match part {
-            "" => return Err("has an empty component"),
-            "." => return Err("has a '.' component"),
-            ".." => return Err("contains '..'"),
-            _ if part.contains('\\') => return Err("contains a backslash"),
-            _ if part.contains('\0') => return Err("contains a NUL byte"),
-            _ => out.push(part),
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::store::checked_relative;
     use rstest::rstest;
+    use std::path::PathBuf;
 
     #[rstest]
     #[case("", Err("is empty"))]
@@ -153,9 +130,11 @@ mod tests {
     #[case("sub/", Err("has an empty component"))]
     #[case("..\\x.safetensors", Err("contains a backslash"))]
     #[case("a\0b", Err("contains a NUL byte"))]
+    #[case("a\nb.safetensors", Err("contains a control character"))]
+    #[case("sub/\u{7f}", Err("contains a control character"))]
     #[case("a.safetensors", Ok(PathBuf::from("a.safetensors")))]
     #[case("sub/a.safetensors", Ok(PathBuf::from("sub/a.safetensors")))]
     fn shard_paths(#[case] name: &str, #[case] expected: std::result::Result<PathBuf, &str>) {
-        assert_eq!(checked_relative(name), expected);
+        assert_eq!(checked_relative(name), expected.map_err(str::to_owned));
     }
 }

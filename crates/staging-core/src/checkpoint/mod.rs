@@ -24,7 +24,7 @@ pub use safetensors::Dtype;
 pub use header::FileIdentity;
 pub use partition::{Piece, Plan};
 pub use select::{RowRange, Selection};
-pub use store::{EntryKind, LocalFiles, Store, StoreFile, is_url};
+pub use store::{EntryKind, LocalFiles, Store, StoreFile, checked_components, is_url};
 
 use crate::error::{Error, Result};
 use header::{ParsedFile, read_header};
@@ -145,11 +145,22 @@ impl Checkpoint {
     }
 
     fn open_dir(store: &dyn Store, dir: &Path) -> Result<Self> {
-        let index = dir.join(INDEX_FILE_NAME);
+        let entry = |name: &str| {
+            store.join(dir, name).map_err(|why| {
+                Error::io(
+                    dir,
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("entry {name:?} {why}"),
+                    ),
+                )
+            })
+        };
+        let index = entry(INDEX_FILE_NAME)?;
         if store.exists(&index) {
             return Self::from_index_in(store, &index);
         }
-        let single = dir.join(SINGLE_FILE_NAME);
+        let single = entry(SINGLE_FILE_NAME)?;
         if store.exists(&single) {
             return Self::from_files_in(store, [single]);
         }
@@ -162,7 +173,11 @@ impl Checkpoint {
             return Err(Error::NoCheckpoint { path: dir.into() });
         }
         found.sort_by(|a, b| natural_cmp(a, b));
-        Self::from_files_in(store, found.iter().map(|name| dir.join(name)))
+        let files = found
+            .iter()
+            .map(|name| entry(name))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_files_in(store, files)
     }
 
     fn assemble(parsed: Vec<ParsedFile>) -> Result<Self> {

@@ -42,6 +42,48 @@ pub trait Store: Send + Sync {
     /// A name equal for every path of one file (two index names linking to one blob are one
     /// shard); `None` when nothing is at `path`.
     fn canonical(&self, path: &Path) -> Result<Option<PathBuf>>;
+
+    /// The path of `name` (`/`-separated, as an index writes its shard names) inside the
+    /// directory `dir`, joined by this store's own rules, one component at a time: what comes
+    /// back names an entry under `dir` and nothing else, or `Err` says why `name` cannot be
+    /// one. By default a plain relative path ([`checked_relative`]) joined onto `dir` as the
+    /// local file system does; a store whose paths are parsed again later (a URL) refuses what
+    /// its parser would turn into something else, and checks the parsed result.
+    fn join(&self, dir: &Path, name: &str) -> std::result::Result<PathBuf, String> {
+        Ok(dir.join(checked_relative(name)?))
+    }
+}
+
+/// Checks that `name` is a plain relative path and returns it: `/`-separated components, each a
+/// real name (not empty, not `.` or `..`, without a backslash, a NUL or another control
+/// character), and no leading `/`.
+pub(crate) fn checked_relative(name: &str) -> std::result::Result<PathBuf, String> {
+    let mut out = PathBuf::new();
+    for part in checked_components(name)? {
+        out.push(part);
+    }
+    Ok(out)
+}
+
+/// The components of `name` when it is a plain relative path (see [`checked_relative`]).
+pub fn checked_components(name: &str) -> std::result::Result<Vec<&str>, String> {
+    if name.is_empty() {
+        return Err("is empty".into());
+    }
+    if name.starts_with('/') {
+        return Err("is absolute".into());
+    }
+    name.split('/')
+        .map(|part| match part {
+            "" => Err("has an empty component".to_owned()),
+            "." => Err("has a '.' component".to_owned()),
+            ".." => Err("contains '..'".to_owned()),
+            _ if part.contains('\\') => Err("contains a backslash".to_owned()),
+            _ if part.contains('\0') => Err("contains a NUL byte".to_owned()),
+            _ if part.contains(char::is_control) => Err("contains a control character".to_owned()),
+            _ => Ok(part),
+        })
+        .collect()
 }
 
 /// A file open in a [`Store`].

@@ -200,6 +200,10 @@ impl<R: Reader> Reader for Counted<'_, R> {
         self.inner.unchanged_by()
     }
 
+    fn redirects(&self) -> Vec<String> {
+        self.inner.redirects()
+    }
+
     fn open(&self, path: &std::path::Path) -> std::result::Result<R::File, ReadError> {
         self.inner.open(path)
     }

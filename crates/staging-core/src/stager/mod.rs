@@ -198,6 +198,7 @@ where
             backend: self.reader.name().to_owned(),
             mode: self.reader.mode(),
             unchanged_by: self.reader.unchanged_by(),
+            redirects: self.reader.redirects(),
             passed_over: Vec::new(),
             mode_reason: None,
             files: self.checkpoint.files().len(),
