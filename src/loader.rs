@@ -445,7 +445,7 @@ impl<'d> Prepared<'d> {
     /// directory).
     pub fn open(&mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
         let path = path.as_ref();
-        let source = self.source_of(path)?;
+        let source = self.source_of(path, Revalidate::Yes)?;
         let checkpoint = source.open(path)?;
         self.load(checkpoint, source)
     }
@@ -458,7 +458,7 @@ impl<'d> Prepared<'d> {
     {
         let files: Vec<P> = files.into_iter().collect();
         let source = match files.first() {
-            Some(first) => self.source_of(first.as_ref())?,
+            Some(first) => self.source_of(first.as_ref(), Revalidate::Yes)?,
             None => Source::Local,
         };
         let checkpoint = source.open_files(&files)?;
@@ -469,19 +469,26 @@ impl<'d> Prepared<'d> {
     /// store).
     pub fn open_checkpoint(&mut self, checkpoint: Checkpoint) -> Result<Load<'d>> {
         let source = match checkpoint.files().first() {
-            Some(first) => self.source_of(&first.path)?,
+            // The versions its headers were read at are the ones this load reads.
+            Some(first) => self.source_of(&first.path, Revalidate::No)?,
             None => Source::Local,
         };
         self.load(checkpoint, source)
     }
 
-    /// Where `path` is read from: a URL's store (the one already open when it holds `path`), or
-    /// the local file system.
-    fn source_of(&mut self, path: &Path) -> Result<Source> {
+    /// Where `path` is read from: a URL's store (the one already open when it holds `path`,
+    /// asked afresh what its objects are when `revalidate` says so: a checkpoint opened again
+    /// sees an object replaced since), or the local file system.
+    fn source_of(&mut self, path: &Path, revalidate: Revalidate) -> Result<Source> {
         #[cfg(feature = "remote")]
         if let Some(store) = self.store.as_ref().filter(|s| s.holds(path)) {
+            if revalidate == Revalidate::Yes {
+                store.revalidate();
+            }
             return Ok(Source::Remote(store.clone()));
         }
+        #[cfg(not(feature = "remote"))]
+        let _ = revalidate;
         let source = Source::of(
             path,
             #[cfg(feature = "remote")]
@@ -506,7 +513,9 @@ impl<'d> Prepared<'d> {
     /// nothing again of what was asked here.
     pub fn read_headers<P: AsRef<Path>>(&mut self, paths: &[P]) -> Result<Checkpoint> {
         match paths.first() {
-            Some(first) => self.source_of(first.as_ref())?.read_headers(paths),
+            Some(first) => self
+                .source_of(first.as_ref(), Revalidate::Yes)?
+                .read_headers(paths),
             None => Ok(Checkpoint::from_files::<_, &Path>([])?),
         }
     }
@@ -664,6 +673,15 @@ impl<'d> Prepared<'d> {
     }
 }
 
+/// Whether a store already open is asked afresh what its objects are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Revalidate {
+    /// A checkpoint is being opened: each object as it is now.
+    Yes,
+    /// A checkpoint already opened is being loaded: the versions its headers were read at.
+    No,
+}
+
 /// Where a checkpoint's bytes come from.
 enum Source {
     /// The local file system.
@@ -699,14 +717,28 @@ impl Source {
         }
     }
 
+    /// `path` as the checkpoint names it in reports and errors: a URL without the login it
+    /// may carry (the store was opened with it), a local path as it is.
+    fn public(&self, path: &Path) -> Result<std::path::PathBuf> {
+        match self {
+            Self::Local => Ok(path.to_path_buf()),
+            #[cfg(feature = "remote")]
+            Self::Remote(remote) => Ok(remote.public_path(path)?),
+        }
+    }
+
     /// The checkpoint at `path` (a directory, an index or one file).
     fn open(&self, path: &Path) -> Result<Checkpoint> {
-        Ok(Checkpoint::open_in(self.store(), path)?)
+        Ok(Checkpoint::open_in(self.store(), &self.public(path)?)?)
     }
 
     /// These files as one checkpoint.
     fn open_files<P: AsRef<Path>>(&self, files: &[P]) -> Result<Checkpoint> {
-        Ok(Checkpoint::from_files_in(self.store(), files)?)
+        let files = files
+            .iter()
+            .map(|f| self.public(f.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Checkpoint::from_files_in(self.store(), &files)?)
     }
 
     /// One path as [`open`](Self::open) takes it, several as files.

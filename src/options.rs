@@ -120,8 +120,10 @@ impl FromStr for HipfileMode {
 
 /// Every setting of a load, as plain data: what `stage`'s flags, Python's keywords and C's
 /// `stg_config_set` keys all spell, one field per key of [`LoadOptions::KEYS`]. `None` keeps the
-/// library's default. Two doors given the same settings produce equal options.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// library's default. Two doors given the same settings produce equal options. `Debug` (what
+/// `stage --print-options`, C's `stg_config_describe` and Python's `_options` print) shows no
+/// secret: a store option that may hold one reads `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoadOptions {
     /// `backend`: which backend loads (default `auto`).
@@ -177,6 +179,85 @@ pub struct LoadOptions {
     pub bandwidth: Option<u64>,
     /// `store_option` (repeatable, `KEY=VALUE`): object_store options, after the environment.
     pub store_options: Vec<(String, String)>,
+    /// `allow_redirect` (repeatable): for a URL, a host a redirect may lead to besides the one
+    /// asked for (`cdn.example.com`, `*.example.com`, or `*` for any).
+    pub allow_redirects: Vec<String>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field by name, so that a new one cannot be left out of the dump unnoticed.
+        let Self {
+            backend,
+            device,
+            memory_cap,
+            chunk_size,
+            staging_size,
+            headroom_min,
+            headroom_divisor,
+            threads,
+            staging_slots,
+            coalesce_below,
+            suballocate,
+            direct_io,
+            cufile_mode,
+            cufile_lib,
+            hipfile_mode,
+            hipfile_lib,
+            hip_lib,
+            select,
+            rows,
+            concurrency,
+            range_size,
+            retries,
+            bandwidth,
+            store_options,
+            allow_redirects,
+        } = self;
+        f.debug_struct("LoadOptions")
+            .field("backend", backend)
+            .field("device", device)
+            .field("memory_cap", memory_cap)
+            .field("chunk_size", chunk_size)
+            .field("staging_size", staging_size)
+            .field("headroom_min", headroom_min)
+            .field("headroom_divisor", headroom_divisor)
+            .field("threads", threads)
+            .field("staging_slots", staging_slots)
+            .field("coalesce_below", coalesce_below)
+            .field("suballocate", suballocate)
+            .field("direct_io", direct_io)
+            .field("cufile_mode", cufile_mode)
+            .field("cufile_lib", cufile_lib)
+            .field("hipfile_mode", hipfile_mode)
+            .field("hipfile_lib", hipfile_lib)
+            .field("hip_lib", hip_lib)
+            .field("select", select)
+            .field("rows", rows)
+            .field("concurrency", concurrency)
+            .field("range_size", range_size)
+            .field("retries", retries)
+            .field("bandwidth", bandwidth)
+            .field("store_options", &redacted_store_options(store_options))
+            .field("allow_redirects", allow_redirects)
+            .finish()
+    }
+}
+
+/// `options` as they may be shown: the remote backend's redaction of secret values, or (in a
+/// build without it) every value redacted.
+fn redacted_store_options(options: &[(String, String)]) -> Vec<(String, String)> {
+    #[cfg(feature = "remote")]
+    {
+        backend_remote::redacted_options(options)
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        options
+            .iter()
+            .map(|(key, _)| (key.clone(), "<redacted>".to_owned()))
+            .collect()
+    }
 }
 
 impl Default for LoadOptions {
@@ -206,6 +287,7 @@ impl Default for LoadOptions {
             retries: None,
             bandwidth: None,
             store_options: Vec::new(),
+            allow_redirects: Vec::new(),
         }
     }
 }
@@ -351,7 +433,12 @@ impl LoadOptions {
         (
             "store_option",
             ValueKind::Repeated,
-            "URLs: an object_store option KEY=VALUE, after the environment: aws_endpoint=http://127.0.0.1:9000, allow_http=true, ... (repeatable)",
+            "URLs: an object_store option KEY=VALUE, after the environment: aws_endpoint=http://127.0.0.1:9000, allow_http=true, ... (repeatable; secret values are never printed)",
+        ),
+        (
+            "allow_redirect",
+            ValueKind::Repeated,
+            "URLs: a host a redirect may lead to besides the one asked for: cdn.example.com, *.example.com, or * for any (repeatable; default: the same host, or the cloud's own endpoints)",
         ),
     ];
 
@@ -408,6 +495,9 @@ impl LoadOptions {
             "store_option" => self
                 .store_options
                 .push(parse_key_value(value).map_err(invalid)?),
+            "allow_redirect" => self
+                .allow_redirects
+                .push(parse_host(value).map_err(invalid)?),
             _ => {
                 let known: Vec<&str> = Self::KEYS.iter().map(|(k, ..)| *k).collect();
                 return Err(invalid(format!(
@@ -570,6 +660,7 @@ impl LoadOptions {
         }
         options.bandwidth = self.bandwidth;
         options.config.clone_from(&self.store_options);
+        options.allow_redirects.clone_from(&self.allow_redirects);
         options
     }
 
@@ -635,6 +726,29 @@ fn parse_path(text: &str) -> Result<PathBuf, String> {
         return Err("an empty path".into());
     }
     Ok(PathBuf::from(text))
+}
+
+/// A host a redirect may go to: `host` (a name or an address, without port), `*.domain` or `*`.
+fn parse_host(text: &str) -> Result<String, String> {
+    let host = text.trim().to_ascii_lowercase();
+    let name = host.strip_prefix("*.").unwrap_or(&host);
+    let ipv6 = name.starts_with('[')
+        && name.ends_with(']')
+        && name.len() > 2
+        && name[1..name.len() - 1]
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    if host == "*" || plain || (ipv6 && !host.starts_with('*')) {
+        Ok(host)
+    } else {
+        Err(format!(
+            "{text:?} is not a host, *.domain or * (no scheme, port or path)"
+        ))
+    }
 }
 
 fn parse_key_value(text: &str) -> Result<(String, String), String> {
@@ -753,6 +867,7 @@ mod tests {
             (_, "hipfile_mode") => "posix",
             (_, "rows") => "w=0:1",
             (_, "store_option") => "allow_http=true",
+            (_, "allow_redirect") => "cdn.example.com",
             (ValueKind::Size, _) => "2MiB",
             (ValueKind::Count, _) => "3",
             (ValueKind::Bool, "suballocate") => "false",

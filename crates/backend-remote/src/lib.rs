@@ -47,6 +47,7 @@
 //! `http://` endpoint is allowed because it says so), then [`Options::config`] (object_store's
 //! keys, such as `aws_endpoint` or `allow_http`), which wins.
 
+mod client;
 mod location;
 mod pace;
 
@@ -62,22 +63,25 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStoreExt, RetryConfig,
+    BackoffConfig, ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectMeta,
+    ObjectStoreExt, RetryConfig,
 };
 use staging_core::{
     DeviceRegion, EntryKind, Error, FileIdentity, HostMemory, IoMode, ReadError, Reader, Store,
     StoreFile,
 };
 
+use client::{Connector, Redirects, RefusedRedirect};
 use location::Location;
-pub use location::Scheme;
+pub use location::{REDACTED, Scheme, redacted, redacted_path};
 /// The trait of object stores, for a caller's own ([`Remote::open_with`]).
 pub use object_store::ObjectStore;
 use pace::Pace;
 use std::future::Future;
 
-/// How a [`Remote`] reads.
-#[derive(Debug, Clone)]
+/// How a [`Remote`] reads. `Debug` shows no secret: the value of every store option that may
+/// hold one ([`is_secret_option`]) reads `<redacted>`.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Options {
     /// The most ranged `GET`s in flight at once, over every read of the `Remote` (default 16).
@@ -105,6 +109,106 @@ pub struct Options {
     /// Asked every 50 ms while a call waits on the network: once it says true, the call ends
     /// with an error, "interrupted" (default: none).
     pub interrupt: Option<Interrupt>,
+    /// Hosts a redirect may lead to besides the one asked for: a host (`cdn.example.com`),
+    /// `*.domain` (its hosts) or `*` (any). A redirect on the same host, or between two hosts
+    /// of one cloud's own domain (`*.amazonaws.com`, `*.googleapis.com`,
+    /// `*.core.windows.net`), needs none; any other is refused with an error naming both hosts
+    /// (default: none).
+    pub allow_redirects: Vec<String>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("concurrency", &self.concurrency)
+            .field("range_size", &self.range_size)
+            .field("max_retries", &self.max_retries)
+            .field("retry_backoff", &self.retry_backoff)
+            .field("retry_timeout", &self.retry_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("bandwidth", &self.bandwidth)
+            .field("config", &redacted_options(&self.config))
+            .field("interrupt", &self.interrupt)
+            .field("allow_redirects", &self.allow_redirects)
+            .finish()
+    }
+}
+
+/// Whether the store option `key` may hold a secret, by the stores' own keys: `key` is parsed
+/// as each store's configuration key (S3's, GCS's, Azure's, the HTTP client's: aliases and
+/// prefixes as object_store takes them), and only the keys this crate knows to be settings
+/// (a region, an endpoint, a timeout) are not secret. A key no store knows, and every
+/// credential, token, signature or customer-held encryption key, is.
+pub fn is_secret_option(key: &str) -> bool {
+    use object_store::aws::AmazonS3ConfigKey as S3;
+    use object_store::azure::AzureConfigKey as Az;
+    use object_store::gcp::GoogleConfigKey as Gcs;
+    let client = |k: &ClientConfigKey| !matches!(k, ClientConfigKey::ProxyUrl);
+    let s3 = key.parse::<S3>().ok().map(|k| match k {
+        S3::Client(k) => client(&k),
+        S3::Bucket
+        | S3::Region
+        | S3::DefaultRegion
+        | S3::Endpoint
+        | S3::S3Endpoint
+        | S3::StsEndpoint
+        | S3::ImdsV1Fallback
+        | S3::DisableBulkDelete
+        | S3::VirtualHostedStyleRequest
+        | S3::S3Express
+        | S3::UnsignedPayload
+        | S3::Checksum
+        | S3::MetadataEndpoint
+        | S3::SkipSignature
+        | S3::CopyIfNotExists
+        | S3::ConditionalPut
+        | S3::DisableTagging
+        | S3::RequestPayer => true,
+        _ => false,
+    });
+    let gcs = key.parse::<Gcs>().ok().map(|k| match k {
+        Gcs::Client(k) => client(&k),
+        Gcs::Bucket | Gcs::BaseUrl | Gcs::SkipSignature => true,
+        _ => false,
+    });
+    let azure = key.parse::<Az>().ok().map(|k| match k {
+        Az::Client(k) => client(&k),
+        Az::AccountName
+        | Az::ContainerName
+        | Az::Endpoint
+        | Az::UseEmulator
+        | Az::UseFabricEndpoint
+        | Az::UseAzureCli
+        | Az::SkipSignature
+        | Az::DisableTagging
+        | Az::AuthorityHost
+        | Az::AuthorityId
+        | Az::ClientId
+        | Az::ObjectId
+        | Az::MsiEndpoint
+        | Az::MsiResourceId => true,
+        _ => false,
+    });
+    let http = key.parse::<ClientConfigKey>().ok().map(|k| client(&k));
+    // Public only when every store that knows the key says it is a plain setting.
+    let verdicts = [s3, gcs, azure, http];
+    !(verdicts.iter().any(Option::is_some) && verdicts.iter().flatten().all(|public| *public))
+}
+
+/// `options` as they may be shown: the value of a secret key ([`is_secret_option`]) replaced
+/// by `<redacted>`, and a login or query in any other value's URL taken off ([`redacted`]).
+pub fn redacted_options(options: &[(String, String)]) -> Vec<(String, String)> {
+    options
+        .iter()
+        .map(|(key, value)| {
+            let shown = if is_secret_option(key) {
+                REDACTED.to_owned()
+            } else {
+                redacted(value)
+            };
+            (key.clone(), shown)
+        })
+        .collect()
 }
 
 /// A predicate that interrupts a [`Remote`]'s calls ([`Options::interrupt`]).
@@ -140,6 +244,7 @@ impl Default for Options {
             bandwidth: None,
             config: Vec::new(),
             interrupt: None,
+            allow_redirects: Vec::new(),
         }
     }
 }
@@ -150,19 +255,28 @@ impl Default for Options {
 pub enum Validator {
     /// The server gives ETags: every request is `If-Match`, every response's ETag compared.
     Etag,
+    /// A weak ETag (`W/"..."`, which no `If-Match` can rest on: a server compares it strongly
+    /// and refuses every request) and `Last-Modified`: every request is
+    /// `If-Unmodified-Since`, every response's `Last-Modified` and weak ETag compared.
+    WeakEtagLastModified,
     /// No ETag but `Last-Modified`: every request is `If-Unmodified-Since`, every response's
     /// `Last-Modified` compared (whole seconds).
     LastModified,
+    /// A weak ETag and no `Last-Modified`: every response's size and weak ETag compared.
+    WeakEtagSize,
     /// Neither: only the size is compared, so a replacement of the same size is not seen.
     Size,
 }
 
 impl Validator {
-    /// Its name in reports: `etag`, `last-modified`, `size`.
+    /// Its name in reports: `etag`, `weak-etag+last-modified`, `last-modified`,
+    /// `weak-etag+size`, `size`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Etag => "etag",
+            Self::WeakEtagLastModified => "weak-etag+last-modified",
             Self::LastModified => "last-modified",
+            Self::WeakEtagSize => "weak-etag+size",
             Self::Size => "size",
         }
     }
@@ -172,26 +286,38 @@ impl Validator {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Version {
     size: u64,
+    /// A strong ETag: the one validator that names the bytes.
     etag: Option<String>,
+    /// A weak ETag (`W/"..."`): no condition can rest on it (RFC 9110 compares `If-Match`
+    /// strongly, so a weak tag never matches and a conditional request always fails), but a
+    /// response whose weak tag differs is another version all the same.
+    weak_etag: Option<String>,
     /// `None` when the server sent no `Last-Modified` (object_store then says the epoch).
     last_modified: Option<DateTime<Utc>>,
 }
 
 impl Version {
     fn of(meta: &ObjectMeta) -> Self {
+        let (weak_etag, etag) = match &meta.e_tag {
+            Some(tag) if tag.starts_with("W/") => (Some(tag.clone()), None),
+            tag => (None, tag.clone()),
+        };
         Self {
             size: meta.size,
-            etag: meta.e_tag.clone(),
+            etag,
+            weak_etag,
             last_modified: (meta.last_modified != DateTime::<Utc>::UNIX_EPOCH)
                 .then_some(meta.last_modified),
         }
     }
 
     fn validator(&self) -> Validator {
-        match (&self.etag, &self.last_modified) {
-            (Some(_), _) => Validator::Etag,
-            (None, Some(_)) => Validator::LastModified,
-            (None, None) => Validator::Size,
+        match (&self.etag, self.weak_etag.is_some(), &self.last_modified) {
+            (Some(_), ..) => Validator::Etag,
+            (None, true, Some(_)) => Validator::WeakEtagLastModified,
+            (None, false, Some(_)) => Validator::LastModified,
+            (None, true, None) => Validator::WeakEtagSize,
+            (None, false, None) => Validator::Size,
         }
     }
 
@@ -202,6 +328,7 @@ impl Version {
         let ino = self
             .etag
             .as_deref()
+            .or(self.weak_etag.as_deref())
             .unwrap_or("")
             .bytes()
             .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
@@ -223,19 +350,24 @@ impl Version {
         if now.size != self.size {
             return Some(format!("it is now {} bytes", now.size));
         }
+        if let (Some(was), Some(is)) = (&self.weak_etag, &now.weak_etag)
+            && was != is
+        {
+            return Some(format!("it is now ETag {is}"));
+        }
+        let by_date = matches!(
+            self.validator(),
+            Validator::LastModified | Validator::WeakEtagLastModified
+        );
         match (self.validator(), &now.etag, &now.last_modified) {
             (Validator::Etag, Some(etag), _) if Some(etag) != self.etag.as_ref() => {
                 Some(format!("it is now ETag {etag}"))
             }
             (Validator::Etag, None, _) => Some("a response carried no ETag".to_owned()),
-            (Validator::LastModified, _, Some(date))
-                if Some(date) != self.last_modified.as_ref() =>
-            {
+            (_, _, Some(date)) if by_date && Some(date) != self.last_modified.as_ref() => {
                 Some(format!("it is now Last-Modified {}", date.to_rfc2822()))
             }
-            (Validator::LastModified, _, None) => {
-                Some("a response carried no Last-Modified".to_owned())
-            }
+            (_, _, None) if by_date => Some("a response carried no Last-Modified".to_owned()),
             _ => None,
         }
     }
@@ -243,6 +375,13 @@ impl Version {
     fn describe(&self) -> String {
         match (&self.etag, &self.last_modified) {
             (Some(etag), _) => format!("ETag {etag}"),
+            (None, _) if self.weak_etag.is_some() => {
+                let by = match &self.last_modified {
+                    Some(date) => format!("Last-Modified {}", date.to_rfc2822()),
+                    None => format!("{} bytes", self.size),
+                };
+                format!("{by} (its ETag is weak)")
+            }
             (None, Some(date)) => format!("Last-Modified {}", date.to_rfc2822()),
             (None, None) => format!("{} bytes", self.size),
         }
@@ -278,11 +417,16 @@ struct Inner {
     range_size: usize,
     max_retries: usize,
     retry_backoff: Duration,
-    versions: Mutex<HashMap<String, Tracked>>,
-    /// What each `HEAD` answered, by key: a checkpoint's files are asked once per `Remote`
-    /// (parsing asks whether a path is a file, then opens it; the load opens it again). Reads
-    /// stay conditional on the version first seen, so a file replaced since is still caught.
+    /// Every version of each object (by URL) whose header was read, the latest last: reads
+    /// are opened on the latest, and a load whose header is of an older one is refused; what
+    /// a response showed of one version (`changed`) is never held against another.
+    versions: Mutex<HashMap<String, Vec<Tracked>>>,
+    /// What each `HEAD` answered, by key, since the last [`Remote::revalidate`]: opening one
+    /// checkpoint asks once per file (parsing asks whether a path is a file, then opens it; the
+    /// load opens it again). The next open asks again, so a replaced object is seen.
     metas: Mutex<HashMap<String, ObjectMeta>>,
+    /// Where redirects may lead, and where they led.
+    redirects: Arc<Redirects>,
     gets: AtomicU64,
     heads: AtomicU64,
     bytes: AtomicU64,
@@ -337,11 +481,16 @@ pub struct Remote {
     inner: Arc<Inner>,
 }
 
-/// An error about `path` (a URL), for the core's error type.
+/// An error about `path` (a URL, shown without its login or query), for the core's error type.
 fn path_error(path: &Path, kind: io::ErrorKind, message: impl Into<String>) -> Error {
+    at_path(path, io::Error::new(kind, message.into()))
+}
+
+/// `source`, about `path` (a URL, shown without its login or query).
+fn at_path(path: &Path, source: io::Error) -> Error {
     Error::Io {
-        path: path.to_path_buf(),
-        source: io::Error::new(kind, message.into()),
+        path: redacted_path(path),
+        source,
     }
 }
 
@@ -354,6 +503,24 @@ fn kind_of(e: &object_store::Error) -> io::ErrorKind {
         object_store::Error::InvalidPath { .. } => io::ErrorKind::InvalidInput,
         _ => io::ErrorKind::Other,
     }
+}
+
+/// What an object_store error says, or what the redirect policy said when it was a refused
+/// redirect (reqwest reports that one only as "error following redirect").
+fn describe(e: &object_store::Error) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if let Some(refused) = error.downcast_ref::<RefusedRedirect>() {
+            return refused.to_string();
+        }
+        source = error.source();
+    }
+    e.to_string()
+}
+
+/// An object_store error as an `io::Error` of the closest kind, saying what [`describe`] says.
+fn io_error(e: &object_store::Error) -> io::Error {
+    io::Error::new(kind_of(e), describe(e))
 }
 
 /// Applies `config` to a builder whose keys parse from strings.
@@ -373,7 +540,11 @@ where
     })
 }
 
-fn build_store(location: &Location, options: &Options) -> Result<Arc<dyn ObjectStore>, String> {
+fn build_store(
+    location: &Location,
+    options: &Options,
+    connector: Connector,
+) -> Result<Arc<dyn ObjectStore>, String> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -400,7 +571,8 @@ fn build_store(location: &Location, options: &Options) -> Result<Arc<dyn ObjectS
             let builder = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .with_retry(retry)
-                .with_client_options(client);
+                .with_client_options(client)
+                .with_http_connector(connector);
             let mut builder = configure(builder, &options.config, |b, k: AmazonS3ConfigKey, v| {
                 b.with_config(k, v)
             })?;
@@ -417,7 +589,8 @@ fn build_store(location: &Location, options: &Options) -> Result<Arc<dyn ObjectS
             let builder = GoogleCloudStorageBuilder::from_env()
                 .with_bucket_name(bucket)
                 .with_retry(retry)
-                .with_client_options(client);
+                .with_client_options(client)
+                .with_http_connector(connector);
             let builder = configure(builder, &options.config, |b, k: GoogleConfigKey, v| {
                 b.with_config(k, v)
             })?;
@@ -427,7 +600,8 @@ fn build_store(location: &Location, options: &Options) -> Result<Arc<dyn ObjectS
             let builder = MicrosoftAzureBuilder::from_env()
                 .with_container_name(bucket)
                 .with_retry(retry)
-                .with_client_options(client);
+                .with_client_options(client)
+                .with_http_connector(connector);
             let builder = configure(builder, &options.config, |b, k: AzureConfigKey, v| {
                 b.with_config(k, v)
             })?;
@@ -439,7 +613,8 @@ fn build_store(location: &Location, options: &Options) -> Result<Arc<dyn ObjectS
             let builder = HttpBuilder::new()
                 .with_url(location.root.as_str())
                 .with_retry(retry)
-                .with_client_options(client);
+                .with_client_options(client)
+                .with_http_connector(connector);
             Arc::new(builder.build().map_err(|e| e.to_string())?)
         }
     };
@@ -468,13 +643,21 @@ impl Remote {
             return Err(invalid(IN_ASYNC_TASK.to_owned()));
         }
         let location = Location::parse(url).map_err(&invalid)?;
+        let login = Location::login(url).map_err(&invalid)?;
         let root = Location {
             key: Key::default(),
             ..location.clone()
         };
+        let redirects = Arc::new(Redirects::new(&options.allow_redirects));
         let store = match store {
             Some(store) => store,
-            None => build_store(&root, options).map_err(&invalid)?,
+            None => {
+                let connector = Connector {
+                    redirects: Arc::clone(&redirects),
+                    login,
+                };
+                build_store(&root, options, connector).map_err(&invalid)?
+            }
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -495,6 +678,7 @@ impl Remote {
                 retry_backoff: options.retry_backoff,
                 versions: Mutex::new(HashMap::new()),
                 metas: Mutex::new(HashMap::new()),
+                redirects,
                 gets: AtomicU64::new(0),
                 heads: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
@@ -517,6 +701,30 @@ impl Remote {
     /// `scheme://authority` of the store.
     pub fn root(&self) -> &str {
         &self.inner.root.root
+    }
+
+    /// `url` as this store names it in reports and errors: its object's key under the store's
+    /// root, without the login it may carry (`http://user:password@host/a%20b` is
+    /// `http://host/a%20b`). An error when `url` is not of this store.
+    pub fn public_path(&self, url: &Path) -> Result<PathBuf, Error> {
+        let key = self.inner.key(url).map_err(|e| at_path(url, e))?;
+        Ok(PathBuf::from(self.inner.root.url_of(&key)))
+    }
+
+    /// Forgets what the store's objects were (the `HEAD`s answered so far), so that the next
+    /// checkpoint opened sees each object as it is now, replaced or not. A load already open
+    /// keeps reading the versions its headers were read at, and fails if one was replaced.
+    pub fn revalidate(&self) {
+        self.inner
+            .metas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Each redirect followed to another host so far, as `URL -> host[:port]`.
+    pub fn redirects(&self) -> Vec<String> {
+        self.inner.redirects.followed()
     }
 
     /// What was asked for and received so far.
@@ -596,12 +804,7 @@ impl Inner {
             return Ok(meta.clone());
         }
         self.heads.fetch_add(1, Ordering::Relaxed);
-        let meta = self.block_on(async {
-            self.store
-                .head(key)
-                .await
-                .map_err(|e| io::Error::new(kind_of(&e), e.to_string()))
-        })?;
+        let meta = self.block_on(async { self.store.head(key).await.map_err(|e| io_error(&e)) })?;
         metas().insert(key.as_ref().to_owned(), meta.clone());
         Ok(meta)
     }
@@ -613,32 +816,47 @@ impl Inner {
             self.store
                 .list_with_delimiter(prefix)
                 .await
-                .map_err(|e| io::Error::new(kind_of(&e), e.to_string()))
+                .map_err(|e| io_error(&e))
         })
     }
 
-    fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tracked>> {
+    fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Tracked>>> {
         self.versions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records `version` as the one `url`'s reads are conditional on.
+    /// Records `version` as the latest of `url` (the one reads opened from now on are
+    /// conditional on); a version seen before keeps what was noted of it.
     fn record(&self, url: &str, version: &Version) {
-        let tracked = Tracked {
-            version: version.clone(),
-            changed: None,
+        let mut versions = self.versions();
+        let seen = versions.entry(url.to_owned()).or_default();
+        let tracked = match seen.iter().position(|t| t.version == *version) {
+            Some(i) => seen.remove(i),
+            None => Tracked {
+                version: version.clone(),
+                changed: None,
+            },
         };
-        self.versions().insert(url.to_owned(), tracked);
+        seen.push(tracked);
     }
 
+    /// The latest version of `url` recorded.
     fn recorded(&self, url: &str) -> Option<Version> {
-        self.versions().get(url).map(|t| t.version.clone())
+        let versions = self.versions();
+        versions
+            .get(url)
+            .and_then(|seen| seen.last())
+            .map(|t| t.version.clone())
     }
 
     /// Notes that a response showed `object` changed (kept, so that the tensor being read is
     /// not handed out even if the error that came with it was not the one reported), and
     /// returns the error.
     fn changed(&self, object: &Object, detail: &str) -> io::Error {
-        if let Some(tracked) = self.versions().get_mut(&object.url) {
+        let mut versions = self.versions();
+        if let Some(tracked) = versions
+            .get_mut(&object.url)
+            .and_then(|seen| seen.iter_mut().find(|t| t.version == object.version))
+        {
             tracked.changed.get_or_insert_with(|| detail.to_owned());
         }
         object.changed(detail)
@@ -648,6 +866,7 @@ impl Inner {
     fn validator(&self) -> Option<Validator> {
         self.versions()
             .values()
+            .flatten()
             .map(|t| t.version.validator())
             .max()
     }
@@ -748,7 +967,7 @@ impl Inner {
                 return Err(Failure::Request(self.changed(object, &e.to_string())));
             }
             Err(e) => {
-                let error = io::Error::new(kind_of(&e), at(e.to_string()));
+                let error = io::Error::new(kind_of(&e), at(describe(&e)));
                 return Err(Failure::Request(self.diagnose(object, error).await));
             }
         };
@@ -849,10 +1068,7 @@ impl StoreFile for RemoteFile {
         if len > 0 {
             self.inner
                 .block_on(self.inner.fetch(&self.object, offset, &mut buf))
-                .map_err(|e| Error::Io {
-                    path: self.path.clone(),
-                    source: e,
-                })?;
+                .map_err(|e| at_path(&self.path, e))?;
         }
         Ok(buf)
     }
@@ -861,10 +1077,7 @@ impl StoreFile for RemoteFile {
 impl Store for Remote {
     fn kind(&self, path: &Path) -> staging_core::Result<EntryKind> {
         let inner = &self.inner;
-        let key = inner.key(path).map_err(|e| Error::Io {
-            path: path.into(),
-            source: e,
-        })?;
+        let key = inner.key(path).map_err(|e| at_path(path, e))?;
         if key.as_ref().is_empty() {
             return Ok(EntryKind::Dir);
         }
@@ -878,10 +1091,7 @@ impl Store for Remote {
         match inner.head(&key) {
             Ok(_) => Ok(EntryKind::File),
             Err(e) if e.kind() == io::ErrorKind::NotFound && inner.root.scheme != Scheme::Http => {
-                let listed = inner.list(&key).map_err(|e| Error::Io {
-                    path: path.into(),
-                    source: e,
-                })?;
+                let listed = inner.list(&key).map_err(|e| at_path(path, e))?;
                 if listed.objects.is_empty() && listed.common_prefixes.is_empty() {
                     Err(path_error(
                         path,
@@ -892,10 +1102,7 @@ impl Store for Remote {
                     Ok(EntryKind::Dir)
                 }
             }
-            Err(e) => Err(Error::Io {
-                path: path.into(),
-                source: e,
-            }),
+            Err(e) => Err(at_path(path, e)),
         }
     }
 
@@ -908,10 +1115,7 @@ impl Store for Remote {
 
     fn open(&self, path: &Path) -> staging_core::Result<Box<dyn StoreFile + '_>> {
         let inner = &self.inner;
-        let as_error = |e| Error::Io {
-            path: path.into(),
-            source: e,
-        };
+        let as_error = |e| at_path(path, e);
         let key = inner.key(path).map_err(as_error)?;
         let meta = inner.head(&key).map_err(as_error)?;
         let url = inner.root.url_of(&key);
@@ -929,10 +1133,7 @@ impl Store for Remote {
         if inner.root.scheme == Scheme::Http {
             return Ok(Vec::new());
         }
-        let as_error = |e| Error::Io {
-            path: dir.into(),
-            source: e,
-        };
+        let as_error = |e| at_path(dir, e);
         let key = inner.key(dir).map_err(as_error)?;
         let listed = inner.list(&key).map_err(as_error)?;
         Ok(listed
@@ -942,12 +1143,18 @@ impl Store for Remote {
             .collect())
     }
 
+    fn join(&self, dir: &Path, name: &str) -> Result<PathBuf, String> {
+        let dir = self.inner.key(dir).map_err(|e| e.to_string())?;
+        let under = Location {
+            key: dir,
+            ..self.inner.root.clone()
+        };
+        under.join(name).map(PathBuf::from)
+    }
+
     fn canonical(&self, path: &Path) -> staging_core::Result<Option<PathBuf>> {
         let inner = &self.inner;
-        let as_error = |e| Error::Io {
-            path: path.into(),
-            source: e,
-        };
+        let as_error = |e| at_path(path, e);
         let key = inner.key(path).map_err(as_error)?;
         match inner.head(&key) {
             Ok(_) => Ok(Some(PathBuf::from(inner.root.url_of(&key)))),
@@ -1015,6 +1222,10 @@ impl Reader for RemoteReader {
         self.inner.validator().unwrap_or(Validator::Etag).as_str()
     }
 
+    fn redirects(&self) -> Vec<String> {
+        self.inner.redirects.followed()
+    }
+
     fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
         // Every read was conditional on the recorded version and every response was compared
         // with it. Left to check: that no response since showed another version (its error may
@@ -1026,8 +1237,15 @@ impl Reader for RemoteReader {
             .key(path)
             .map(|key| self.inner.root.url_of(&key))
             .map_err(|e| e.to_string())?;
-        let tracked = self.inner.versions().get(&url).cloned();
-        match tracked {
+        // The latest version is the one a file opened now reads (`Inner::object`): the header
+        // must be of that one.
+        let versions = self.inner.versions();
+        match versions.get(&url).and_then(|seen| seen.last()) {
+            None => Err("was never opened".to_owned()),
+            Some(Tracked { version, .. }) if version.identity() != *identity => Err(format!(
+                "was replaced since its header was read (it is now {})",
+                version.describe()
+            )),
             Some(Tracked {
                 changed: Some(detail),
                 version,
@@ -1035,12 +1253,69 @@ impl Reader for RemoteReader {
                 "changed during the load (it was read at {}): {detail}",
                 version.describe()
             )),
-            Some(Tracked { version, .. }) if version.identity() == *identity => Ok(()),
-            Some(Tracked { version, .. }) => Err(format!(
-                "was replaced since its header was read (it is now {})",
-                version.describe()
-            )),
-            None => Err("was never opened".to_owned()),
+            Some(_) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_options_are_told_by_the_stores_own_keys() {
+        for key in [
+            "aws_secret_access_key",
+            "secret_access_key",
+            "aws_access_key_id",
+            "aws_session_token",
+            "token",
+            "aws_sse_customer_key_base64",
+            "google_service_account_key",
+            "service_account_key",
+            "google_application_credentials",
+            "azure_storage_account_key",
+            "access_key",
+            "azure_storage_sas_key",
+            "sas_token",
+            "azure_client_secret",
+            "azure_storage_token",
+            "bearer_token",
+            "proxy_url",
+            "no_store_has_this_key",
+        ] {
+            assert!(is_secret_option(key), "{key} should be secret");
+        }
+        for key in [
+            "aws_region",
+            "region",
+            "aws_endpoint",
+            "endpoint",
+            "aws_bucket",
+            "allow_http",
+            "aws_allow_http",
+            "timeout",
+            "connect_timeout",
+            "azure_storage_account_name",
+            "azure_container_name",
+            "google_bucket",
+            "aws_skip_signature",
+        ] {
+            assert!(!is_secret_option(key), "{key} is no secret");
+        }
+        let shown = redacted_options(&[
+            ("aws_secret_access_key".into(), "abc".into()),
+            ("aws_endpoint".into(), "http://u:p@h:1".into()),
+        ]);
+        assert_eq!(
+            shown,
+            [
+                ("aws_secret_access_key".to_owned(), REDACTED.to_owned()),
+                (
+                    "aws_endpoint".to_owned(),
+                    "http://<redacted>@h:1".to_owned()
+                ),
+            ]
+        );
     }
 }

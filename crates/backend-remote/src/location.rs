@@ -1,12 +1,63 @@
 //! Where a URL points: which store (scheme and bucket, container or host) and which key in it.
 //!
-//! Paths travel through the library as `Path`s (`s3://bucket/prefix/model.safetensors`): the
-//! checkpoint code joins shard names onto them like onto local directories. This module turns
-//! one back into a root and an object key, and refuses what is not a URL this crate reads.
+//! Paths travel through the library as `Path`s (`s3://bucket/prefix/model.safetensors`). This
+//! module turns one back into a root and an object key, refuses what is not a URL this crate
+//! reads, and joins names under a prefix at the object-key level ([`Location::join`]): a name
+//! is never re-read as URL text, so `%2e%2e` or a backslash cannot climb out of the prefix.
+//! What a URL's text may carry that must not be shown (a login, a query) is taken off here
+//! ([`redacted`]), and a login is kept apart from the location ([`Login`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use object_store::path::Path as Key;
+
+/// What stands for a secret in every text this crate makes.
+pub const REDACTED: &str = "<redacted>";
+
+/// The user and password of an `http(s)://user:password@host/` URL: sent as HTTP Basic
+/// authentication to that host only, and never shown (`Debug` hides the password).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Login {
+    pub(crate) user: String,
+    pub(crate) password: Option<String>,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| REDACTED))
+            .finish()
+    }
+}
+
+/// `text` with what a URL may carry that is not for showing taken off: a login
+/// (`user:password@`) becomes `<redacted>@`, a query `?<redacted>`. Text that is not a URL is
+/// returned as it is.
+pub fn redacted(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{REDACTED}@{host}"),
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once(['?', '#']) {
+        Some((path, _)) => format!("{path}?{REDACTED}"),
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// [`redacted`] for a path.
+pub fn redacted_path(path: &Path) -> PathBuf {
+    match path.to_str() {
+        Some(text) => PathBuf::from(redacted(text)),
+        None => path.to_path_buf(),
+    }
+}
 
 /// The kinds of store this crate reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,12 +96,10 @@ pub(crate) struct Location {
 }
 
 impl Location {
-    /// Parses `path`; the error says why it is not a URL this crate reads.
+    /// Parses `path`; the error says why it is not a URL this crate reads. A login in it is
+    /// not part of the location (see [`login`](Self::login)).
     pub(crate) fn parse(path: &Path) -> Result<Self, String> {
-        let text = path
-            .to_str()
-            .ok_or_else(|| "a URL must be valid UTF-8".to_owned())?;
-        let url = url::Url::parse(text).map_err(|e| format!("not a valid URL: {e}"))?;
+        let url = Self::url(path)?;
         let scheme = Scheme::of(url.scheme()).ok_or_else(|| {
             format!(
                 "unsupported scheme {:?} (s3, gs, az, http and https are)",
@@ -76,12 +125,90 @@ impl Location {
         Ok(Self { scheme, root, key })
     }
 
+    fn url(path: &Path) -> Result<url::Url, String> {
+        let text = path
+            .to_str()
+            .ok_or_else(|| "a URL must be valid UTF-8".to_owned())?;
+        url::Url::parse(text).map_err(|e| format!("not a valid URL: {e}"))
+    }
+
+    /// The login `path` carries (`http://user:password@host/`), if any. Only an HTTP(S) server
+    /// is sent one (as Basic authentication); in an `s3://`, `gs://` or `az://` URL it is an
+    /// error: those stores take credentials from the environment or the store options.
+    pub(crate) fn login(path: &Path) -> Result<Option<Login>, String> {
+        let url = Self::url(path)?;
+        if url.username().is_empty() && url.password().is_none() {
+            return Ok(None);
+        }
+        if Scheme::of(url.scheme()) != Some(Scheme::Http) {
+            return Err(format!(
+                "a {}:// URL takes no login: give credentials in the store options or the \
+                 environment (AWS_ACCESS_KEY_ID, ...)",
+                url.scheme()
+            ));
+        }
+        let decode = |text: &str| {
+            percent_encoding::percent_decode_str(text)
+                .decode_utf8()
+                .map(|t| t.into_owned())
+                .map_err(|_| "the URL's login is not valid UTF-8".to_owned())
+        };
+        Ok(Some(Login {
+            user: decode(url.username())?,
+            password: url.password().map(decode).transpose()?,
+        }))
+    }
+
+    /// The URL of `name` (`/`-separated, as an index names a shard) under this location's key, joined one component at a time as object keys: each component must be
+    /// a plain name (not empty, `.` or `..`; no `%`, backslash or control character), and the
+    /// URL made of the result must parse back to exactly that key, under this one.
+    pub(crate) fn join(&self, name: &str) -> Result<String, String> {
+        let parts = staging_core::checked_components(name)?;
+        if parts.iter().any(|part| part.contains('%')) {
+            return Err("contains '%': a shard is named by its object name, not URL text".into());
+        }
+        let expected = if self.key.as_ref().is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.key.as_ref())
+        };
+        let expected = Key::parse(&expected).map_err(|e| format!("is not an object name: {e}"))?;
+        let mut url = url::Url::parse(&self.root).map_err(|e| format!("not a valid URL: {e}"))?;
+        url.path_segments_mut()
+            .map_err(|()| format!("{} cannot hold a path", self.root))?
+            .clear()
+            .extend(expected.as_ref().split('/'));
+        let joined = Self::parse(Path::new(url.as_str()))?;
+        if joined.root != self.root
+            || joined.key != expected
+            || !joined.key.prefix_matches(&self.key)
+        {
+            return Err(format!(
+                "does not name an object under {}",
+                self.url_of(&self.key)
+            ));
+        }
+        Ok(url.into())
+    }
+
     /// The URL of `key` under this location's root.
     pub(crate) fn url_of(&self, key: &Key) -> String {
-        if key.as_ref().is_empty() {
-            self.root.clone()
-        } else {
-            format!("{}/{}", self.root, key.as_ref())
+        let mut url = match url::Url::parse(&self.root) {
+            Ok(url) => url,
+            Err(_) => return format!("{}/{}", self.root, key.as_ref()),
+        };
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.clear();
+            if !key.as_ref().is_empty() {
+                segments.extend(key.as_ref().split('/'));
+            }
+        }
+        let text: String = url.into();
+        // `s3://bucket/` and `s3://bucket` are one location: the root is written without
+        // the slash.
+        match text.strip_suffix('/') {
+            Some(root) if key.as_ref().is_empty() => root.to_owned(),
+            _ => text,
         }
     }
 
@@ -136,6 +263,77 @@ mod tests {
         let l = Location::parse(&Path::new("s3://bucket/").join("x.safetensors"))?;
         assert_eq!(l.key.as_ref(), "x.safetensors");
         Ok(())
+    }
+
+    #[test]
+    fn names_join_as_object_keys_under_their_prefix() -> Result<(), String> {
+        let dir = parse("s3://bkt/models/a")?;
+        assert_eq!(
+            dir.join("model-00001-of-00002.safetensors")?,
+            "s3://bkt/models/a/model-00001-of-00002.safetensors"
+        );
+        assert_eq!(
+            dir.join("sub/x.safetensors")?,
+            "s3://bkt/models/a/sub/x.safetensors"
+        );
+        // Characters a URL would read as something else are the object name's own.
+        let odd = dir.join("a b?#.safetensors")?;
+        assert_eq!(odd, "s3://bkt/models/a/a%20b%3F%23.safetensors");
+        assert_eq!(parse(&odd)?.key.as_ref(), "models/a/a b?#.safetensors");
+        let root = parse("http://127.0.0.1:9/")?;
+        assert_eq!(root.join("x.json")?, "http://127.0.0.1:9/x.json");
+        for (name, why) in [
+            ("%2e%2e/%2e%2e/secret/model.safetensors", "'%'"),
+            ("..%2fsecret", "'%'"),
+            ("../secret", "'..'"),
+            ("./x", "'.'"),
+            ("/x", "absolute"),
+            ("a//b", "empty"),
+            ("..\\x", "backslash"),
+            ("a\tb", "control"),
+            ("", "empty"),
+        ] {
+            let result = dir.join(name);
+            assert!(
+                result.as_ref().is_err_and(|e| e.contains(why)),
+                "{name:?}: {result:?}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn logins_are_http_only_and_never_shown() -> Result<(), String> {
+        let login = Location::login(Path::new("https://alice:p%40ss@host/x"))?;
+        let login = login.ok_or("no login")?;
+        assert_eq!(
+            (login.user.as_str(), login.password.as_deref()),
+            ("alice", Some("p@ss"))
+        );
+        assert!(!format!("{login:?}").contains("p@ss"));
+        assert_eq!(Location::login(Path::new("https://host/x"))?, None);
+        let refused = Location::login(Path::new("s3://AKID:secret@bkt/x"));
+        assert!(refused.is_err_and(|e| !e.contains("secret") && e.contains("no login")));
+        // The location itself carries no login.
+        assert_eq!(
+            parse("https://alice:pw@host:8443/x")?.root,
+            "https://host:8443"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn redaction_takes_off_logins_and_queries() {
+        for (text, shown) in [
+            ("http://alice:pw@host/x", "http://<redacted>@host/x"),
+            ("https://host/x?sig=abc&se=1", "https://host/x?<redacted>"),
+            ("az://acct@c/x#frag", "az://<redacted>@c/x?<redacted>"),
+            ("s3://bkt/key", "s3://bkt/key"),
+            ("/local/path@2/x?y", "/local/path@2/x?y"),
+            ("http://a@b@host", "http://<redacted>@host"),
+        ] {
+            assert_eq!(redacted(text), shown, "{text}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub fn with_load_options(command: Command) -> Command {
                 .value_name(match key {
                     "rows" => "GLOB=SPEC",
                     "store_option" => "KEY=VALUE",
+                    "allow_redirect" => "HOST",
                     _ => "GLOB",
                 })
                 .action(ArgAction::Append),
@@ -91,6 +92,7 @@ mod tests {
                 (_, "hipfile_mode") => "hipfile",
                 (_, "rows") => "w=1/2",
                 (_, "store_option") => "aws_region=x",
+                (_, "allow_redirect") => "cdn.example.com",
                 (ValueKind::Bool, _) => "false",
                 (ValueKind::Path, _) => "/lib.so",
                 (ValueKind::Repeated, _) => "a.*",

@@ -63,6 +63,7 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
             "taken_device_bytes",
             "bytes_read",
             "unchanged_by",
+            "redirects",
         ])
     );
     assert_eq!(report["unchanged_by"], "file-identity");
@@ -539,4 +540,79 @@ fn a_closed_stdout_ends_stage_quietly() {
         assert_eq!(out.status.code(), Some(0), "{extra:?}: {stderr}");
         assert!(stderr.is_empty(), "{extra:?}: {stderr}");
     }
+}
+
+#[test]
+fn no_secret_in_any_output_of_stage() {
+    // A login in the URL and secret store options: in the JSON report, the human output, an
+    // error and the option dump, none of them is shown (the login is sent, as Basic
+    // authentication, to its host).
+    let scratch = tempfile::tempdir().unwrap();
+    let server = backend_mock::http::RangeServer::start().unwrap();
+    let file = scratch.path().join("model.safetensors");
+    write_file(&file, &[TensorSpec::bytes("w", 4096)], 1).unwrap();
+    server.put("/private/model.safetensors", std::fs::read(&file).unwrap());
+    let url = server
+        .url("/private/model.safetensors")
+        .replace("http://", "http://alice:SECRET-PW@");
+    let secrets = [
+        "--store-option",
+        "aws_secret_access_key=SECRET-KEY",
+        "--store-option",
+        "azure_storage_sas_key=SECRET-SAS",
+        "--store-option",
+        "google_service_account_key=SECRET-GCS",
+    ];
+    let mut outputs = Vec::new();
+    for extra in [&["--json"][..], &[][..]] {
+        let mut args = vec![url.as_str()];
+        args.extend_from_slice(extra);
+        let output = stage(&args, scratch.path());
+        assert_eq!(output.code, Some(0), "{}", output.stderr);
+        outputs.push(output);
+    }
+    // The option dump, and a load the HTTP store refuses for options it does not take.
+    for extra in [&["--print-options"][..], &["--json"][..]] {
+        let mut args = vec![url.as_str()];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&secrets);
+        outputs.push(stage(&args, scratch.path()));
+    }
+    assert_eq!(outputs[2].code, Some(0), "{}", outputs[2].stderr);
+    assert!(
+        outputs[3].stderr.contains("aws_secret_access_key"),
+        "{}",
+        outputs[3].stderr
+    );
+    let missing = url.replace("model.safetensors", "missing.safetensors");
+    let failed = stage(&[missing.as_str(), "--json"], scratch.path());
+    assert_ne!(failed.code, Some(0));
+    assert!(
+        failed.stderr.contains("missing.safetensors"),
+        "{}",
+        failed.stderr
+    );
+    outputs.push(failed);
+    for output in &outputs {
+        for text in [&output.stdout, &output.stderr] {
+            assert!(!text.contains("SECRET"), "a secret is shown: {text}");
+            assert!(!text.contains("alice"), "the login is shown: {text}");
+        }
+    }
+    assert!(
+        outputs[0]
+            .stdout
+            .contains(&server.url("/private/model.safetensors"))
+    );
+    assert!(
+        outputs[2].stdout.contains("<redacted>"),
+        "{}",
+        outputs[2].stdout
+    );
+    let log = server.log();
+    assert!(
+        log.iter()
+            .all(|l| l.authorization.as_deref() == Some("Basic YWxpY2U6U0VDUkVULVBX")),
+        "{log:#?}"
+    );
 }

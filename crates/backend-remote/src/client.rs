@@ -1,0 +1,335 @@
+//! The HTTP client every store of a [`Remote`](crate::Remote) sends its requests through.
+//!
+//! object_store's own client follows any redirect reqwest follows: ten hops, to any host, with
+//! the report naming only the URL asked for. Here the same client options (object_store's keys,
+//! from the environment and the store options, read back through
+//! [`ClientOptions::get_config_value`]) build a reqwest client of our own whose redirect policy
+//! is a decision ([`Redirects`]): a redirect stays on the host asked for (or within the cloud's
+//! own endpoints: `*.amazonaws.com`, `*.googleapis.com`, `*.core.windows.net`) unless the
+//! caller allowed its target; any other is refused with an error naming both hosts, and every
+//! redirect followed to another host is recorded for the report. reqwest drops the
+//! `Authorization` header on a redirect to another host, so a login given in an `http(s)://`
+//! URL (sent as Basic authentication, marked sensitive) reaches only the host it was given for.
+//!
+//! What object_store's client does that this one does not: a DNS resolver that shuffles the
+//! addresses of a host (`randomize_addresses`), and root certificates or default headers given
+//! through object_store's Rust API (this crate never sets them; its callers spell options as
+//! string keys, which are all read back).
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use object_store::client::{HttpClient, HttpConnector};
+use object_store::{ClientConfigKey, ClientOptions};
+
+use crate::location::{Login, redacted};
+
+/// Hosts a redirect may go to besides the one asked for, and the redirects followed.
+#[derive(Debug, Default)]
+pub(crate) struct Redirects {
+    /// From [`Options::allow_redirects`](crate::Options::allow_redirects): a host, `*.suffix`
+    /// (that domain's hosts) or `*` (any).
+    allowed: Vec<String>,
+    /// `URL -> host[:port]` for each redirect followed to another host.
+    followed: Mutex<BTreeSet<String>>,
+}
+
+/// The clouds' own domains: a redirect between two hosts of one of them is the cloud's own
+/// business (S3's regional endpoints, say).
+const CLOUD_DOMAINS: &[&str] = &[".amazonaws.com", ".googleapis.com", ".core.windows.net"];
+
+/// `host`, or `host:port` when the URL names a port.
+fn authority(url: &url::Url) -> String {
+    let host = url.host_str().unwrap_or("");
+    match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    }
+}
+
+impl Redirects {
+    pub(crate) fn new(allowed: &[String]) -> Self {
+        Self {
+            allowed: allowed
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect(),
+            followed: Mutex::default(),
+        }
+    }
+
+    /// Whether a request for `from` may follow a redirect to `to`; `Err` says why not.
+    fn decide(&self, from: &url::Url, to: &url::Url) -> Result<(), String> {
+        let from_host = from.host_str().unwrap_or("").to_ascii_lowercase();
+        let to_host = to.host_str().unwrap_or("").to_ascii_lowercase();
+        if from_host == to_host {
+            return Ok(());
+        }
+        let same_cloud = CLOUD_DOMAINS
+            .iter()
+            .any(|domain| from_host.ends_with(domain) && to_host.ends_with(domain));
+        let allowed = self
+            .allowed
+            .iter()
+            .any(|rule| match rule.strip_prefix('*') {
+                Some("") => true,
+                Some(suffix) if suffix.starts_with('.') => to_host.ends_with(suffix),
+                _ => *rule == to_host,
+            });
+        if same_cloud || allowed {
+            let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+            followed.insert(format!("{} -> {}", redacted(from.as_str()), authority(to)));
+            return Ok(());
+        }
+        Err(format!(
+            "redirect refused: {} answered with a redirect to another host, {} (a redirect is \
+             followed to another host only when allowed: the allow_redirect option, a host, \
+             *.domain or *)",
+            authority(from),
+            authority(to)
+        ))
+    }
+
+    /// `URL -> host` for each redirect followed to another host so far.
+    pub(crate) fn followed(&self) -> Vec<String> {
+        let followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        followed.iter().cloned().collect()
+    }
+}
+
+/// The error a refused redirect ends a request with (found again in the error's sources).
+#[derive(Debug)]
+pub(crate) struct RefusedRedirect(pub(crate) String);
+
+impl std::fmt::Display for RefusedRedirect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RefusedRedirect {}
+
+/// Makes the reqwest clients of one [`Remote`](crate::Remote)'s store.
+#[derive(Debug)]
+pub(crate) struct Connector {
+    pub(crate) redirects: Arc<Redirects>,
+    pub(crate) login: Option<Login>,
+}
+
+fn config_error(key: ClientConfigKey, e: impl std::fmt::Display) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "HTTP client",
+        source: format!("{}: {e}", key.as_ref()).into(),
+    }
+}
+
+/// The value of `key` in `options`, parsed.
+fn value<T: FromStr>(
+    options: &ClientOptions,
+    key: ClientConfigKey,
+) -> object_store::Result<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    options
+        .get_config_value(&key)
+        .map(|text| text.parse::<T>().map_err(|e| config_error(key, e)))
+        .transpose()
+}
+
+/// A duration as object_store writes it (`30s`, `1m 30s`).
+fn duration(
+    options: &ClientOptions,
+    key: ClientConfigKey,
+) -> object_store::Result<Option<Duration>> {
+    options
+        .get_config_value(&key)
+        .map(|text| humantime::parse_duration(&text).map_err(|e| config_error(key, e)))
+        .transpose()
+}
+
+fn flag(options: &ClientOptions, key: ClientConfigKey) -> object_store::Result<bool> {
+    Ok(value::<bool>(options, key)?.unwrap_or(false))
+}
+
+fn client_error(e: reqwest::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "HTTP client",
+        source: Box::new(e),
+    }
+}
+
+impl HttpConnector for Connector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        use ClientConfigKey as K;
+        let user_agent = options
+            .get_config_value(&K::UserAgent)
+            .unwrap_or_else(|| concat!("safetensors-staging/", env!("CARGO_PKG_VERSION")).into());
+        let mut builder = reqwest::ClientBuilder::new().user_agent(user_agent);
+        if let Some(login) = &self.login {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, login.basic_auth()?);
+            builder = builder.default_headers(headers);
+        }
+        if let Some(url) = options.get_config_value(&K::ProxyUrl) {
+            let mut proxy = reqwest::Proxy::all(&url).map_err(client_error)?;
+            if let Some(pem) = options.get_config_value(&K::ProxyCaCertificate) {
+                let certificate =
+                    reqwest::tls::Certificate::from_pem(pem.as_bytes()).map_err(client_error)?;
+                builder = builder.tls_certs_merge(std::iter::once(certificate));
+            }
+            if let Some(excludes) = options.get_config_value(&K::ProxyExcludes) {
+                proxy = proxy.no_proxy(reqwest::NoProxy::from_string(&excludes));
+            }
+            builder = builder.proxy(proxy);
+        }
+        if flag(options, K::NoSystemCertificates)? {
+            builder = builder.tls_certs_only(std::iter::empty());
+        }
+        if let Some(timeout) = duration(options, K::Timeout)? {
+            builder = builder.timeout(timeout);
+        }
+        if let Some(timeout) = duration(options, K::ConnectTimeout)? {
+            builder = builder.connect_timeout(timeout);
+        }
+        if let Some(timeout) = duration(options, K::ReadTimeout)? {
+            builder = builder.read_timeout(timeout);
+        }
+        if let Some(timeout) = duration(options, K::PoolIdleTimeout)? {
+            builder = builder.pool_idle_timeout(timeout);
+        }
+        if let Some(max) = value::<usize>(options, K::PoolMaxIdlePerHost)? {
+            builder = builder.pool_max_idle_per_host(max);
+        }
+        if let Some(interval) = duration(options, K::Http2KeepAliveInterval)? {
+            builder = builder.http2_keep_alive_interval(interval);
+        }
+        if let Some(timeout) = duration(options, K::Http2KeepAliveTimeout)? {
+            builder = builder.http2_keep_alive_timeout(timeout);
+        }
+        if flag(options, K::Http2KeepAliveWhileIdle)? {
+            builder = builder.http2_keep_alive_while_idle(true);
+        }
+        if let Some(size) = value::<u32>(options, K::Http2MaxFrameSize)? {
+            builder = builder.http2_max_frame_size(Some(size));
+        }
+        if flag(options, K::Http1Only)? {
+            builder = builder.http1_only();
+        }
+        if flag(options, K::Http2Only)? {
+            builder = builder.http2_prior_knowledge();
+        }
+        if flag(options, K::AllowInvalidCertificates)? {
+            builder = builder.danger_accept_invalid_certs(true);
+        }
+        let redirects = Arc::clone(&self.redirects);
+        let policy = reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= 10 {
+                return attempt.error(RefusedRedirect("too many redirects (10)".into()));
+            }
+            let Some(first) = attempt.previous().first().cloned() else {
+                return attempt.follow();
+            };
+            match redirects.decide(&first, attempt.url()) {
+                Ok(()) => attempt.follow(),
+                Err(why) => attempt.error(RefusedRedirect(why)),
+            }
+        });
+        let client = builder
+            .redirect(policy)
+            // Compression would change the lengths object_store checks sizes against.
+            .no_gzip()
+            .no_brotli()
+            .no_zstd()
+            .no_deflate()
+            .https_only(!flag(options, K::AllowHttp)?)
+            .build()
+            .map_err(client_error)?;
+        Ok(HttpClient::new(client))
+    }
+}
+
+impl Login {
+    /// The `Authorization` header of HTTP Basic authentication, marked sensitive (never shown
+    /// by `Debug`, never cached by HTTP/2's header compression).
+    fn basic_auth(&self) -> object_store::Result<reqwest::header::HeaderValue> {
+        use base64::Engine;
+        let pair = format!("{}:{}", self.user, self.password.as_deref().unwrap_or(""));
+        let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Basic {encoded}"))
+            .map_err(|e| object_store::Error::Generic {
+                store: "HTTP client",
+                source: Box::new(e),
+            })?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> url::Url {
+        url::Url::parse(text).unwrap()
+    }
+
+    #[test]
+    fn a_redirect_stays_on_its_host_unless_allowed() {
+        let none = Redirects::new(&[]);
+        let from = url("http://models.example.com/a/model.safetensors");
+        assert!(
+            none.decide(&from, &url("https://models.example.com/b"))
+                .is_ok()
+        );
+        assert!(
+            none.decide(&from, &url("http://MODELS.example.com:8080/b"))
+                .is_ok()
+        );
+        let refused = none
+            .decide(&from, &url("http://evil.example.net/x"))
+            .unwrap_err();
+        assert!(refused.contains("models.example.com"), "{refused}");
+        assert!(refused.contains("evil.example.net"), "{refused}");
+        assert!(none.followed().is_empty());
+
+        // The clouds' own endpoints.
+        let s3 = url("https://bkt.s3.amazonaws.com/k");
+        assert!(
+            none.decide(&s3, &url("https://bkt.s3.eu-west-1.amazonaws.com/k"))
+                .is_ok()
+        );
+        assert!(
+            none.decide(&s3, &url("https://storage.googleapis.com/k"))
+                .is_err()
+        );
+
+        let some = Redirects::new(&["cdn.example.net".into(), "*.hf.co".into()]);
+        assert!(
+            some.decide(&from, &url("http://cdn.example.net/x?sig=secret"))
+                .is_ok()
+        );
+        assert!(
+            some.decide(&from, &url("http://cas-bridge.xethub.hf.co/x"))
+                .is_ok()
+        );
+        assert!(
+            some.decide(&from, &url("http://other.example.net/x"))
+                .is_err()
+        );
+        assert_eq!(
+            some.followed(),
+            [
+                "http://models.example.com/a/model.safetensors -> cas-bridge.xethub.hf.co",
+                "http://models.example.com/a/model.safetensors -> cdn.example.net",
+            ]
+        );
+        assert!(
+            Redirects::new(&["*".into()])
+                .decide(&from, &url("http://x.y/"))
+                .is_ok()
+        );
+    }
+}
