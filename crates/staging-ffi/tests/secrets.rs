@@ -49,10 +49,8 @@ fn no_login_or_secret_option_reaches_c() {
     let c_url = CString::new(url.clone()).unwrap();
     let mut load = null_mut();
     // SAFETY: live handle, NUL-terminated path, valid out-pointer.
-    assert_eq!(
-        unsafe { stg_load_new(config, c_url.as_ptr(), &mut load) },
-        STG_OK
-    );
+    let status = unsafe { stg_load_new(config, c_url.as_ptr(), &mut load) };
+    assert_eq!(status, STG_OK);
     let mut tensor = null_mut();
     // SAFETY: live load, valid out-pointer.
     assert_eq!(unsafe { stg_load_next(load, &mut tensor) }, STG_OK);
