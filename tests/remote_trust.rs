@@ -409,3 +409,46 @@ fn a_kept_prepared_sees_an_object_replaced_between_loads() {
     let error = drain(&mut load).unwrap_err().to_string();
     assert!(error.contains("changed during the load"), "{error}");
 }
+
+#[test]
+fn a_remote_store_s_debug_shows_no_secret() {
+    for (url, config) in [
+        (
+            "s3://bkt/x",
+            vec![
+                ("aws_secret_access_key", "SECRET-1"),
+                ("aws_access_key_id", "AKID"),
+                ("aws_session_token", "SECRET-2"),
+                ("aws_region", "us-east-1"),
+            ],
+        ),
+        (
+            "az://container/x",
+            vec![
+                ("azure_storage_account_name", "acct"),
+                ("azure_storage_account_key", "U0VDUkVULTM="),
+            ],
+        ),
+        (
+            "az://container/x",
+            vec![
+                ("azure_storage_account_name", "acct"),
+                ("azure_storage_sas_key", "sv=2024&sig=SECRET-4"),
+            ],
+        ),
+        ("https://alice:SECRET-5@host/x", vec![]),
+    ] {
+        let mut options = options();
+        options.config = config
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let remote =
+            safetensors_staging::remote::Remote::open(std::path::Path::new(url), &options).unwrap();
+        let shown = format!("{remote:?} {remote:#?} {options:?}");
+        assert!(
+            !shown.contains("SECRET") && !shown.contains("U0VDUkVULTM="),
+            "{url}: {shown}"
+        );
+    }
+}

@@ -406,7 +406,8 @@ pub struct Stats {
     pub bytes: u64,
 }
 
-#[derive(Debug)]
+/// `Debug` shows no secret: the store is only named (object_store's own `Debug` of a store
+/// prints its credentials, an Azure SAS token in clear, say).
 struct Inner {
     root: Location,
     store: Arc<dyn ObjectStore>,
@@ -430,6 +431,19 @@ struct Inner {
     gets: AtomicU64,
     heads: AtomicU64,
     bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("root", &self.root.root)
+            .field("store", &format_args!("<{:?} store>", self.root.scheme))
+            .field("range_size", &self.range_size)
+            .field("max_retries", &self.max_retries)
+            .field("redirects", &self.redirects)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The `Remote`'s runtime, shut down without blocking when dropped: dropping a tokio runtime
