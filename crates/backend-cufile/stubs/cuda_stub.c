@@ -12,8 +12,9 @@
  * and cuCtxPopCurrent push and pop). Calls that need a context fail with
  * CUDA_ERROR_INVALID_CONTEXT (201) when the thread has none, and every allocation remembers the
  * context it was made in: a free or copy of it made while another context is current is counted
- * by stub_cuda_wrong_context(). stub_cuda_ctx_calls() counts pushes, pops and sets, so a test can
- * tell that the library saved and restored the caller's context rather than replaced it. */
+ * by stub_cuda_wrong_context(). stub_cuda_ctx_pushes(), _pops() and _sets() count those calls, so
+ * a test can tell that the library saved and restored the caller's context rather than replaced
+ * it; stub_cuda_ctx_depth() is the calling thread's stack depth. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,6 +62,8 @@ size_t stub_cuda_ctx_pushes(void) { return __atomic_load_n(&ctx_pushes, __ATOMIC
 size_t stub_cuda_ctx_pops(void) { return __atomic_load_n(&ctx_pops, __ATOMIC_RELAXED); }
 size_t stub_cuda_ctx_sets(void) { return __atomic_load_n(&ctx_sets, __ATOMIC_RELAXED); }
 size_t stub_cuda_wrong_context(void) { return __atomic_load_n(&wrong_context, __ATOMIC_RELAXED); }
+/* The calling thread's context stack depth. */
+size_t stub_cuda_ctx_depth(void) { return (size_t)ctx_depth; }
 
 static size_t total_bytes(void) { return (size_t)env_long("STUB_CUDA_TOTAL_MIB", 1024) << 20; }
 
