@@ -10,8 +10,10 @@
 //! none) is current and takes it off again when its guard drops, on every path (errors, `Drop`
 //! of buffers, whichever thread frees a tensor). A guard takes off only the context it pushed:
 //! one that other code pushed over it stays (its own is taken from under it), and one whose
-//! context is gone leaves the stack alone. What was found wrong is kept per device
-//! ([`CudaDevice::faults`]). Nothing here calls `cuCtxSetCurrent`.
+//! context is gone leaves the stack alone. Memory is freed only in its own context: a buffer
+//! whose context cannot be made current is left allocated rather than freed in another. What
+//! was found wrong is kept per device ([`CudaDevice::faults`]). Nothing here calls
+//! `cuCtxSetCurrent`.
 //!
 //! A caller with CUDA of its own hands in its `cudarc` context ([`CudaDevice::from_context`]) or
 //! stream ([`CudaDevice::from_stream`]): the device then uses that context (primary or not,
@@ -48,11 +50,11 @@ pub struct CudaDevice {
     owner: Owner,
     /// The caller's stream that copies to the device are queued on, if one was given.
     stream: Option<Arc<CudaStream>>,
-    /// What its guards found wrong.
+    /// What its guards and buffers found wrong.
     faults: Mutex<ContextFaults>,
 }
 
-/// What a device's context guards found wrong and did not undo blindly
+/// What a device's context guards and buffers found wrong and did not undo blindly
 /// ([`CudaDevice::faults`]). Each is a sign of code that left the thread's context stack out of
 /// order between a bind and its guard's drop, or of a driver that failed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,6 +63,11 @@ pub struct ContextFaults {
     /// Guards that did not find their context on top of the stack when they dropped: taken from
     /// under the contexts pushed over it, or, not found, the stack left as it was.
     pub misplaced_contexts: u64,
+    /// Device allocations left allocated because their context could not be made current (a
+    /// free in another context would be wrong) or the free failed.
+    pub leaked_buffers: u64,
+    /// Their bytes.
+    pub leaked_bytes: u64,
     /// The last fault, in words.
     pub last: Option<String>,
 }
@@ -211,7 +218,7 @@ impl CudaDevice {
         })
     }
 
-    /// What this device's guards found wrong so far.
+    /// What this device's guards and buffers found wrong so far.
     pub fn faults(&self) -> ContextFaults {
         self.faults
             .lock()
@@ -456,13 +463,40 @@ unsafe impl DeviceBuffer for CudaBuffer {
 }
 
 impl Drop for CudaBuffer {
+    /// Frees the allocation in its own context. When that cannot be made current the allocation
+    /// is left allocated and recorded in the device's faults: freeing it in whatever context is
+    /// current would be wrong.
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;
         }
-        let _bound = self.device.bind();
-        // SAFETY: `ptr` came from cuMemAlloc and is freed once, here; nothing borrows it now.
-        let _ = unsafe { result::free_sync(self.ptr) };
+        let leaked = |why: String| {
+            self.device.record(
+                |f| {
+                    f.leaked_buffers += 1;
+                    f.leaked_bytes += self.len as u64;
+                },
+                format!(
+                    "a device allocation of {} bytes at {:#x} on CUDA device {} was left \
+                     allocated: {why}",
+                    self.len, self.ptr, self.device.ordinal
+                ),
+            );
+        };
+        let _bound = match self.device.bind() {
+            Ok(bound) => bound,
+            Err(e) => {
+                return leaked(format!(
+                    "its context could not be made current ({})",
+                    cuda_code(e)
+                ));
+            }
+        };
+        // SAFETY: `ptr` came from cuMemAlloc in this device's context, which is current; it is
+        // freed once, here; nothing borrows it now.
+        if let Err(e) = unsafe { result::free_sync(self.ptr) } {
+            leaked(format!("cuMemFree: {}", cuda_code(e)));
+        }
     }
 }
 

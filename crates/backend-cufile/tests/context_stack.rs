@@ -74,6 +74,15 @@ fn live_allocation(ptr: u64) -> usize {
     }
 }
 
+/// Makes this thread's next `n` `cuCtxPushCurrent` calls fail (stub).
+fn fail_pushes(n: i32) {
+    // SAFETY: `void stub_cuda_fail_pushes(int)`.
+    unsafe {
+        let fail: Symbol<unsafe extern "C" fn(i32)> = stub().get(b"stub_cuda_fail_pushes").unwrap();
+        fail(n);
+    }
+}
+
 /// What other code on the thread (a caller's library, say) does with the stack.
 fn push(context: sys::CUcontext) {
     // SAFETY: a stub primary context, retained by a device the test holds.
@@ -182,6 +191,47 @@ fn a_guard_whose_context_was_replaced_leaves_the_stack_alone_and_says_so() {
 }
 
 #[test]
+fn a_buffer_whose_context_cannot_be_made_current_is_kept_not_freed_in_another() {
+    let (gpu0, callers) = (device(0), device(2));
+    make_current(callers.context());
+    let buffer = CudaAllocator::new(Arc::clone(&gpu0))
+        .allocate(4096)
+        .unwrap();
+    let ptr = buffer.device_ptr();
+    assert_eq!(live_allocation(ptr), 4096);
+    let wrong = wrong_context();
+    fail_pushes(1);
+    drop(buffer);
+    fail_pushes(0);
+    assert_eq!(
+        live_allocation(ptr),
+        4096,
+        "freed although its context could not be made current (in the caller's context)"
+    );
+    assert_eq!(
+        wrong_context(),
+        wrong,
+        "memory was freed in the wrong context"
+    );
+    assert_eq!(current(), Some(callers.context()));
+    let faults = gpu0.faults();
+    assert_eq!((faults.leaked_buffers, faults.leaked_bytes), (1, 4096));
+    assert!(
+        faults
+            .last
+            .as_deref()
+            .is_some_and(|l| l.contains("could not be made current")),
+        "{faults:?}"
+    );
+    // The test frees it in its own context.
+    push(gpu0.context());
+    // SAFETY: the stub allocation at `ptr`, not freed above, freed once, in its own context.
+    unsafe { result::free_sync(ptr) }.unwrap();
+    assert_eq!(pop(), gpu0.context());
+    assert_eq!(live_allocation(ptr), 0);
+}
+
+#[test]
 fn a_buffer_is_freed_in_its_own_context_while_another_is_current() {
     let (gpu0, callers) = (device(0), device(2));
     make_current(callers.context());
@@ -194,4 +244,5 @@ fn a_buffer_is_freed_in_its_own_context_while_another_is_current() {
     assert_eq!(live_allocation(ptr), 0, "not freed");
     assert_eq!(wrong_context(), wrong, "freed in the wrong context");
     assert_eq!((current(), depth()), (Some(callers.context()), 1));
+    assert_eq!(gpu0.faults().leaked_buffers, 0);
 }
