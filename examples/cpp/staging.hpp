@@ -163,6 +163,9 @@ class Load {
     stg_tensor* out = nullptr;
     stg_status status = stg_load_next(raw_.get(), &out);
     if (status == STG_END) return std::nullopt;
+    // Freed by another thread meanwhile (stg_load_free): the handle is gone, so no message is
+    // read from it, and nothing else may be asked of this Load.
+    if (status == STG_LOAD_FREED) throw Error(status, {});
     if (status != STG_OK) throw Error(status, detail::last_error(raw_.get(), &stg_load_last_error));
     return Tensor(out);
   }

@@ -7,8 +7,13 @@
 //!
 //! The caller's current context stays the caller's: every call that needs the device's context
 //! makes it current through [`CudaDevice::bind`], which pushes it only when another context (or
-//! none) is current and pops it when its guard drops, on every path (errors, `Drop` of buffers,
-//! whichever thread frees a tensor). Nothing here calls `cuCtxSetCurrent`.
+//! none) is current and takes it off again when its guard drops, on every path (errors, `Drop`
+//! of buffers, whichever thread frees a tensor). A guard takes off only the context it pushed:
+//! one that other code pushed over it stays (its own is taken from under it), and one whose
+//! context is gone leaves the stack alone. Memory is freed only in its own context: a buffer
+//! whose context cannot be made current is left allocated rather than freed in another. What
+//! was found wrong is kept per device ([`CudaDevice::faults`]). Nothing here calls
+//! `cuCtxSetCurrent`.
 //!
 //! A caller with CUDA of its own hands in its `cudarc` context ([`CudaDevice::from_context`]) or
 //! stream ([`CudaDevice::from_stream`]): the device then uses that context (primary or not,
@@ -17,7 +22,7 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 use staging_core::{
@@ -45,7 +50,31 @@ pub struct CudaDevice {
     owner: Owner,
     /// The caller's stream that copies to the device are queued on, if one was given.
     stream: Option<Arc<CudaStream>>,
+    /// What its guards and buffers found wrong.
+    faults: Mutex<ContextFaults>,
 }
+
+/// What a device's context guards and buffers found wrong and did not undo blindly
+/// ([`CudaDevice::faults`]). Each is a sign of code that left the thread's context stack out of
+/// order between a bind and its guard's drop, or of a driver that failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContextFaults {
+    /// Guards that did not find their context on top of the stack when they dropped: taken from
+    /// under the contexts pushed over it, or, not found, the stack left as it was.
+    pub misplaced_contexts: u64,
+    /// Device allocations left allocated because their context could not be made current (a
+    /// free in another context would be wrong) or the free failed.
+    pub leaked_buffers: u64,
+    /// Their bytes.
+    pub leaked_bytes: u64,
+    /// The last fault, in words.
+    pub last: Option<String>,
+}
+
+/// How many contexts pushed over its own a guard looks under for its own before it leaves the
+/// stack alone.
+const MAX_CONTEXTS_OVER_A_GUARD: usize = 16;
 
 /// Who keeps a device's context alive.
 #[derive(Debug)]
@@ -102,6 +131,7 @@ impl CudaDevice {
             context,
             owner: Owner::Retained,
             stream: None,
+            faults: Mutex::default(),
         };
         // The context can be made current (and is not left so).
         drop(this.bind().map_err(cuda("cuCtxPushCurrent"))?);
@@ -132,6 +162,7 @@ impl CudaDevice {
             context: context.cu_ctx(),
             owner: Owner::Caller(Arc::clone(context)),
             stream,
+            faults: Mutex::default(),
         };
         // The context can be made current (and is not left so).
         drop(this.bind().map_err(|e| Error::Cuda {
@@ -163,24 +194,43 @@ impl CudaDevice {
         self.context
     }
 
-    /// Makes the device's primary context current on this thread for as long as the guard
-    /// lives: pushed when another context (or none) is current, and popped when the guard
-    /// drops, so the caller's context is current again. When it already is current, nothing is
-    /// pushed.
+    /// Makes the device's context current on this thread for as long as the guard lives:
+    /// pushed when another context (or none) is current, and taken off the stack again when the
+    /// guard drops, so the caller's context is current again. When it already is current,
+    /// nothing is pushed.
     pub fn bind(&self) -> Result<BoundContext<'_>, DriverError> {
-        if result::ctx::get_current()? == Some(self.context) {
+        let below = result::ctx::get_current()?;
+        if below == Some(self.context) {
             return Ok(BoundContext {
-                pushed: false,
-                _device: PhantomData,
+                device: self,
+                pushed: None,
+                _thread: PhantomData,
             });
         }
-        // SAFETY: the context was retained in `open` and is released only when this device is
-        // dropped, which the guard's borrow prevents while it is pushed.
+        // SAFETY: the context was retained in `open` (or is the caller's, kept alive by its
+        // `Arc`) and is released only when this device is dropped, which the guard's borrow
+        // prevents while it is pushed.
         unsafe { sys::cuCtxPushCurrent_v2(self.context) }.result()?;
         Ok(BoundContext {
-            pushed: true,
-            _device: PhantomData,
+            device: self,
+            pushed: Some(below),
+            _thread: PhantomData,
         })
+    }
+
+    /// What this device's guards and buffers found wrong so far.
+    pub fn faults(&self) -> ContextFaults {
+        self.faults
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records a fault: `count` says which counters it adds to.
+    fn record(&self, count: impl FnOnce(&mut ContextFaults), what: String) {
+        let mut faults = self.faults.lock().unwrap_or_else(PoisonError::into_inner);
+        count(&mut faults);
+        faults.last = Some(what);
     }
 }
 
@@ -201,26 +251,126 @@ impl CudaDevice {
     }
 }
 
-/// A device's context made current by [`CudaDevice::bind`]; dropping it makes the context that
-/// was current before current again. It stays on the thread that made it (a context stack is
-/// per thread), and guards drop in the reverse order of their making, as scopes do.
+/// A device's context made current by [`CudaDevice::bind`]; dropping it takes that context off
+/// the thread's stack again, so the context that was current before is current again. It stays
+/// on the thread that made it (a context stack is per thread).
+///
+/// Guards drop in the reverse order of their making, as scopes do; when one does not (another
+/// guard, or other code, pushed a context over its own and has not popped it yet), it takes its
+/// own context from under the others, which stay as they were. It never pops a context it did
+/// not push: when its own is not on the stack any more (popped, or replaced with
+/// `cuCtxSetCurrent`, by other code), it leaves the stack as it finds it. Either is recorded in
+/// the device's [`faults`](CudaDevice::faults).
 #[derive(Debug)]
 #[must_use = "the device's context is current only while the guard lives"]
 pub struct BoundContext<'a> {
-    pushed: bool,
-    /// Borrows the device (its context stays retained) and is neither `Send` nor `Sync`.
-    _device: PhantomData<(&'a CudaDevice, *const ())>,
+    /// The device (its context stays retained while the guard borrows it).
+    device: &'a CudaDevice,
+    /// When `bind` pushed the device's context: the context that was current beneath it.
+    pushed: Option<Option<sys::CUcontext>>,
+    /// Neither `Send` nor `Sync`: a context stack is per thread.
+    _thread: PhantomData<*const ()>,
 }
 
 impl Drop for BoundContext<'_> {
     fn drop(&mut self) {
-        if self.pushed {
-            let mut popped: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: pops the context `bind` pushed on this thread (the guard is not `Send`);
-            // guards are scoped, so it is the top of the thread's stack.
-            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        let Some(below) = self.pushed else {
+            return;
+        };
+        let own = self.device.context;
+        match take_off_stack(own, below) {
+            Ok(0) => {}
+            Ok(over) => self.device.record(
+                |f| f.misplaced_contexts += 1,
+                format!(
+                    "a context guard of CUDA device {} dropped under {over} context(s) pushed \
+                     over its own: its own was taken from under them",
+                    self.device.ordinal
+                ),
+            ),
+            Err(why) => self.device.record(
+                |f| f.misplaced_contexts += 1,
+                format!(
+                    "a context guard of CUDA device {}: {why}",
+                    self.device.ordinal
+                ),
+            ),
         }
     }
+}
+
+/// Takes `own` (pushed by a guard over `below`, the context then current) off this thread's
+/// context stack, leaving every other entry where it is: the contexts pushed over it since are
+/// popped, `own` is popped, and they are pushed back in their order. Only `own` is searched
+/// for, never below `below` (the stack beneath the guard is the caller's), nor under more than
+/// [`MAX_CONTEXTS_OVER_A_GUARD`] contexts. `Ok` says how many contexts it was under; `Err`
+/// says what went wrong and what the stack is left as.
+///
+/// A context on the stack does not say who pushed it: `own` pushed by other code over the
+/// guard's own is taken for the guard's, which leaves the same stack.
+fn take_off_stack(own: sys::CUcontext, below: Option<sys::CUcontext>) -> Result<usize, String> {
+    let mut over = Vec::new();
+    let left_alone = "the stack was left as it was";
+    let found = loop {
+        let current = match result::ctx::get_current() {
+            Ok(current) => current,
+            Err(e) => break Err(format!("cuCtxGetCurrent: {}; {left_alone}", cuda_code(e))),
+        };
+        if current == Some(own) {
+            break match pop_current() {
+                Ok(popped) if popped == own => Ok(over.len()),
+                Ok(popped) => {
+                    over.push(popped);
+                    Err(format!(
+                        "cuCtxPopCurrent returned another context than the current one; \
+                         {left_alone}"
+                    ))
+                }
+                Err(e) => Err(format!("cuCtxPopCurrent: {}; {left_alone}", cuda_code(e))),
+            };
+        }
+        if current.is_none() || current == below {
+            break Err(format!(
+                "its context was not found on this thread's stack above the context current \
+                 when it was bound (other code popped it, or replaced it with \
+                 cuCtxSetCurrent); {left_alone}"
+            ));
+        }
+        if over.len() == MAX_CONTEXTS_OVER_A_GUARD {
+            break Err(format!(
+                "its context was not found under {MAX_CONTEXTS_OVER_A_GUARD} contexts pushed \
+                 over it; {left_alone}"
+            ));
+        }
+        match pop_current() {
+            Ok(popped) => over.push(popped),
+            Err(e) => break Err(format!("cuCtxPopCurrent: {}; {left_alone}", cuda_code(e))),
+        }
+    };
+    // The contexts pushed over `own` go back, the lowest first.
+    for (pushed_back, &context) in over.iter().rev().enumerate() {
+        // SAFETY: a context that was on this thread's stack a moment ago, so alive (its owner
+        // keeps it alive while it is pushed).
+        if let Err(e) = unsafe { sys::cuCtxPushCurrent_v2(context) }.result() {
+            return Err(format!(
+                "cuCtxPushCurrent of a context popped from over the guard's failed ({}): \
+                 {} of the {} contexts pushed over it are lost from this thread's stack",
+                cuda_code(e),
+                over.len() - pushed_back,
+                over.len()
+            ));
+        }
+    }
+    found
+}
+
+/// Pops this thread's current context; the context popped.
+fn pop_current() -> Result<sys::CUcontext, DriverError> {
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops this thread's top context into a valid local; the callers pop only what they
+    // push back, or the context their guard pushed.
+    unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result()?;
+    Ok(popped)
 }
 
 /// The context current on this thread when it was made, made current again when it drops if
@@ -313,13 +463,40 @@ unsafe impl DeviceBuffer for CudaBuffer {
 }
 
 impl Drop for CudaBuffer {
+    /// Frees the allocation in its own context. When that cannot be made current the allocation
+    /// is left allocated and recorded in the device's faults: freeing it in whatever context is
+    /// current would be wrong.
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;
         }
-        let _bound = self.device.bind();
-        // SAFETY: `ptr` came from cuMemAlloc and is freed once, here; nothing borrows it now.
-        let _ = unsafe { result::free_sync(self.ptr) };
+        let leaked = |why: String| {
+            self.device.record(
+                |f| {
+                    f.leaked_buffers += 1;
+                    f.leaked_bytes += self.len as u64;
+                },
+                format!(
+                    "a device allocation of {} bytes at {:#x} on CUDA device {} was left \
+                     allocated: {why}",
+                    self.len, self.ptr, self.device.ordinal
+                ),
+            );
+        };
+        let _bound = match self.device.bind() {
+            Ok(bound) => bound,
+            Err(e) => {
+                return leaked(format!(
+                    "its context could not be made current ({})",
+                    cuda_code(e)
+                ));
+            }
+        };
+        // SAFETY: `ptr` came from cuMemAlloc in this device's context, which is current; it is
+        // freed once, here; nothing borrows it now.
+        if let Err(e) = unsafe { result::free_sync(self.ptr) } {
+            leaked(format!("cuMemFree: {}", cuda_code(e)));
+        }
     }
 }
 

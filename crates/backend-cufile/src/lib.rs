@@ -25,7 +25,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use backend_gds::{ActiveMode, RequestedMode};
-pub use cuda::{BoundContext, CudaAllocator, CudaBuffer, CudaDevice, CudaMemory, PinnedBuffer};
+pub use cuda::{
+    BoundContext, ContextFaults, CudaAllocator, CudaBuffer, CudaDevice, CudaMemory, PinnedBuffer,
+};
 pub use errors::Error;
 pub use handover::{HandoverError, cuda_region};
 

@@ -12,8 +12,11 @@
  * and cuCtxPopCurrent push and pop). Calls that need a context fail with
  * CUDA_ERROR_INVALID_CONTEXT (201) when the thread has none, and every allocation remembers the
  * context it was made in: a free or copy of it made while another context is current is counted
- * by stub_cuda_wrong_context(). stub_cuda_ctx_calls() counts pushes, pops and sets, so a test can
- * tell that the library saved and restored the caller's context rather than replaced it. */
+ * by stub_cuda_wrong_context(). stub_cuda_ctx_pushes(), _pops() and _sets() count those calls, so
+ * a test can tell that the library saved and restored the caller's context rather than replaced
+ * it; stub_cuda_ctx_depth() is the calling thread's stack depth, and stub_cuda_fail_pushes(n)
+ * makes the calling thread's next n cuCtxPushCurrent calls fail (CUDA_ERROR_INVALID_CONTEXT), as
+ * a driver that cannot make a context current would. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,6 +42,7 @@ static long env_long(const char *name, long fallback) {
 static int context_tokens[MAX_DEVICES];
 static __thread CUcontext ctx_stack[MAX_STACK];
 static __thread int ctx_depth;
+static __thread int pushes_to_fail;
 static long devices_override = -1;
 static size_t ctx_pushes, ctx_pops, ctx_sets, wrong_context;
 
@@ -61,6 +65,10 @@ size_t stub_cuda_ctx_pushes(void) { return __atomic_load_n(&ctx_pushes, __ATOMIC
 size_t stub_cuda_ctx_pops(void) { return __atomic_load_n(&ctx_pops, __ATOMIC_RELAXED); }
 size_t stub_cuda_ctx_sets(void) { return __atomic_load_n(&ctx_sets, __ATOMIC_RELAXED); }
 size_t stub_cuda_wrong_context(void) { return __atomic_load_n(&wrong_context, __ATOMIC_RELAXED); }
+/* The calling thread's context stack depth. */
+size_t stub_cuda_ctx_depth(void) { return (size_t)ctx_depth; }
+/* The calling thread's next `n` cuCtxPushCurrent calls fail. */
+void stub_cuda_fail_pushes(int n) { pushes_to_fail = n; }
 
 static size_t total_bytes(void) { return (size_t)env_long("STUB_CUDA_TOTAL_MIB", 1024) << 20; }
 
@@ -97,6 +105,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
     if (!is_context(ctx)) return 201;
+    if (pushes_to_fail > 0) { pushes_to_fail--; return 201; }
     if (ctx_depth == MAX_STACK) return 999;
     __atomic_fetch_add(&ctx_pushes, 1, __ATOMIC_RELAXED);
     ctx_stack[ctx_depth++] = ctx;

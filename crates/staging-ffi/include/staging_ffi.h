@@ -14,7 +14,9 @@
  * - stg_config: not synchronized; configure from one thread, then it may be shared read-only
  *   by stg_load_new() calls on several threads.
  * - stg_load: use from one thread at a time (it may move between threads). Separate loads are
- *   independent and may run concurrently.
+ *   independent and may run concurrently. The one exception: stg_load_free() from another
+ *   thread while stg_load_next() runs gives the handle up at once, and that stg_load_next()
+ *   frees the load as it returns, with STG_LOAD_FREED (stg_load_free).
  * - stg_tensor and stg_device_buffer: owned values; they may be used and freed on any thread,
  *   one thread at a time, also after their stg_load was freed.
  * - The destination callback is called on the thread that calls stg_load_next(). From it, the
@@ -76,6 +78,11 @@ enum stg_status
    `stg_load_next` there, or the `stg_load_next` whose callback called `stg_load_free`.
    */
   STG_BUSY = 105,
+  /*
+   `stg_load_next`: `stg_load_free` was called on the load from another thread while this
+   call ran. The call freed the load on its way out and wrote nothing: the handle is gone.
+   */
+  STG_LOAD_FREED = 106,
   /*
    A file could not be opened or read while parsing the checkpoint.
    */
@@ -273,7 +280,8 @@ typedef struct stg_tensor_info {
  - `stg_load_free`: does not free. The load stops before the tensor being asked for is read,
    the `stg_load_next` in progress returns `STG_BUSY` (its message says why), and the handle
    stays valid: free it after `stg_load_next` returns. To stop a load from the callback,
-   returning a non-zero value is the plain way.
+   returning a non-zero value is the plain way. (From another thread, `stg_load_free` does
+   free: see there.)
  */
 typedef uint32_t (*stg_destination_fn)(void *user_data,
                                        const struct stg_tensor_info *tensor,
@@ -649,8 +657,20 @@ stg_status stg_load_new(const struct stg_config *config, const char *path, struc
 
 /*
  Frees a load and everything it still holds (tensors already returned stay valid). NULL does
- nothing. Called from the load's own destination callback, it does not free: the load stops
- and the `stg_load_next` in progress returns `STG_BUSY` (see `stg_destination_fn`).
+ nothing. It never blocks and never fails, so a destructor may call it.
+
+ While a `stg_load_next` on the load is running:
+ - called from that call's own destination callback, it does not free: the load stops and
+   the `stg_load_next` returns `STG_BUSY`; the handle stays valid, to be freed after it
+   returns (see `stg_destination_fn`);
+ - called from another thread, it frees all the same, when that call ends: the handle is
+   given up at once (this thread must not use it again); the load stops as soon as its
+   destination callback, if it has one, returns (before that tensor is read); and the running
+   `stg_load_next` frees it as it returns, with `STG_LOAD_FREED` and nothing written (a tensor
+   it had staged is freed with the load). The thread that called `stg_load_next` must not use
+   the handle after that status. Nothing leaks, whichever of the two calls finishes first; a
+   free that comes after `stg_load_next` returned is an ordinary free, of which that thread
+   must learn by the caller's own means.
 
  # Safety
  `load` must be NULL or a pointer from `stg_load_new` not yet freed.
@@ -663,9 +683,12 @@ void stg_load_free(struct stg_load *load);
  (its message from `stg_load_last_error`), after which the load only returns `STG_END`.
 
  Called from the load's own destination callback it returns `STG_BUSY` and writes nothing.
+ When another thread called `stg_load_free` on the load meanwhile, it frees the load as it
+ returns: `STG_LOAD_FREED`, nothing written, and the handle is gone (see `stg_load_free`).
 
  # Safety
- `load` NULL or live and not used by another thread meanwhile; `out` NULL or writable.
+ `load` NULL or live and not used by another thread meanwhile (but for `stg_load_free`, as
+ documented there); `out` NULL or writable.
  */
 stg_status stg_load_next(struct stg_load *load, struct stg_tensor **out);
 

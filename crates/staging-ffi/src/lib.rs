@@ -13,9 +13,10 @@
 #![allow(non_camel_case_types)] // C names, as the header shows them
 #![allow(missing_debug_implementations)] // opaque handles, seen from C only
 
+use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use safetensors_staging::{
@@ -46,6 +47,9 @@ pub enum stg_status {
     /// The load is inside `stg_load_next` (a call from its own destination callback):
     /// `stg_load_next` there, or the `stg_load_next` whose callback called `stg_load_free`.
     STG_BUSY = 105,
+    /// `stg_load_next`: `stg_load_free` was called on the load from another thread while this
+    /// call ran. The call freed the load on its way out and wrote nothing: the handle is gone.
+    STG_LOAD_FREED = 106,
     /// A file could not be opened or read while parsing the checkpoint.
     STG_IO = 200,
     /// A header or index is malformed or disagrees with the files, or a file is shorter than its
@@ -99,6 +103,7 @@ impl TryFrom<u32> for stg_status {
             103 => STG_NOT_A_DEVICE_BUFFER,
             104 => STG_LENGTH_MISMATCH,
             105 => STG_BUSY,
+            106 => STG_LOAD_FREED,
             200 => STG_IO,
             201 => STG_INVALID_CHECKPOINT,
             202 => STG_NOT_A_CHECKPOINT,
@@ -217,7 +222,8 @@ pub struct stg_report {
 /// - `stg_load_free`: does not free. The load stops before the tensor being asked for is read,
 ///   the `stg_load_next` in progress returns `STG_BUSY` (its message says why), and the handle
 ///   stays valid: free it after `stg_load_next` returns. To stop a load from the callback,
-///   returning a non-zero value is the plain way.
+///   returning a non-zero value is the plain way. (From another thread, `stg_load_free` does
+///   free: see there.)
 pub type stg_destination_fn = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,
@@ -276,11 +282,65 @@ pub struct stg_plan_piece {
 /// locked across the callback.
 pub struct stg_load {
     load: Mutex<Load<'static>>,
-    /// Set for the duration of a `stg_load_next`.
-    busy: AtomicBool,
-    /// Set by a `stg_load_free` refused because the load was busy; the callback then stops it.
-    stop: Arc<AtomicBool>,
+    /// What `stg_load_next` and `stg_load_free` tell each other (and the destination callback).
+    steps: Arc<Steps>,
     shared: Mutex<LoadShared>,
+}
+
+/// What a load's `stg_load_next` and `stg_load_free` tell each other; shared with the load's
+/// destination callback, which stops the load when it is being freed.
+struct Steps {
+    /// Whether a `stg_load_next` is running, and whether the load was freed meanwhile: one of
+    /// the `STEP_*` values. Only atomic operations on it decide who frees the load, so that
+    /// whoever did not free it touches nothing of it afterwards.
+    state: AtomicU8,
+    /// Set by a `stg_load_free` from the load's own destination callback (which does not free).
+    freed_in_callback: AtomicBool,
+}
+
+impl Steps {
+    fn new() -> Self {
+        Self {
+            state: AtomicU8::new(STEP_IDLE),
+            freed_in_callback: AtomicBool::new(false),
+        }
+    }
+
+    /// Why the load must stop before the tensor its callback was just asked for, if it must.
+    fn stop_reason(&self) -> Option<&'static str> {
+        if self.freed_in_callback.load(Ordering::Acquire) {
+            Some(FREED_IN_CALLBACK)
+        } else if self.state.load(Ordering::Acquire) == STEP_FREE_PENDING {
+            Some(FREED_ELSEWHERE)
+        } else {
+            None
+        }
+    }
+}
+
+/// No `stg_load_next` is running: `stg_load_free` frees the load at once.
+const STEP_IDLE: u8 = 0;
+/// A `stg_load_next` is running.
+const STEP_RUNNING: u8 = 1;
+/// A `stg_load_next` is running and `stg_load_free` was called from another thread: the step
+/// frees the load when it ends.
+const STEP_FREE_PENDING: u8 = 2;
+/// `stg_load_free` is freeing the load (nothing may start a step).
+const STEP_FREEING: u8 = 3;
+
+thread_local! {
+    /// The loads (by address) whose `stg_load_next` is running on this thread: more than one
+    /// when a destination callback steps another load. `stg_load_free` tells its own callback's
+    /// call from another thread's by it, without reading the load.
+    static STEPPING_HERE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread is inside `stg_load_next` of the load at `address` (so a `stg_load_free`
+/// of it comes from its own destination callback).
+fn stepping_here(address: usize) -> bool {
+    STEPPING_HERE
+        .try_with(|loads| loads.borrow().contains(&address))
+        .unwrap_or(false)
 }
 
 /// What a load's other calls read, also from inside its destination callback.
@@ -293,12 +353,11 @@ struct LoadShared {
 }
 
 impl stg_load {
-    fn new(load: Load<'static>, stop: Arc<AtomicBool>) -> Self {
+    fn new(load: Load<'static>, steps: Arc<Steps>) -> Self {
         let report = load.report();
         Self {
             load: Mutex::new(load),
-            busy: AtomicBool::new(false),
-            stop,
+            steps,
             shared: Mutex::new(LoadShared {
                 report,
                 last_error: String::new(),
@@ -327,12 +386,59 @@ impl stg_load {
     }
 }
 
-/// Clears a load's `busy` flag when `stg_load_next` returns, also by a panic.
-struct NotBusy<'a>(&'a AtomicBool);
+/// How a `stg_load_next` step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepEnd {
+    /// The load is the caller's again.
+    Idle,
+    /// The load was freed: another thread's `stg_load_free` asked for it during the step.
+    Freed,
+}
 
-impl Drop for NotBusy<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+/// Starts a `stg_load_next` step on `load`: false when one is already running (a call from
+/// its own destination callback) or the load is being freed.
+///
+/// # Safety
+/// `load` is a live load.
+unsafe fn start_step(load: *mut stg_load) -> bool {
+    // SAFETY: live by the caller's contract.
+    let state = &unsafe { &*load }.steps.state;
+    if state
+        .compare_exchange(STEP_IDLE, STEP_RUNNING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return false;
+    }
+    let _ = STEPPING_HERE.try_with(|loads| loads.borrow_mut().push(load as usize));
+    true
+}
+
+/// Ends the step `start_step` started on `load`, and frees the load if another thread's
+/// `stg_load_free` asked for that meanwhile. Afterwards the load must not be touched: it is
+/// the caller's again (`Idle`; another thread may free it from then on), or it is gone.
+///
+/// # Safety
+/// `load` has a step running, started on this thread by `start_step`, ending here, once; no
+/// reference to the load is used after this call.
+unsafe fn end_step(load: *mut stg_load) -> StepEnd {
+    let _ = STEPPING_HERE.try_with(|loads| {
+        let mut loads = loads.borrow_mut();
+        if let Some(at) = loads.iter().rposition(|&l| l == load as usize) {
+            loads.remove(at);
+        }
+    });
+    // SAFETY: a running step keeps the load alive (only it frees a load freed meanwhile, below)
+    // until this exchange, the step's last use of it unless it frees it.
+    let state = &unsafe { &*load }.steps.state;
+    match state.compare_exchange(STEP_RUNNING, STEP_IDLE, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => StepEnd::Idle,
+        Err(_) => {
+            // STEP_FREE_PENDING: the freeing thread gave the load up to this step, and no
+            // reference to it is used any more.
+            // SAFETY: a pointer from `Box::into_raw` in `stg_load_new`, freed once, here.
+            unsafe { free_boxed(load) };
+            StepEnd::Freed
+        }
     }
 }
 
@@ -384,14 +490,19 @@ struct CallbackDestination {
         *mut usize,
     ) -> u32,
     user_data: *mut c_void,
-    /// The load's `stop`: set when the callback called `stg_load_free` on its own load.
-    stop: Arc<AtomicBool>,
+    /// The load's steps: whether the load is being freed (from the callback itself, or from
+    /// another thread), which stops it.
+    steps: Arc<Steps>,
 }
 
 /// The message of a load stopped by a `stg_load_free` from its own callback.
 const FREED_IN_CALLBACK: &str = "stg_load_free was called on this load from its own destination \
      callback: the load stopped before this tensor was read; free the load after stg_load_next \
      returns (to stop a load from its callback, return a non-zero value)";
+
+/// Why a load being freed by `stg_load_free` on another thread stops (never read: the load is
+/// gone when its `stg_load_next` returns).
+const FREED_ELSEWHERE: &str = "stg_load_free was called on this load from another thread";
 
 // SAFETY: the header's thread-safety notes: a load may move between threads, and the callback
 // is called on whichever thread calls `stg_load_next`, one at a time; the pointers are only
@@ -430,8 +541,8 @@ unsafe impl RawDestination for CallbackDestination {
         // strings it points to live for the call; the out-pointers are valid locals.
         let returned =
             unsafe { (self.callback)(self.user_data, &info, &mut region, &mut capacity) };
-        if self.stop.load(Ordering::Acquire) {
-            return Err(FREED_IN_CALLBACK.into());
+        if let Some(reason) = self.steps.stop_reason() {
+            return Err(reason.into());
         }
         match stg_status::try_from(returned) {
             Ok(stg_status::STG_OK) => {}
@@ -648,6 +759,9 @@ pub extern "C" fn stg_status_str(status: u32) -> *const c_char {
         stg_status::STG_LENGTH_MISMATCH => c"the length differs from the tensor's",
         stg_status::STG_BUSY => {
             c"the load is busy: called from inside its own stg_load_next (the destination callback)"
+        }
+        stg_status::STG_LOAD_FREED => {
+            c"the load was freed by stg_load_free on another thread during this call"
         }
         stg_status::STG_IO => c"a checkpoint file could not be opened or read",
         stg_status::STG_INVALID_CHECKPOINT => {
@@ -1128,18 +1242,14 @@ fn loader_of(config: &stg_config) -> Result<Loader<'static>, Error> {
 }
 
 /// Opens a load through the library's one entry point with the configuration's settings.
-fn open_load(
-    config: &stg_config,
-    path: &str,
-    stop: &Arc<AtomicBool>,
-) -> Result<Load<'static>, Error> {
+fn open_load(config: &stg_config, path: &str, steps: &Arc<Steps>) -> Result<Load<'static>, Error> {
     let loader = loader_of(config)?;
     match config.destination {
         Some(callback) => loader
             .raw_destination(CallbackDestination {
                 callback,
                 user_data: config.user_data,
-                stop: Arc::clone(stop),
+                steps: Arc::clone(steps),
             })
             .open(path),
         None => loader.open(path),
@@ -1161,29 +1271,65 @@ pub unsafe extern "C" fn stg_load_new(
     // SAFETY: forwarded caller contract.
     unsafe {
         construct(config, path, out, status_of, |config, path| {
-            let stop = Arc::new(AtomicBool::new(false));
-            Ok(stg_load::new(open_load(config, path, &stop)?, stop))
+            let steps = Arc::new(Steps::new());
+            Ok(stg_load::new(open_load(config, path, &steps)?, steps))
         })
     }
 }
 
 /// Frees a load and everything it still holds (tensors already returned stay valid). NULL does
-/// nothing. Called from the load's own destination callback, it does not free: the load stops
-/// and the `stg_load_next` in progress returns `STG_BUSY` (see `stg_destination_fn`).
+/// nothing. It never blocks and never fails, so a destructor may call it.
+///
+/// While a `stg_load_next` on the load is running:
+/// - called from that call's own destination callback, it does not free: the load stops and
+///   the `stg_load_next` returns `STG_BUSY`; the handle stays valid, to be freed after it
+///   returns (see `stg_destination_fn`);
+/// - called from another thread, it frees all the same, when that call ends: the handle is
+///   given up at once (this thread must not use it again); the load stops as soon as its
+///   destination callback, if it has one, returns (before that tensor is read); and the running
+///   `stg_load_next` frees it as it returns, with `STG_LOAD_FREED` and nothing written (a tensor
+///   it had staged is freed with the load). The thread that called `stg_load_next` must not use
+///   the handle after that status. Nothing leaks, whichever of the two calls finishes first; a
+///   free that comes after `stg_load_next` returned is an ordinary free, of which that thread
+///   must learn by the caller's own means.
 ///
 /// # Safety
 /// `load` must be NULL or a pointer from `stg_load_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_load_free(load: *mut stg_load) {
     // SAFETY: non-null pointers are live loads by the caller's contract.
-    if let Some(live) = unsafe { load.as_ref() }
-        && live.busy.load(Ordering::Acquire)
-    {
+    let Some(live) = (unsafe { load.as_ref() }) else {
+        return;
+    };
+    if stepping_here(load as usize) {
         // Inside its own stg_load_next: freeing now would pull the load from under that call.
-        live.stop.store(true, Ordering::Release);
+        live.steps.freed_in_callback.store(true, Ordering::Release);
         return;
     }
-    // SAFETY: forwarded caller contract: NULL, or a pointer from stg_load_new freed once.
+    let state = &live.steps.state;
+    loop {
+        match state.compare_exchange(STEP_IDLE, STEP_FREEING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            // Freed already (a second free): nothing of it is this call's.
+            Err(STEP_FREE_PENDING | STEP_FREEING) => return,
+            Err(_) => {}
+        }
+        // A step is running on another thread: it frees the load if told so before it ends (and
+        // its callback stops the load). Once told, the load may be gone at any moment.
+        match state.compare_exchange(
+            STEP_RUNNING,
+            STEP_FREE_PENDING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // The step frees it; this call touches nothing of it any more.
+            Ok(_) | Err(STEP_FREE_PENDING | STEP_FREEING) => return,
+            // The step ended meanwhile: free it here after all.
+            Err(_) => {}
+        }
+    }
+    // SAFETY: forwarded caller contract: a pointer from stg_load_new freed once, here; no step
+    // is running and none can start (STEP_FREEING).
     unsafe { free_boxed(load) };
 }
 
@@ -1192,50 +1338,67 @@ pub unsafe extern "C" fn stg_load_free(load: *mut stg_load) {
 /// (its message from `stg_load_last_error`), after which the load only returns `STG_END`.
 ///
 /// Called from the load's own destination callback it returns `STG_BUSY` and writes nothing.
+/// When another thread called `stg_load_free` on the load meanwhile, it frees the load as it
+/// returns: `STG_LOAD_FREED`, nothing written, and the handle is gone (see `stg_load_free`).
 ///
 /// # Safety
-/// `load` NULL or live and not used by another thread meanwhile; `out` NULL or writable.
+/// `load` NULL or live and not used by another thread meanwhile (but for `stg_load_free`, as
+/// documented there); `out` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_load_next(
     load: *mut stg_load,
     out: *mut *mut stg_tensor,
 ) -> stg_status {
     guard(|| {
-        // SAFETY: non-null pointers are live loads by the caller's contract; only shared
-        // references are made, since the destination callback may use the load meanwhile.
-        let Some(load) = (unsafe { load.as_ref() }) else {
-            return stg_status::STG_NULL_ARGUMENT;
-        };
-        if out.is_null() {
+        if load.is_null() || out.is_null() {
             return stg_status::STG_NULL_ARGUMENT;
         }
-        if load.busy.swap(true, Ordering::AcqRel) {
+        // SAFETY: a non-null pointer is a live load by the caller's contract.
+        if !unsafe { start_step(load) } {
             return stg_status::STG_BUSY;
         }
-        let _not_busy = NotBusy(&load.busy);
-        let mut inner = load.load.lock().unwrap_or_else(PoisonError::into_inner);
-        let item = inner.next();
-        let report = inner.report();
-        drop(inner);
-        let mut shared = load.shared();
-        shared.report = report;
-        match item {
-            None => stg_status::STG_END,
-            Some(Ok(tensor)) => {
-                // SAFETY: `out` is non-null and writable by the caller's contract.
-                unsafe { *out = Box::into_raw(Box::new(wrap_tensor(tensor))) };
-                stg_status::STG_OK
-            }
-            Some(Err(_)) if load.stop.load(Ordering::Acquire) => {
-                FREED_IN_CALLBACK.clone_into(&mut shared.last_error);
-                stg_status::STG_BUSY
-            }
-            Some(Err(error)) => {
-                shared.last_error = error.to_string();
-                status_of(&error)
+        // A panic is caught here, inside the step, so that the step always ends below.
+        let stepped = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the running step keeps the load alive until `end_step`; only shared
+            // references are made, since the destination callback may use the load meanwhile.
+            step_once(unsafe { &*load })
+        }));
+        // SAFETY: the step started above ends here, once; nothing of the load is used after.
+        match (unsafe { end_step(load) }, stepped) {
+            (StepEnd::Freed, _) => stg_status::STG_LOAD_FREED,
+            (StepEnd::Idle, Err(_)) => stg_status::STG_PANIC,
+            (StepEnd::Idle, Ok((tensor, status))) => {
+                if let Some(tensor) = tensor {
+                    // SAFETY: `out` is non-null and writable by the caller's contract.
+                    unsafe { *out = Box::into_raw(Box::new(tensor)) };
+                }
+                status
             }
         }
     })
+}
+
+/// The work of one `stg_load_next`: the next tensor (with `STG_OK`) or the status that ends
+/// the load, with the report and message kept for the load's other calls.
+fn step_once(load: &stg_load) -> (Option<stg_tensor>, stg_status) {
+    let mut inner = load.load.lock().unwrap_or_else(PoisonError::into_inner);
+    let item = inner.next();
+    let report = inner.report();
+    drop(inner);
+    let mut shared = load.shared();
+    shared.report = report;
+    match item {
+        None => (None, stg_status::STG_END),
+        Some(Ok(tensor)) => (Some(wrap_tensor(tensor)), stg_status::STG_OK),
+        Some(Err(_)) if load.steps.freed_in_callback.load(Ordering::Acquire) => {
+            FREED_IN_CALLBACK.clone_into(&mut shared.last_error);
+            (None, stg_status::STG_BUSY)
+        }
+        Some(Err(error)) => {
+            shared.last_error = error.to_string();
+            (None, status_of(&error))
+        }
+    }
 }
 
 /// Writes the load's report so far into `*out`.

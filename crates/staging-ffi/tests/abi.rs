@@ -3,8 +3,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use backend_mock::fixtures::{TensorSpec, write_file};
 use staging_ffi::*;
@@ -811,4 +813,247 @@ fn a_gpu_asked_for_is_a_gpu_or_an_error_naming_what_was_passed_over() {
         );
         stg_config_free(c);
     }
+}
+
+/// The test binary's allocator: the system's, noting when one watched allocation (a handle's
+/// own box) is returned. This is how a test tells a freed handle from a leaked one, exactly and
+/// whatever the other tests allocate meanwhile: the address cannot be reused before it is freed.
+struct Watching;
+
+static WATCHED: AtomicUsize = AtomicUsize::new(0);
+static WATCHED_FREED: AtomicBool = AtomicBool::new(false);
+
+#[global_allocator]
+static ALLOCATOR: Watching = Watching;
+
+impl Watching {
+    fn note(ptr: *mut u8) {
+        if ptr as usize == WATCHED.load(Ordering::Acquire) {
+            WATCHED_FREED.store(true, Ordering::Release);
+        }
+    }
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; only addresses are read.
+unsafe impl GlobalAlloc for Watching {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded caller contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded caller contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        Self::note(ptr);
+        // SAFETY: forwarded caller contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        Self::note(ptr);
+        // SAFETY: forwarded caller contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// One handle's allocation watched; one test at a time watches (the others wait).
+struct Watch(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl Watch {
+    fn new() -> Self {
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        Self(ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Watches `handle`'s allocation from now on.
+    fn handle<T>(&self, handle: *mut T) {
+        WATCHED_FREED.store(false, Ordering::Release);
+        WATCHED.store(handle as usize, Ordering::Release);
+    }
+
+    /// Whether the watched handle's allocation was returned.
+    fn freed(&self) -> bool {
+        WATCHED_FREED.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        WATCHED.store(0, Ordering::Release);
+    }
+}
+
+/// What a destination callback that holds a step open shares with its test: it says when it has
+/// been asked for tensor `b`, then waits to be let go (declining `b`).
+struct StepGate {
+    asked_for_b: std::sync::mpsc::SyncSender<()>,
+    let_go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+/// Holds the `stg_load_next` that asks for `b` open until the test lets it go (at most 60 s,
+/// so that a regression fails instead of hanging). Never panics: it is called from C's side.
+unsafe extern "C" fn hold_step_at_b(
+    user_data: *mut c_void,
+    info: *const stg_tensor_info,
+    _: *mut *mut c_void,
+    _: *mut usize,
+) -> u32 {
+    // SAFETY: `user_data` is the test's `StepGate`, which outlives the load; `info` is valid for
+    // the call.
+    let (gate, name) = unsafe { (&*user_data.cast::<StepGate>(), CStr::from_ptr((*info).name)) };
+    if name.to_bytes() == b"b" {
+        let _ = gate.asked_for_b.send(());
+        if let Ok(let_go) = gate.let_go.lock() {
+            let _ = let_go.recv_timeout(std::time::Duration::from_secs(60));
+        }
+    }
+    STG_OK as u32
+}
+
+/// A load pointer handed to the thread that steps it.
+struct Stepped(*mut stg_load);
+// SAFETY: the load may move between threads (the header); the test frees it from the other
+// thread only while this one is inside `stg_load_next`, which is the case under test.
+unsafe impl Send for Stepped {}
+
+#[test]
+fn a_load_freed_from_another_thread_during_its_step_is_freed_when_the_step_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let (asked_for_b, asked) = std::sync::mpsc::sync_channel(1);
+    let (let_go, held) = std::sync::mpsc::sync_channel(1);
+    let gate = StepGate {
+        asked_for_b,
+        let_go: std::sync::Mutex::new(held),
+    };
+    let c = config();
+    let mut load = null_mut();
+    // SAFETY: valid handles and out-pointers; the gate outlives the load (joined below).
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        assert_eq!(stg_config_set_threads(c, 1), STG_OK);
+        assert_eq!(stg_config_set_coalesce_below(c, 0), STG_OK);
+        let user_data = std::ptr::from_ref(&gate).cast_mut().cast::<c_void>();
+        assert_eq!(
+            stg_config_set_destination(c, Some(hold_step_at_b), user_data),
+            STG_OK
+        );
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+    }
+    let watch = Watch::new();
+    watch.handle(load);
+    let stepped = Stepped(load);
+    let stepping = std::thread::spawn(move || {
+        let load = stepped;
+        // SAFETY: the load is live until the step below ends (the other thread only frees it
+        // while that step runs); out-pointers are valid locals.
+        unsafe {
+            let mut a = null_mut();
+            assert_eq!(stg_load_next(load.0, &mut a), STG_OK, "tensor a");
+            stg_tensor_free(a);
+            let mut b = sentinel::<stg_tensor>();
+            let status = stg_load_next(load.0, &mut b);
+            (status, b == sentinel())
+        }
+    });
+    asked
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the step never asked for b");
+    // SAFETY: the load is live (its step is held open at `b`); this is the free from another
+    // thread that the header allows while a step runs.
+    unsafe { stg_load_free(load) };
+    let_go.send(()).unwrap();
+    let (status, untouched) = stepping.join().unwrap();
+    assert!(
+        watch.freed(),
+        "the load was never freed: it leaked (stg_load_next returned {status:?})"
+    );
+    assert_eq!(
+        status, STG_LOAD_FREED,
+        "the step says the load it ran is gone"
+    );
+    assert!(untouched, "out written although the load was freed");
+    // SAFETY: no load uses the configuration any more.
+    unsafe { stg_config_free(c) };
+}
+
+/// Says each time it is asked for a tensor, and declines it at once.
+unsafe extern "C" fn say_asked(
+    user_data: *mut c_void,
+    _: *const stg_tensor_info,
+    _: *mut *mut c_void,
+    _: *mut usize,
+) -> u32 {
+    // SAFETY: `user_data` is the test's sender, which outlives the load.
+    let asked = unsafe { &*user_data.cast::<std::sync::mpsc::SyncSender<()>>() };
+    let _ = asked.try_send(());
+    STG_OK as u32
+}
+
+#[test]
+fn a_free_racing_the_end_of_a_step_frees_the_load_once_whichever_comes_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let (asked, in_step) = std::sync::mpsc::sync_channel::<()>(1);
+    let c = config();
+    // SAFETY: valid handles; the sender outlives every load below.
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        assert_eq!(stg_config_set_threads(c, 1), STG_OK);
+        let user_data = std::ptr::from_ref(&asked).cast_mut().cast::<c_void>();
+        assert_eq!(
+            stg_config_set_destination(c, Some(say_asked), user_data),
+            STG_OK
+        );
+    }
+    let watch = Watch::new();
+    let mut outcomes = std::collections::BTreeMap::new();
+    for _ in 0..200 {
+        let mut load = null_mut();
+        // SAFETY: valid handles and out-pointer.
+        unsafe { assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK) };
+        watch.handle(load);
+        let stepped = Stepped(load);
+        // One stg_load_next only: once the free may have come, the handle is not used again.
+        let stepping = std::thread::spawn(move || {
+            let load = stepped;
+            let mut a = sentinel::<stg_tensor>();
+            // SAFETY: the load is live when the step starts (the free waits for the callback);
+            // `a` is a valid local.
+            let status = unsafe { stg_load_next(load.0, &mut a) };
+            if status == STG_OK {
+                // SAFETY: a tensor outlives its load; freed once. (A zeroed info is plain data.)
+                unsafe {
+                    let mut info = std::mem::zeroed::<stg_tensor_info>();
+                    assert_eq!(stg_tensor_describe(a, &mut info), STG_OK);
+                    assert_eq!(info.bytes, 1000);
+                    stg_tensor_free(a);
+                }
+            } else {
+                assert_eq!(a, sentinel(), "out written with {status:?}");
+            }
+            status
+        });
+        in_step
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the step never asked for a");
+        // SAFETY: the step started; from here the free races the step's end, which is the point.
+        unsafe { stg_load_free(load) };
+        let status = stepping.join().unwrap();
+        assert!(
+            watch.freed(),
+            "the load leaked (stg_load_next returned {status:?})"
+        );
+        assert!(
+            matches!(status, STG_OK | STG_LOAD_FREED),
+            "{status:?}: the free came before the step ended (STG_LOAD_FREED) or after (a tensor)"
+        );
+        *outcomes.entry(format!("{status:?}")).or_insert(0) += 1;
+    }
+    eprintln!("outcomes of 200 races: {outcomes:?}");
+    // SAFETY: no load uses the configuration any more.
+    unsafe { stg_config_free(c) };
 }

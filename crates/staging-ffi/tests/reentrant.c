@@ -3,13 +3,16 @@
  *   reentrant CHECKPOINT MODE
  *
  * MODE is what the callback does with the load whose stg_load_next() called it: "report",
- * "backend", "last_error", "next" or "free" (on the second tensor). Every tensor is declined
+ * "backend", "last_error", "next" or "free" (on the second tensor), or "free_from_thread" (on
+ * the second tensor, a second thread frees the load while this step runs). Every tensor is declined
  * (the region stays NULL), so the load goes on by its own policy. One line per event on stdout:
  *   cb NAME STATUS [DETAIL]      the callback's own call and what it returned
  *   tensor NAME                  stg_load_next returned a tensor
- *   next STATUS MESSAGE          stg_load_next ended (STG_END, or an error with its message)
+ *   next STATUS MESSAGE          stg_load_next ended (STG_END, or an error with its message;
+ *                                "-" for STG_LOAD_FREED, after which the handle is gone)
  *   report TENSORS               the report after the loop
  * The test (reentrant.rs) runs this with a timeout and under valgrind. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,11 @@ struct ctx {
     const char *mode;
     struct stg_load *load;
 };
+
+static void *free_load(void *load) {
+    stg_load_free(load);
+    return NULL;
+}
 
 static uint32_t callback(void *user_data, const struct stg_tensor_info *tensor, void **region,
                          size_t *capacity) {
@@ -52,6 +60,14 @@ static uint32_t callback(void *user_data, const struct stg_tensor_info *tensor, 
             stg_load_free(ctx->load);
             printf("cb %s %u freed\n", tensor->name, 0u);
         }
+    } else if (strcmp(ctx->mode, "free_from_thread") == 0) {
+        if (strcmp(tensor->name, "b") == 0) {
+            /* Another thread's stg_load_free, made and returned while this step runs. */
+            pthread_t other;
+            if (pthread_create(&other, NULL, free_load, ctx->load) != 0) return STG_INTERNAL;
+            pthread_join(other, NULL);
+            printf("cb %s %u freed elsewhere\n", tensor->name, 0u);
+        }
     }
     fflush(stdout);
     return STG_OK;
@@ -77,6 +93,12 @@ int main(int argc, char **argv) {
         if (stg_tensor_describe(tensor, &info) != STG_OK) return 5;
         printf("tensor %s\n", info.name);
         stg_tensor_free(tensor);
+    }
+    if (s == STG_LOAD_FREED) {
+        /* The handle is gone: nothing more may be asked of it. */
+        printf("next %u -\n", (unsigned)s);
+        stg_config_free(config);
+        return 0;
     }
     char message[512];
     size_t written = 0;

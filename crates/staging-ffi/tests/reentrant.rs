@@ -7,6 +7,8 @@
 //! last tensor returned); `stg_load_next` returns `STG_BUSY` and writes nothing;
 //! `stg_load_free` does not free: the load stops before the tensor being asked for is read, the
 //! `stg_load_next` in progress returns `STG_BUSY`, and the handle stays the caller's to free.
+//! And one call that is not the callback's own: `stg_load_free` from a second thread while the
+//! step runs frees the load when that `stg_load_next` returns `STG_LOAD_FREED`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
@@ -87,6 +89,7 @@ fn run(mode: &str, under_valgrind: bool) -> Vec<String> {
 const STG_OK: &str = "0";
 const STG_END: &str = "1";
 const STG_BUSY: &str = "105";
+const STG_LOAD_FREED: &str = "106";
 
 #[test]
 fn report_from_the_callback_is_the_report_as_of_the_last_tensor() {
@@ -154,5 +157,22 @@ fn free_from_the_callback_stops_the_load_and_leaves_the_handle_to_its_caller() {
         // use-after-free, nothing leaked).
         assert_eq!(lines[3], "report 1");
         assert_eq!(lines.len(), 4, "{lines:?}");
+    }
+}
+
+#[test]
+fn free_from_another_thread_during_the_step_is_done_by_the_step() {
+    for valgrind in [false, true] {
+        let lines = run("free_from_thread", valgrind);
+        // The other thread's free returned at once; the step stopped before "b" was read and
+        // freed the load as it returned (valgrind: nothing leaked, nothing used after).
+        assert_eq!(
+            lines,
+            [
+                "tensor a".to_owned(),
+                "cb b 0 freed elsewhere".into(),
+                format!("next {STG_LOAD_FREED} -"),
+            ]
+        );
     }
 }
