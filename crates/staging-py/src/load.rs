@@ -29,7 +29,8 @@ use safetensors_staging::{
 use crate::destination::{GivenMap, PyDestination};
 use crate::errors::{self, StagingError};
 use crate::export::{Memory, Staged};
-use crate::info::{interrupt_for, interrupted_or};
+use crate::info::interrupted_or;
+use crate::interrupt::Calls;
 use crate::options::{Keywords, rows_spelling};
 
 pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,9 +83,11 @@ pub(crate) fn stage(
     let mut keywords = Keywords::parse(kwargs)?;
     let gpu = keywords.options.device.gpu_index().unwrap_or(0);
     let mut loader = keywords.options.loader().map_err(errors::to_py)?;
-    if let Some(interrupt) = interrupt_for(&paths) {
+    let calls = Arc::new(Calls::default());
+    if let Some(interrupt) = calls.interrupt_for(&paths) {
         loader = loader.interrupt(interrupt);
     }
+    let call = calls.enter();
     let given = GivenMap::default();
     let stop = Arc::new(AtomicBool::new(false));
     if let Some(callback) = destination {
@@ -115,6 +118,7 @@ pub(crate) fn stage(
     let load = py
         .detach(move || prepared.open_checkpoint(checkpoint))
         .map_err(|e| interrupted_or(py, e))?;
+    drop(call);
     let report = load.report();
     let total = load.checkpoint().total_bytes();
     let bar = if progress && std::io::stderr().is_terminal() {
@@ -133,6 +137,7 @@ pub(crate) fn stage(
         device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
         given,
         stop,
+        calls,
         stepping: Mutex::new(None),
         info: Mutex::new(Info {
             records: Vec::new(),
@@ -179,6 +184,8 @@ pub(crate) struct PyLoad {
     stepping: Mutex<Option<ThreadId>>,
     /// Set by `close()` from inside the destination callback.
     stop: Arc<AtomicBool>,
+    /// Its calls, for Ctrl-C: a SIGINT interrupts the step running when it arrives.
+    calls: Arc<Calls>,
     info: Mutex<Info>,
     given: GivenMap,
     held: HeldMemory,
@@ -303,6 +310,7 @@ impl PyLoad {
                  the load",
             ));
         }
+        let _call = self.calls.enter();
         // The lock is taken with the GIL released: another thread iterating the same load
         // waits without holding the GIL this one needs for a destination callback.
         match py.detach(|| self.step()) {

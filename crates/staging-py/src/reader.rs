@@ -4,14 +4,15 @@
 //! (kept open for the life of the handle) are shared by every read.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, Tensor};
 
 use crate::errors::{self, StagingError};
-use crate::info::{PyCheckpoint, interrupt_for, interrupted_or};
+use crate::info::{PyCheckpoint, interrupted_or};
+use crate::interrupt::Calls;
 use crate::load::{locked, staged};
 use crate::options::Keywords;
 
@@ -25,6 +26,8 @@ pub(crate) struct PyReader {
     report: Mutex<Option<LoadReport>>,
     backend: &'static str,
     device_index: i32,
+    /// Its reads, for Ctrl-C: a SIGINT interrupts the reads running when it arrives.
+    calls: Arc<Calls>,
 }
 
 /// Opens the backend for `paths` and reads their headers. The keywords are `stage`'s, less
@@ -52,10 +55,12 @@ pub(crate) fn reader(
     }
     let gpu = keywords.options.device.gpu_index().unwrap_or(0);
     let mut loader = keywords.options.loader().map_err(errors::to_py)?;
-    if let Some(interrupt) = interrupt_for(&paths) {
+    let calls = Arc::new(Calls::default());
+    if let Some(interrupt) = calls.interrupt_for(&paths) {
         loader = loader.interrupt(interrupt);
     }
     let first = paths.first().cloned().unwrap_or_default();
+    let call = calls.enter();
     let (prepared, checkpoint) = py
         .detach(move || -> Result<_, Error> {
             let mut prepared = loader.prepare_for(&first)?;
@@ -64,12 +69,14 @@ pub(crate) fn reader(
             Ok((prepared, checkpoint))
         })
         .map_err(|e| interrupted_or(py, e))?;
+    drop(call);
     Ok(PyReader {
         backend: prepared.backend_name(),
         prepared: Mutex::new(Some(prepared)),
         checkpoint,
         report: Mutex::new(None),
         device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
+        calls,
     })
 }
 
@@ -134,6 +141,7 @@ impl PyReader {
         rows: Option<(usize, usize)>,
     ) -> PyResult<Py<PyAny>> {
         let rows = rows.map(|(start, end)| RowRange::Rows(start..end));
+        let _call = self.calls.enter();
         let tensor = py
             .detach(|| self.load_one(name, rows))
             .map_err(|e| match e {
