@@ -31,6 +31,7 @@ use staging_core::DeviceError;
 
 use crate::errors;
 use crate::info::TensorInfo;
+use crate::interrupt::Calls;
 use crate::load::locked;
 
 /// A destination the callback gave: its Python object (handed out as the tensor) and the DLPack
@@ -128,8 +129,8 @@ unsafe impl DlpackStream for Consumer<'_> {
 pub(crate) struct PyDestination {
     pub(crate) callback: Py<PyAny>,
     pub(crate) given: GivenMap,
-    /// The load's `stop`: set when the callback closed its own load.
-    pub(crate) stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The load's calls: whether it was closed (from the callback, or another thread).
+    pub(crate) calls: Arc<Calls>,
     /// The GPU ordinal of the load (device destinations must be on it).
     pub(crate) ordinal: usize,
     device: OnceLock<Result<Device, String>>,
@@ -139,13 +140,13 @@ impl PyDestination {
     pub(crate) fn new(
         callback: Py<PyAny>,
         given: GivenMap,
-        stop: Arc<std::sync::atomic::AtomicBool>,
+        calls: Arc<Calls>,
         ordinal: usize,
     ) -> Self {
         Self {
             callback,
             given,
-            stop,
+            calls,
             ordinal,
             device: OnceLock::new(),
         }
@@ -326,12 +327,15 @@ unsafe impl RawDestination for PyDestination {
         space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError> {
         Python::attach(|py| -> PyResult<Option<(usize, usize)>> {
+            let closed = || errors::StagingError::new_err(crate::load::CLOSED_DURING_STEP);
+            if self.calls.is_closed() {
+                return Err(closed());
+            }
             let info = TensorInfo::new(tensor);
             let out = self.callback.call1(py, (tensor.name.as_str(), info))?;
-            if self.stop.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(errors::StagingError::new_err(
-                    crate::load::CLOSED_IN_CALLBACK,
-                ));
+            // Closed by the callback, or by another thread meanwhile: the tensor is not read.
+            if self.calls.is_closed() {
+                return Err(closed());
             }
             if out.is_none(py) {
                 return Ok(None);

@@ -13,12 +13,16 @@
 //! when the handle was made. Calls of one handle that overlap (reads on several threads) count
 //! from the start of the first of them.
 //!
-//! Only when SIGINT has a handler (Python's, normally): with `SIG_DFL` or `SIG_IGN` nothing is
-//! installed, so what SIGINT does is unchanged. A later `signal.signal(SIGINT, ...)` replaces
-//! the handler at the C level, and remote reads then wait for their timeout again.
+//! Closing a handle interrupts its reads too ([`Calls::close`]): a read waiting on a server that
+//! stopped answering, on another thread, ends then rather than at the request timeout.
+//!
+//! SIGINT is counted only when it has a handler (Python's, normally): with `SIG_DFL` or
+//! `SIG_IGN` nothing is installed, so what SIGINT does is unchanged. A later
+//! `signal.signal(SIGINT, ...)` replaces the handler at the C level, and remote reads then wait
+//! for their timeout again.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use safetensors_staging::remote::Interrupt;
@@ -56,11 +60,13 @@ fn watching_sigint() -> bool {
     })
 }
 
-/// The calls of one handle, as Ctrl-C sees them: a SIGINT interrupts the handle's reads only
-/// while one of its calls runs, and only if it arrived after that call began.
+/// The calls of one handle, as Ctrl-C and `close()` see them: a SIGINT interrupts the handle's
+/// reads only while one of its calls runs, and only if it arrived after that call began; once
+/// the handle is closed, every read of it is interrupted.
 #[derive(Default)]
 pub(crate) struct Calls {
     running: Mutex<Running>,
+    closed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -75,11 +81,25 @@ impl Calls {
     /// A predicate that interrupts the handle's reads of URLs, when `paths` name one (the
     /// SIGINT handler is installed only then); else `None`.
     pub(crate) fn interrupt_for(self: &Arc<Self>, paths: &[PathBuf]) -> Option<Interrupt> {
-        if !paths.iter().any(|p| safetensors_staging::is_url(p)) || !watching_sigint() {
+        if !paths.iter().any(|p| safetensors_staging::is_url(p)) {
             return None;
         }
+        let watching = watching_sigint();
         let calls = Arc::clone(self);
-        Some(Interrupt::new(move || calls.ctrl_c_during_a_call()))
+        Some(Interrupt::new(move || {
+            calls.is_closed() || (watching && calls.ctrl_c_during_a_call())
+        }))
+    }
+
+    /// Marks the handle closed: its reads are interrupted from now on.
+    pub(crate) fn close(&self) {
+        // SeqCst: a load reads it against its `stepping` flag (see `load`).
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the handle was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// Marks a call of the handle as running until the guard is dropped: SIGINTs from now on

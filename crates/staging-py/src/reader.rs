@@ -26,7 +26,8 @@ pub(crate) struct PyReader {
     report: Mutex<Option<LoadReport>>,
     backend: &'static str,
     device_index: i32,
-    /// Its reads, for Ctrl-C: a SIGINT interrupts the reads running when it arrives.
+    /// Its reads, for Ctrl-C (a SIGINT interrupts the reads running when it arrives), and
+    /// whether it was closed (which interrupts reads of URLs still waiting on the network).
     calls: Arc<Calls>,
 }
 
@@ -91,7 +92,7 @@ impl PyReader {
         // reads of several threads, and a read ahead, move bytes at once.
         let mut load = {
             let mut prepared = locked(&self.prepared);
-            let Some(prepared) = prepared.as_mut() else {
+            let Some(prepared) = prepared.as_mut().filter(|_| !self.calls.is_closed()) else {
                 return Err(Failure::Closed);
             };
             prepared.open_checkpoint(narrowed)?
@@ -145,7 +146,11 @@ impl PyReader {
         let tensor = py
             .detach(|| self.load_one(name, rows))
             .map_err(|e| match e {
+                // A read the handle's close() interrupted, too.
                 Failure::Closed => StagingError::new_err("File is closed"),
+                Failure::Error(_) if self.calls.is_closed() => {
+                    StagingError::new_err("File is closed")
+                }
                 Failure::Error(e) => interrupted_or(py, e),
             })?;
         staged(py, tensor, self.device_index)
@@ -181,12 +186,14 @@ impl PyReader {
     /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
-        locked(&self.prepared).is_none()
+        self.calls.is_closed()
     }
 
     /// Lets go of the backend, its buffers and the files kept open; tensors already read stay
-    /// valid.
+    /// valid. Reads still running on other threads end with "File is closed" (a read of a URL
+    /// waiting on the network within about 50 ms; a local one once its bytes are in).
     fn close(&self, py: Python<'_>) {
+        self.calls.close();
         let prepared = py.detach(|| locked(&self.prepared).take());
         py.detach(move || drop(prepared));
     }

@@ -4,6 +4,11 @@
   `KeyboardInterrupt` somewhere else (Jupyter interrupting another cell) leaves a URL handle
   (`safe_open`, a `stage` iterator) working, and a SIGINT during a read the server stopped
   answering still ends that read.
+- A destination callback may hand `close()` or `next()` of its own load to another thread and
+  wait for it (an executor, `asyncio.run_coroutine_threadsafe`, a GUI thread): `close()` never
+  waits for a running step (the step ends the load before the next tensor is read), and
+  `next()` during a step raises `StagingError` at once. Closing a URL handle ends a read stalled
+  on another thread.
 
 Whatever could hang runs in a child process: the child gives up after a timeout of its own
 (`os._exit`, so no stuck thread holds it) and says so, and the parent kills it after a longer
@@ -21,6 +26,7 @@ from typing import Dict
 
 import pytest
 
+import safetensors_staging as st
 from conftest import write_safetensors
 
 ZERO = {"device": 0, "host": 0, "caller": 0}
@@ -198,3 +204,198 @@ def test_a_ctrl_c_between_steps_leaves_a_url_load_working(tmp_path: Path) -> Non
     assert stalled["raised"][0] == "KeyboardInterrupt", result
     assert stalled["after_signal_s"] < 1.5, result
     assert result["held"] == ZERO, result
+
+
+# --- Item 6: close() and next() handed to another thread by the destination callback ---------
+
+HAND_OFF = SERVER + textwrap.dedent(
+    r"""
+    import asyncio, concurrent.futures, gc
+    import safetensors_staging as st
+
+    path, method, via = sys.argv[1], sys.argv[2], sys.argv[3]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def on_another_thread(call):
+        # `call` run by another thread, waited for without a timeout, as real code waits.
+        if via == "executor":
+            return pool.submit(call).result()
+        async def coroutine():
+            return call()
+        return asyncio.run_coroutine_threadsafe(coroutine(), loop).result()
+
+    def scenario(result):
+        seen = []
+        it = None
+
+        def destination(name, info):
+            entry = {"name": name}
+            if name == "b":
+                try:
+                    if method == "close":
+                        on_another_thread(it.close)
+                        entry["value"] = "closed"
+                    else:
+                        on_another_thread(lambda: next(it))
+                        entry["value"] = "returned"
+                except Exception as e:
+                    entry["raised"] = [type(e).__name__, isinstance(e, st.StagingError), str(e)]
+            seen.append(entry)
+            return None
+
+        it = st.stage(path, backend="host", destination=destination, coalesce_below=0, threads=1)
+        got = {}
+        try:
+            for name, tensor in it:
+                got[name] = tensor
+            result["error"] = None
+        except Exception as e:
+            result["error"] = [type(e).__name__, str(e)]
+        result["seen"] = seen
+        result["got"] = {name: t.numpy().tobytes().hex() for name, t in got.items()}
+        result["tensors"] = it.report()["tensors"]
+        result["held_while_kept"] = it.held()
+        del got, tensor
+        gc.collect()
+        result["held"] = it.held()
+
+    give_up_after(20, scenario)
+    """
+)
+
+
+@pytest.mark.parametrize("via", ["executor", "asyncio"])
+def test_close_handed_to_another_thread_by_the_callback_ends_the_load(tmp_path: Path, via: str) -> None:
+    """The callback asked for "b" hands `close()` to another thread and waits for it: `close()`
+    returns at once, the load ends before "b" is read, the iteration ends quietly, and once
+    "a" (handed out before) is dropped nothing is held."""
+    expected = checkpoint(tmp_path)
+    result = run_child(HAND_OFF, str(tmp_path / "model.safetensors"), "close", via)
+    assert not result.get("hung"), f"close() on another thread deadlocked with the callback ({via})"
+    assert result["error"] is None, result
+    assert [e["name"] for e in result["seen"]] == ["a", "b"], result
+    assert result["seen"][1] == {"name": "b", "value": "closed"}, result
+    assert result["got"] == {"a": expected["a"]}, result
+    assert result["tensors"] == 1, result
+    # The load's buffers are freed; "a" is the caller's until dropped.
+    assert result["held_while_kept"] == {"device": 0, "host": 0, "caller": 64 * 4}, result
+    assert result["held"] == ZERO, result
+
+
+@pytest.mark.parametrize("via", ["executor", "asyncio"])
+def test_next_handed_to_another_thread_by_the_callback_raises_at_once(tmp_path: Path, via: str) -> None:
+    """The callback hands `next()` of its own load to another thread and waits: that `next()`
+    raises `StagingError` at once, saying why, and the load goes on unharmed."""
+    expected = checkpoint(tmp_path)
+    result = run_child(HAND_OFF, str(tmp_path / "model.safetensors"), "next", via)
+    assert not result.get("hung"), f"next() on another thread deadlocked with the callback ({via})"
+    raised = result["seen"][1].get("raised")
+    assert raised is not None, result
+    name, is_staging_error, message = raised
+    assert name == "StagingError" and is_staging_error, raised
+    assert "next()" in message and "while" in message and "another thread" in message, message
+    assert result["error"] is None, result
+    assert result["got"] == expected, result
+    assert result["tensors"] == 3, result
+    assert result["held"] == ZERO, result
+
+
+CLOSE_DURING_STEP = SERVER + textwrap.dedent(
+    r"""
+    import gc
+    import safetensors_staging as st
+
+    def scenario(result):
+        # A step running on a worker thread, its callback waiting for this thread; this thread
+        # closes the load, then lets the callback go on.
+        in_callback, released = threading.Event(), threading.Event()
+
+        def destination(name, info):
+            if name == "b":
+                in_callback.set()
+                released.wait(30)
+            return None
+
+        it = st.stage(sys.argv[1], backend="host", destination=destination, coalesce_below=0, threads=1)
+        got = {}
+        def iterate():
+            try:
+                for name, tensor in it:
+                    got[name] = tensor.numpy().tobytes().hex()
+                result["error"] = None
+            except Exception as e:
+                result["error"] = [type(e).__name__, str(e)]
+        worker = threading.Thread(target=iterate)
+        worker.start()
+        in_callback.wait(30)
+        started = time.monotonic()
+        it.close()
+        result["close_s"] = time.monotonic() - started
+        released.set()
+        worker.join(30)
+        result["got"] = got
+        result["tensors"] = it.report()["tensors"]
+        gc.collect()
+        result["held"] = it.held()
+
+    give_up_after(20, scenario)
+    """
+)
+
+
+def test_close_from_another_thread_does_not_wait_for_a_running_step(tmp_path: Path) -> None:
+    """`close()` from the main thread while a worker's step waits in its callback: it returns at
+    once; the step then ends the load before "b" is read, and nothing is held."""
+    expected = checkpoint(tmp_path)
+    result = run_child(CLOSE_DURING_STEP, str(tmp_path / "model.safetensors"))
+    assert not result.get("hung"), "close() waited for the step it should only have stopped"
+    assert result["close_s"] < 1.0, result
+    assert result["error"] is None, result
+    assert result["got"] == {"a": expected["a"]}, result
+    assert result["tensors"] == 1, result
+    assert result["held"] == ZERO, result
+
+
+CLOSE_STALLED_READ = SERVER + textwrap.dedent(
+    r"""
+    import safetensors_staging as st
+
+    def scenario(result):
+        f = st.safe_open(url, "np", concurrency=1, threads=1)
+        stall.set()
+        def read():
+            try:
+                f._reader.read("b")
+                result["read"] = "returned"
+            except Exception as e:
+                result["read"] = [type(e).__name__, str(e)]
+            result["read_s"] = time.monotonic() - started
+        started = time.monotonic()
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.5)
+        f.close()
+        result["close_s"] = time.monotonic() - started
+        reader.join(10)
+        result["read_ended"] = not reader.is_alive()
+        result["closed"] = f._reader.closed
+
+    give_up_after(20, scenario)
+    """
+)
+
+
+def test_closing_a_url_handle_ends_a_read_stalled_on_another_thread(tmp_path: Path) -> None:
+    """`safe_open` of a URL whose server stopped answering: a read on another thread waits on
+    it; `close()` returns at once and that read ends within about a second (not at the request
+    timeout), with the error a read of a closed handle raises."""
+    checkpoint(tmp_path)
+    result = run_child(CLOSE_STALLED_READ, str(tmp_path / "model.safetensors"))
+    assert not result.get("hung"), result
+    assert result["close_s"] < 1.5, result
+    assert result["read_ended"], f"the read went on after close(): {result}"
+    assert result["read"] == ["StagingError", "File is closed"], result
+    assert result["read_s"] < 2.0, result
+    assert result["closed"] is True
