@@ -1,4 +1,4 @@
-"""The Python door under signals and threads (issue 33).
+"""The Python door under signals and threads (issue 33, items 4, 6 and 8).
 
 - A Ctrl-C interrupts only the call it arrived during: a SIGINT that Python turned into a
   `KeyboardInterrupt` somewhere else (Jupyter interrupting another cell) leaves a URL handle
@@ -9,6 +9,7 @@
   waits for a running step (the step ends the load before the next tensor is read), and
   `next()` during a step raises `StagingError` at once. Closing a URL handle ends a read stalled
   on another thread.
+- A bool destination takes only a BOOL tensor: other bytes would be invalid bools.
 
 Whatever could hang runs in a child process: the child gives up after a timeout of its own
 (`os._exit`, so no stuck thread holds it) and says so, and the parent kills it after a longer
@@ -17,6 +18,7 @@ one; a regression fails instead of hanging the suite.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
+import torch
 
 import safetensors_staging as st
 from conftest import write_safetensors
@@ -399,3 +402,57 @@ def test_closing_a_url_handle_ends_a_read_stalled_on_another_thread(tmp_path: Pa
     assert result["read"] == ["StagingError", "File is closed"], result
     assert result["read_s"] < 2.0, result
     assert result["closed"] is True
+
+
+# --- Item 8: a bool destination takes only a BOOL tensor ----------------------------------------
+
+
+def test_a_bool_destination_is_refused_for_a_tensor_that_is_not_bool(tmp_path: Path) -> None:
+    """A bool destination for an F32 tensor: `DestinationError` naming the tensor and both
+    dtypes, before anything is read into it; a BOOL tensor goes into a bool destination; the
+    load holds nothing after."""
+    path = tmp_path / "model.safetensors"
+    contents = write_safetensors(path, [("mask", "BOOL", (64,)), ("w", "F32", (16,)), ("z", "U8", (8,))])
+    given = {}
+
+    def destination(name: str, info: st.TensorInfo):
+        given[name] = torch.zeros(info.nbytes, dtype=torch.bool)
+        return given[name]
+
+    it = st.stage(path, backend="host", destination=destination, coalesce_below=0, threads=1)
+    got = {}
+    with pytest.raises(st.DestinationError) as caught:
+        for name, tensor in it:
+            got[name] = tensor
+    message = str(caught.value)
+    assert message.startswith('tensor "w": '), message
+    assert "bool" in message and "F32" in message, message
+    assert caught.value.kind == "destination"
+    assert list(got) == ["mask"]
+    assert got["mask"] is given["mask"]
+    assert got["mask"].numpy().tobytes() == contents["mask"]
+    assert not given["w"].any(), "nothing was written into the bool destination of an F32 tensor"
+    del got, tensor
+    gc.collect()
+    assert it.held() == ZERO
+
+
+def test_other_byte_sized_destinations_stay_accepted(tmp_path: Path) -> None:
+    """What callers give today still works: uint8 buffers for any tensor, the tensor's own dtype
+    (bool for BOOL), and a BOOL tensor's bytes into uint8 or int8."""
+    path = tmp_path / "model.safetensors"
+    specs = [("m1", "BOOL", (32,)), ("m2", "BOOL", (16,)), ("m3", "BOOL", (8,)), ("w", "F32", (16,)),
+             ("h", "F16", (4, 4))]
+    contents = write_safetensors(path, specs)
+    dtypes = {"m1": torch.bool, "m2": torch.uint8, "m3": torch.int8, "w": torch.uint8, "h": torch.float16}
+
+    def destination(name: str, info: st.TensorInfo):
+        return torch.empty(info.nbytes // torch.empty((), dtype=dtypes[name]).element_size(), dtype=dtypes[name])
+
+    with st.stage(path, backend="host", destination=destination, coalesce_below=0, threads=1) as it:
+        got = dict(it)
+    assert {name: t.dtype for name, t in got.items()} == dtypes
+    assert {name: t.view(torch.uint8).numpy().tobytes() for name, t in got.items()} == contents
+    del got
+    gc.collect()
+    assert it.held() == ZERO
