@@ -190,8 +190,8 @@ impl PyReader {
     }
 
     /// Lets go of the backend, its buffers and the files kept open; tensors already read stay
-    /// valid. Reads still running on other threads end with "File is closed" (a read of a URL
-    /// waiting on the network within about 50 ms; a local one once its bytes are in).
+    /// valid. Reads of a URL still running on other threads (a server that stopped answering)
+    /// end within about 50 ms with "File is closed"; a read of a local file under way finishes.
     fn close(&self, py: Python<'_>) {
         self.calls.close();
         let prepared = py.detach(|| locked(&self.prepared).take());

@@ -264,7 +264,7 @@ HAND_OFF = SERVER + textwrap.dedent(
         gc.collect()
         result["held"] = it.held()
 
-    give_up_after(20, scenario)
+    give_up_after(30, scenario)
     """
 )
 
@@ -343,7 +343,7 @@ CLOSE_DURING_STEP = SERVER + textwrap.dedent(
         gc.collect()
         result["held"] = it.held()
 
-    give_up_after(20, scenario)
+    give_up_after(30, scenario)
     """
 )
 
@@ -385,7 +385,7 @@ CLOSE_STALLED_READ = SERVER + textwrap.dedent(
         result["read_ended"] = not reader.is_alive()
         result["closed"] = f._reader.closed
 
-    give_up_after(20, scenario)
+    give_up_after(30, scenario)
     """
 )
 
