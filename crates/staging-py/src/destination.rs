@@ -5,9 +5,15 @@
 //! For each tensor the caller's function is called with `(name, TensorInfo)`; `None` declines.
 //! Anything else must export DLPack (`torch.Tensor`, `numpy.ndarray`, CuPy, JAX, ...) and be:
 //! on the load's memory (host memory for a CPU load; CUDA or ROCm device N for a load on
-//! device N), C-contiguous, writable, of a byte-sized dtype, and at least the tensor's bytes long.
-//! The imported DLPack tensor (whose deleter keeps the producer's memory alive) and the object
-//! are kept until the tensor is handed out.
+//! device N), C-contiguous, writable, of a byte-sized dtype that holds the tensor's bytes as they
+//! are, and at least the tensor's bytes long. The imported DLPack tensor (whose deleter keeps
+//! the producer's memory alive) and the object are kept until the tensor is handed out.
+//!
+//! Dtypes: the bytes are copied as they are, never converted, so any dtype whose every byte
+//! pattern is a value will do (`uint8` for the raw bytes, the tensor's own dtype, or another of
+//! the caller's choosing). Bool is the one that is not: only 0 and 1 are bools (torch and NumPy
+//! assume so), so a bool destination takes a `BOOL` tensor only. A `BOOL` tensor's bytes, 0 or
+//! 1, are values of every dtype, so it may go into any destination.
 //!
 //! Synchronization: the library writes a device destination from outside any stream, so the
 //! producer's queued work on that memory must be done first. The DLPack import asks for the
@@ -21,16 +27,17 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use dlpark::DlpackFlags;
-use dlpark::ffi::{DLDevice, DLDeviceType};
+use dlpark::ffi::{DLDataTypeCode, DLDevice, DLDeviceType};
 use dlpark::python::consumer::stream::{self, DlpackStream, StreamArg};
 use dlpark::python::consumer::{ImportRequest, ImportedDlpack};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use safetensors_staging::{DestinationError, RawDestination, TensorMeta};
+use safetensors_staging::{DestinationError, Dtype, ErrorKind, RawDestination, TensorMeta};
 use staging_core::DeviceError;
 
 use crate::errors;
 use crate::info::TensorInfo;
+use crate::interrupt::Calls;
 use crate::load::locked;
 
 /// A destination the callback gave: its Python object (handed out as the tensor) and the DLPack
@@ -117,19 +124,23 @@ unsafe impl DlpackStream for Consumer<'_> {
         };
         // SAFETY: the caller's contract: `producer` is the live stream the producer's exchange
         // API gave for this device.
-        unsafe { device.synchronize(producer) }
-            .map_err(|e| errors::DestinationError::new_err(e.to_string()))?;
+        unsafe { device.synchronize(producer) }.map_err(|e| destination_error(e.to_string()))?;
         self.waited.set(true);
         Ok(true)
     }
+}
+
+/// A `DestinationError` with `message`, its `kind` set as every error of the package has it.
+fn destination_error(message: String) -> PyErr {
+    errors::of_kind(ErrorKind::Destination, message)
 }
 
 /// The destination callback of a Python load.
 pub(crate) struct PyDestination {
     pub(crate) callback: Py<PyAny>,
     pub(crate) given: GivenMap,
-    /// The load's `stop`: set when the callback closed its own load.
-    pub(crate) stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The load's calls: whether it was closed (from the callback, or another thread).
+    pub(crate) calls: Arc<Calls>,
     /// The GPU ordinal of the load (device destinations must be on it).
     pub(crate) ordinal: usize,
     device: OnceLock<Result<Device, String>>,
@@ -139,13 +150,13 @@ impl PyDestination {
     pub(crate) fn new(
         callback: Py<PyAny>,
         given: GivenMap,
-        stop: Arc<std::sync::atomic::AtomicBool>,
+        calls: Arc<Calls>,
         ordinal: usize,
     ) -> Self {
         Self {
             callback,
             given,
-            stop,
+            calls,
             ordinal,
             device: OnceLock::new(),
         }
@@ -161,7 +172,7 @@ impl PyDestination {
             .get_or_init(|| Device::open(space, self.ordinal))
         {
             Ok(device) => Ok(Some(device)),
-            Err(e) => Err(errors::DestinationError::new_err(format!(
+            Err(e) => Err(destination_error(format!(
                 "cannot synchronize {space}:{} before writing a destination: {e}",
                 self.ordinal
             ))),
@@ -232,8 +243,7 @@ impl PyDestination {
         object: Bound<'_, PyAny>,
     ) -> PyResult<(usize, usize)> {
         let name = &tensor.name;
-        let fail =
-            |what: String| errors::DestinationError::new_err(format!("tensor {name:?}: {what}"));
+        let fail = |what: String| destination_error(format!("tensor {name:?}: {what}"));
         let type_name = object
             .get_type()
             .name()
@@ -283,6 +293,14 @@ impl PyDestination {
                     dtype.bits, dtype.lanes
                 )));
             }
+            if dtype.code == DLDataTypeCode::BOOL && tensor.dtype != Dtype::BOOL {
+                let theirs = tensor.dtype_name();
+                return Err(fail(format!(
+                    "the destination's dtype is bool but the tensor is {theirs}: a bool holds only \
+                     0 or 1, and {theirs} bytes copied into it would not be bools; give a \
+                     destination of the tensor's own dtype, or uint8 for its raw bytes"
+                )));
+            }
             let base = view.data_ptr() as usize;
             let offset = usize::try_from(view.byte_offset())
                 .map_err(|_| fail("the destination's byte offset is too large".to_owned()))?;
@@ -315,7 +333,8 @@ impl PyDestination {
 // SAFETY: the region is the memory of a DLPack tensor imported from the object the callback
 // returned, checked above to be on the memory space the load writes (`space`, and the load's
 // device ordinal), C-contiguous, writable (not flagged read-only), of whole bytes per element,
-// and `nbytes` long (the stager refuses a region shorter than the tensor). The imported tensor
+// of a dtype every byte written into it is a value of (bool only for a BOOL tensor), and
+// `nbytes` long (the stager refuses a region shorter than the tensor). The imported tensor
 // keeps the producer's memory alive until the tensor is handed out (`given`), and the producer's
 // queued work on it was waited for. The caller of `stage(destination=...)` promises, as
 // documented there, not to touch that memory until then.
@@ -326,12 +345,15 @@ unsafe impl RawDestination for PyDestination {
         space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError> {
         Python::attach(|py| -> PyResult<Option<(usize, usize)>> {
+            let closed = || errors::StagingError::new_err(crate::load::CLOSED_DURING_STEP);
+            if self.calls.is_closed() {
+                return Err(closed());
+            }
             let info = TensorInfo::new(tensor);
             let out = self.callback.call1(py, (tensor.name.as_str(), info))?;
-            if self.stop.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(errors::StagingError::new_err(
-                    crate::load::CLOSED_IN_CALLBACK,
-                ));
+            // Closed by the callback, or by another thread meanwhile: the tensor is not read.
+            if self.calls.is_closed() {
+                return Err(closed());
             }
             if out.is_none(py) {
                 return Ok(None);

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
@@ -9,6 +10,7 @@ use pyo3::types::PyDict;
 use safetensors_staging::{Checkpoint, Plan, TensorMeta};
 
 use crate::errors;
+use crate::interrupt::Calls;
 use crate::options::Keywords;
 
 /// A checkpoint file's name for Python: a `pathlib.Path`, or a `str` for a URL (a `Path` would
@@ -111,16 +113,6 @@ pub(crate) fn interrupted_or(py: Python<'_>, error: safetensors_staging::Error) 
     match py.check_signals() {
         Err(interrupted) => interrupted,
         Ok(()) => errors::to_py(error),
-    }
-}
-
-/// Ctrl-C interrupts reads of URLs: a predicate when `paths` name one (the SIGINT hook is
-/// installed only then), else `None`.
-pub(crate) fn interrupt_for(paths: &[PathBuf]) -> Option<safetensors_staging::remote::Interrupt> {
-    if paths.iter().any(|p| safetensors_staging::is_url(p)) {
-        crate::interrupt::on_ctrl_c()
-    } else {
-        None
     }
 }
 
@@ -259,9 +251,11 @@ pub(crate) fn open(
 ) -> PyResult<PyCheckpoint> {
     let keywords = Keywords::parse(kwargs)?;
     let mut loader = keywords.options.loader().map_err(errors::to_py)?;
-    if let Some(interrupt) = interrupt_for(&paths) {
+    let calls = Arc::new(Calls::default());
+    if let Some(interrupt) = calls.interrupt_for(&paths) {
         loader = loader.interrupt(interrupt);
     }
+    let _call = calls.enter();
     let checkpoint = py
         .detach(move || loader.read_headers(&paths))
         .map_err(|e| interrupted_or(py, e))?;

@@ -2,17 +2,32 @@
 //! when control comes back; a GET to a server that stopped answering would hold it until the
 //! request timeout (minutes). Here SIGINT is also counted by a handler of ours, chained after
 //! Python's own (which still runs first, so `KeyboardInterrupt` is raised as usual), and a
-//! remote load's interrupt predicate fires once a SIGINT arrived after the load began: the read
-//! stops within about 50 ms, and the door raises the pending `KeyboardInterrupt`.
+//! remote handle's interrupt predicate fires once a SIGINT arrived during one of its calls: the
+//! read stops within about 50 ms, and the door raises the pending `KeyboardInterrupt`.
 //!
-//! Only when SIGINT has a handler (Python's, normally): with `SIG_DFL` or `SIG_IGN` nothing is
-//! installed, so what SIGINT does is unchanged. A later `signal.signal(SIGINT, ...)` replaces
-//! the handler at the C level, and remote reads then wait for their timeout again.
+//! A Ctrl-C interrupts the calls running when it arrives, and no later one. A handle lives
+//! across many calls (a `safe_open` handle, a `stage` iterator), and a SIGINT may arrive while
+//! none of them runs (Jupyter interrupting another cell, whose `KeyboardInterrupt` is caught
+//! there): so the SIGINTs are counted from the start of each call that can wait on the network
+//! ([`Calls::enter`]: `stage`, `open`, each `next()` of a load, each read of a handle), not from
+//! when the handle was made. Calls of one handle that overlap (reads on several threads) count
+//! from the start of the first of them.
+//!
+//! Closing a handle interrupts its reads too ([`Calls::close`]): a read waiting on a server that
+//! stopped answering, on another thread, ends then rather than at the request timeout.
+//!
+//! SIGINT is counted only when it has a handler (Python's, normally): with `SIG_DFL` or
+//! `SIG_IGN` nothing is installed, so what SIGINT does is unchanged. A later
+//! `signal.signal(SIGINT, ...)` replaces the handler at the C level, and remote reads then wait
+//! for their timeout again.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use safetensors_staging::remote::Interrupt;
+
+use crate::load::locked;
 
 static SIGINTS: AtomicU64 = AtomicU64::new(0);
 static WATCHING: OnceLock<bool> = OnceLock::new();
@@ -29,10 +44,10 @@ fn sigint_is_handled() -> bool {
     }
 }
 
-/// A predicate that fires once a SIGINT arrives after this call; `None` when SIGINT is not
-/// watched (see the module's notes).
-pub(crate) fn on_ctrl_c() -> Option<Interrupt> {
-    let watching = *WATCHING.get_or_init(|| {
+/// Whether SIGINTs are counted; the first call installs the counting handler (see the module's
+/// notes).
+fn watching_sigint() -> bool {
+    *WATCHING.get_or_init(|| {
         sigint_is_handled()
             // SAFETY: the action is async-signal-safe (one atomic increment), and the handler
             // it joins chains to the one installed before (Python's), which runs first.
@@ -42,12 +57,75 @@ pub(crate) fn on_ctrl_c() -> Option<Interrupt> {
                 })
             }
             .is_ok()
-    });
-    if !watching {
-        return None;
+    })
+}
+
+/// The calls of one handle, as Ctrl-C and `close()` see them: a SIGINT interrupts the handle's
+/// reads only while one of its calls runs, and only if it arrived after that call began; once
+/// the handle is closed, every read of it is interrupted.
+#[derive(Default)]
+pub(crate) struct Calls {
+    running: Mutex<Running>,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Running {
+    /// Calls of the handle running now.
+    count: usize,
+    /// The SIGINTs counted when the first of them began.
+    sigints_before: u64,
+}
+
+impl Calls {
+    /// A predicate that interrupts the handle's reads of URLs, when `paths` name one (the
+    /// SIGINT handler is installed only then); else `None`.
+    pub(crate) fn interrupt_for(self: &Arc<Self>, paths: &[PathBuf]) -> Option<Interrupt> {
+        if !paths.iter().any(|p| safetensors_staging::is_url(p)) {
+            return None;
+        }
+        let watching = watching_sigint();
+        let calls = Arc::clone(self);
+        Some(Interrupt::new(move || {
+            calls.is_closed() || (watching && calls.ctrl_c_during_a_call())
+        }))
     }
-    let seen = SIGINTS.load(Ordering::Relaxed);
-    Some(Interrupt::new(move || {
-        SIGINTS.load(Ordering::Relaxed) != seen
-    }))
+
+    /// Marks the handle closed: its reads are interrupted from now on.
+    pub(crate) fn close(&self) {
+        // SeqCst: a load reads it against its `stepping` flag (see `load`).
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the handle was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Marks a call of the handle as running until the guard is dropped: SIGINTs from now on
+    /// interrupt its reads.
+    pub(crate) fn enter(&self) -> Entered<'_> {
+        let mut running = locked(&self.running);
+        if running.count == 0 {
+            running.sigints_before = SIGINTS.load(Ordering::Relaxed);
+        }
+        running.count += 1;
+        Entered(self)
+    }
+
+    /// Whether a SIGINT arrived while calls of the handle ran, since the first of them began.
+    fn ctrl_c_during_a_call(&self) -> bool {
+        let running = locked(&self.running);
+        running.count > 0 && SIGINTS.load(Ordering::Relaxed) != running.sigints_before
+    }
+}
+
+/// A call of a handle, running until dropped ([`Calls::enter`]).
+pub(crate) struct Entered<'a>(&'a Calls);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut running = locked(&self.0.running);
+        running.count = running.count.saturating_sub(1);
+    }
 }

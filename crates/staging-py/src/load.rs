@@ -4,18 +4,21 @@
 //! The GIL is released while bytes move (`py.detach` around each `next`), and Python signals
 //! are checked between tensors: a `KeyboardInterrupt` ends the load and frees what it held.
 //!
-//! The destination callback runs inside `next`, and may use its own load: the load is locked
-//! only by `next` (for the whole step), and what the other methods read (`Info`) is never
-//! locked across the callback. From the callback, `report()`, `backend`, `total_bytes` and
-//! `held()` work (the report as of the last tensor handed out), `close()` stops the load before
-//! the tensor being asked for is read, and `next()` raises `StagingError` at once.
+//! The destination callback runs inside `next`, and may use its own load, on its own thread or
+//! by handing the call to another thread and waiting for it (an executor, an event loop, a GUI
+//! thread): nothing waits for a running step. The load is locked only by `next` (for the whole
+//! step), and what the other methods read (`Info`) is never locked across the callback. From
+//! the callback, or from any thread while a step runs, `report()`, `backend`, `total_bytes` and
+//! `held()` work (the report as of the last tensor handed out); `close()` returns at once and
+//! the step ends the load as soon as it can, before the next tensor is read (before the one
+//! the callback was asked for), freeing what it holds; and `next()` raises `StagingError` at
+//! once.
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
-use std::thread::ThreadId;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pyo3::exceptions::PyValueError;
@@ -29,7 +32,8 @@ use safetensors_staging::{
 use crate::destination::{GivenMap, PyDestination};
 use crate::errors::{self, StagingError};
 use crate::export::{Memory, Staged};
-use crate::info::{interrupt_for, interrupted_or};
+use crate::info::interrupted_or;
+use crate::interrupt::Calls;
 use crate::options::{Keywords, rows_spelling};
 
 pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -38,9 +42,15 @@ pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The error a load stopped by `close()` from its own destination callback ends with; the
-/// iteration then ends quietly, as after any `close()`.
-pub(crate) const CLOSED_IN_CALLBACK: &str = "the load was closed by its own destination callback";
+/// The error a load closed during a step ends with (the destination is not asked for, or its
+/// answer not taken); the iteration then ends quietly, as after any `close()`.
+pub(crate) const CLOSED_DURING_STEP: &str = "the load was closed while it was loading a tensor";
+
+/// What `next()` raises while a step of the same load runs.
+const NEXT_DURING_STEP: &str = "next() was called on a load while it is loading a tensor (from \
+    inside its own destination callback, which runs inside next(), or on another thread): a load \
+    hands out one tensor at a time; return the destination (or None) from the callback instead; \
+    close() stops the load";
 
 /// The rows `(start, end)` a row spec means for a first dimension of `dim0` (as a load cuts
 /// them), for code that narrows tensors itself.
@@ -82,16 +92,17 @@ pub(crate) fn stage(
     let mut keywords = Keywords::parse(kwargs)?;
     let gpu = keywords.options.device.gpu_index().unwrap_or(0);
     let mut loader = keywords.options.loader().map_err(errors::to_py)?;
-    if let Some(interrupt) = interrupt_for(&paths) {
+    let calls = Arc::new(Calls::default());
+    if let Some(interrupt) = calls.interrupt_for(&paths) {
         loader = loader.interrupt(interrupt);
     }
+    let call = calls.enter();
     let given = GivenMap::default();
-    let stop = Arc::new(AtomicBool::new(false));
     if let Some(callback) = destination {
         loader = loader.raw_destination(PyDestination::new(
             callback,
             Arc::clone(&given),
-            Arc::clone(&stop),
+            Arc::clone(&calls),
             gpu,
         ));
     }
@@ -115,6 +126,7 @@ pub(crate) fn stage(
     let load = py
         .detach(move || prepared.open_checkpoint(checkpoint))
         .map_err(|e| interrupted_or(py, e))?;
+    drop(call);
     let report = load.report();
     let total = load.checkpoint().total_bytes();
     let bar = if progress && std::io::stderr().is_terminal() {
@@ -132,8 +144,8 @@ pub(crate) fn stage(
         held: load.held_memory(),
         device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
         given,
-        stop,
-        stepping: Mutex::new(None),
+        calls,
+        stepping: AtomicBool::new(false),
         info: Mutex::new(Info {
             records: Vec::new(),
             report,
@@ -173,17 +185,23 @@ impl Info {
 #[pyclass(module = "safetensors_staging._native", name = "_Load", frozen)]
 pub(crate) struct PyLoad {
     /// `None` once the load has ended (done, failed, closed or interrupted): its buffers are
-    /// freed. Locked by a step for its whole length.
+    /// freed. Locked by a step for its whole length, otherwise only briefly.
     load: Mutex<Option<Load<'static>>>,
-    /// The thread running a step, if any: the destination callback runs on it.
-    stepping: Mutex<Option<ThreadId>>,
-    /// Set by `close()` from inside the destination callback.
-    stop: Arc<AtomicBool>,
+    /// Set while `next` runs, on whichever thread: a step is running, which `close()` leaves
+    /// to end the load and a second `next()` may not wait for.
+    stepping: AtomicBool,
+    /// Its calls, for Ctrl-C (a SIGINT interrupts the step running when it arrives), and
+    /// whether it was closed (which the destination and the step read, and which interrupts a
+    /// read of a URL waiting on the network).
+    calls: Arc<Calls>,
     info: Mutex<Info>,
     given: GivenMap,
     held: HeldMemory,
     device_index: i32,
 }
+
+/// What `next` hands out: `(name, tensor)`, or `None` once the load has ended.
+type Handed = Option<(String, Py<PyAny>)>;
 
 enum Step {
     Tensor(Box<Tensor>),
@@ -191,28 +209,37 @@ enum Step {
     Failed(Error),
 }
 
-/// Clears `stepping` when a step ends, also by a panic.
-struct Stepping<'a>(&'a Mutex<Option<ThreadId>>);
+/// A step marked as running (`stepping`) until dropped, also by a panic.
+struct Stepping<'a>(&'a AtomicBool);
+
+impl<'a> Stepping<'a> {
+    /// Marks a step as running; `None` when one already is.
+    fn begin(stepping: &'a AtomicBool) -> Option<Self> {
+        // SeqCst, with `close()`'s: either `close()` sees this step running, or this step sees
+        // the load closed.
+        (!stepping.swap(true, Ordering::SeqCst)).then_some(Self(stepping))
+    }
+}
 
 impl Drop for Stepping<'_> {
     fn drop(&mut self) {
-        *locked(self.0) = None;
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
 impl PyLoad {
-    /// Whether the calling thread is inside a step of this load (in its destination callback).
-    fn in_own_callback(&self) -> bool {
-        *locked(&self.stepping) == Some(std::thread::current().id())
-    }
-
+    /// One tensor from the load (with `stepping` marked by the caller).
     fn step(&self) -> Step {
         let mut load = locked(&self.load);
-        *locked(&self.stepping) = Some(std::thread::current().id());
-        let item = {
-            let _stepping = Stepping(&self.stepping);
-            load.as_mut().and_then(Iterator::next)
-        };
+        if self.calls.is_closed() {
+            return Step::Done;
+        }
+        let item = load.as_mut().and_then(Iterator::next);
+        if self.calls.is_closed() {
+            // Closed during the step: what it read is not handed out, and the load ends (the
+            // caller ends it, once the step is over).
+            return Step::Done;
+        }
         let mut info = locked(&self.info);
         match item {
             Some(Ok(tensor)) => {
@@ -228,11 +255,7 @@ impl PyLoad {
             }
             Some(Err(error)) => {
                 info.end(load.take());
-                if self.stop.load(Ordering::Acquire) {
-                    Step::Done
-                } else {
-                    Step::Failed(error)
-                }
+                Step::Failed(error)
             }
             None => {
                 info.end(load.take());
@@ -241,10 +264,35 @@ impl PyLoad {
         }
     }
 
-    /// Ends the load now (waiting for a step another thread is running).
-    fn end(&self) {
-        let mut load = locked(&self.load);
-        locked(&self.info).end(load.take());
+    /// Ends the load now, freeing its buffers, and lets go of the destinations not handed out.
+    /// Not while a step runs: the load is locked for the whole step.
+    fn end(&self, py: Python<'_>) {
+        py.detach(|| {
+            let mut load = locked(&self.load);
+            locked(&self.info).end(load.take());
+        });
+        // Taken out of the map first: dropping them may run Python code (their producers'
+        // deleters), which must not find the map locked.
+        let given = std::mem::take(&mut *locked(&self.given));
+        drop(given);
+    }
+
+    /// The step of `next`, and whether the load has ended (done, failed or interrupted).
+    fn next_tensor(&self, py: Python<'_>) -> (PyResult<Handed>, bool) {
+        let _call = self.calls.enter();
+        match py.detach(|| self.step()) {
+            Step::Done => (Ok(None), true),
+            Step::Failed(error) => (Err(interrupted_or(py, error)), true),
+            Step::Tensor(tensor) => {
+                if let Err(interrupted) = py.check_signals() {
+                    drop(tensor);
+                    self.close(py);
+                    return (Err(interrupted), true);
+                }
+                let name = tensor.name().to_owned();
+                (self.hand_out(py, *tensor).map(|t| Some((name, t))), false)
+            }
+        }
     }
 
     /// The Python object for a loaded tensor: the caller's own object when it was read into
@@ -295,41 +343,32 @@ impl PyLoad {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<(String, Py<PyAny>)>> {
-        if self.in_own_callback() {
-            return Err(StagingError::new_err(
-                "next() was called on a load from inside its own destination callback, which \
-                 runs inside next(): return the destination (or None) instead; close() stops \
-                 the load",
-            ));
+    fn __next__(&self, py: Python<'_>) -> PyResult<Handed> {
+        // A second step would wait for this one, which may be waiting for it (a destination
+        // callback that handed `next()` to another thread): refused at once instead.
+        let Some(stepping) = Stepping::begin(&self.stepping) else {
+            return Err(StagingError::new_err(NEXT_DURING_STEP));
+        };
+        let (next, ended) = self.next_tensor(py);
+        drop(stepping);
+        // A `close()` during the step (from the callback or another thread) left the end to it.
+        if ended || self.calls.is_closed() {
+            self.end(py);
         }
-        // The lock is taken with the GIL released: another thread iterating the same load
-        // waits without holding the GIL this one needs for a destination callback.
-        match py.detach(|| self.step()) {
-            Step::Done => Ok(None),
-            Step::Failed(error) => Err(interrupted_or(py, error)),
-            Step::Tensor(tensor) => {
-                if let Err(interrupted) = py.check_signals() {
-                    drop(tensor);
-                    self.close(py);
-                    return Err(interrupted);
-                }
-                let name = tensor.name().to_owned();
-                Ok(Some((name, self.hand_out(py, *tensor)?)))
-            }
-        }
+        next
     }
 
-    /// Ends the load now, freeing its staging buffers; tensors already handed out stay. From
-    /// inside the load's own destination callback: the load stops before the tensor being asked
-    /// for is read, and the iteration ends.
+    /// Ends the load now, freeing its staging buffers; tensors already handed out stay. Never
+    /// waits for a step: while one runs (called from its destination callback, or from another
+    /// thread), the step ends the load as soon as it can, before the next tensor is read (the
+    /// one the callback is being asked for is not read), and the iteration ends.
     fn close(&self, py: Python<'_>) {
-        if self.in_own_callback() {
-            self.stop.store(true, Ordering::Release);
-        } else {
-            py.detach(|| self.end());
+        // SeqCst, with `Stepping::begin`'s: either this sees the step running, or the step sees
+        // the load closed.
+        self.calls.close();
+        if !self.stepping.load(Ordering::SeqCst) {
+            self.end(py);
         }
-        locked(&self.given).clear();
     }
 
     /// The report: the same keys as `stage --json` (paths, fallbacks, peaks, `bytes_read`,
