@@ -8,6 +8,8 @@ __version__: str
 MALFORMED: List[str]
 
 class StagingError(Exception):
+    # Each class's own kind, a class attribute; an instance made from a library error carries
+    # that error's kind (OutOfMemoryError: "device-allocation" or "host-allocation").
     kind: str
 class MalformedCheckpointError(StagingError): ...
 class ReadError(StagingError): ...
