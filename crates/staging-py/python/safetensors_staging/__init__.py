@@ -315,7 +315,8 @@ def stage(
         rank about 1/n of the bytes, by the library's partition plan) and every piece reaches
         every rank by broadcast, in `relay_chunk`-byte pieces, status agreed before every
         `batch_bytes` of exchange (a failure on one rank raises on all). `select` and `rows`
-        say what this rank keeps; the report adds `bytes_received`. gloo needs
+        say what this rank keeps, as for a load without a group; the remote keywords apply
+        too. The report adds `bytes_received`. gloo needs
         device="cpu", NCCL a GPU. Every rank must iterate to the end (`load_file` does).
     """
     if unsupported_dtypes not in ("raise", "uint8"):
@@ -335,11 +336,21 @@ def _stage_in_group(
 
     if options.get("destination") is not None:
         raise InvalidOptionError("destination= is not supported with process_group= yet")
-    select = options.pop("select", None)
-    rows = options.pop("rows", None)
+    options.pop("destination", None)
+    selection = {"select": options.pop("select", None), "rows": options.pop("rows", None)}
+    if selection["rows"] is not None and not callable(selection["rows"]):
+        selection["rows"] = dict(selection["rows"])
     paths = _paths(path)
+    # The library says what this rank keeps, given the load's own keywords (the remote ones
+    # too); `progress` is this door's alone.
+    asked = {key: value for key, value in options.items() if key != "progress"}
+    if asked.get("store_options") is not None:
+        asked["store_options"] = dict(asked["store_options"])
 
-    def open_own(select: List[str], rows: Dict[str, Tuple[int, int]]) -> Stage:
+    def open_kept() -> Tuple[Checkpoint, List[TensorInfo]]:
+        return _native._select(paths, device=device, **selection, **asked)
+
+    def open_own(select: Callable[[str], bool], rows: Callable[[str, TensorInfo], Any]) -> Stage:
         return _stage(paths, device, lambda staged: staged, select=select, rows=rows, **options)
 
     def to_torch(buffer: Any, dtype: str, shape: List[int], name: str) -> Any:
@@ -350,9 +361,7 @@ def _stage_in_group(
         # not this one alone in the middle of the exchange.
         _torch_view(dtype, shape, unsupported_dtypes, name)
 
-    return _distributed.stage_group(
-        path, gpu, group, open_own, to_torch, check, paths, select, rows, relay_chunk, batch_bytes
-    )
+    return _distributed.stage_group(gpu, group, open_kept, open_own, to_torch, check, relay_chunk, batch_bytes)
 
 
 def load_file(path: Paths, device: Any = "cpu", **options: Any) -> Dict[str, "torch.Tensor"]:

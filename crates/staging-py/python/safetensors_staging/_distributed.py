@@ -7,8 +7,9 @@ same order and each piece is broadcast from its owner, as `uint8` bytes (so no d
 what the collective backend supports), in chunks of at most `relay_chunk` bytes; runs of small
 pieces of one owner travel packed together, one broadcast for many tensors (a checkpoint of
 thousands of small tensors would otherwise pay one collective's latency for each). A rank keeps
-the tensors (and rows) its `select`/`rows` ask for; the bytes of the others still pass through
-it, into one scratch buffer of `relay_chunk` bytes.
+the tensors (and rows) its `select`/`rows` ask for, as the library selects them for a load without
+a group (`_native._select`); the bytes of the others still pass through it, into one scratch
+buffer of `relay_chunk` bytes.
 
 Before the plan, and before each batch of pieces is exchanged, the ranks agree on status with one
 `all_reduce`: if any rank failed (a malformed shard, a read error, a bad selection), the first
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _native
-from ._native import StagingError
+from . import _native, _torch_device
+from ._native import InvalidOptionError, StagingError
 
 _MESSAGE_BYTES = 4096
 
@@ -145,28 +146,27 @@ class GroupStage:
 
 
 def stage_group(
-    path: Any,
     gpu: Optional[int],
     group: Any,
+    open_kept: Callable[[], Tuple[Any, List[Any]]],
     open_own: Callable[..., Any],
     to_torch: Callable[[Any, str, List[int], str], Any],
     check: Callable[[str, List[int], str], None],
-    paths: List[str],
-    select: Any,
-    rows: Any,
     relay_chunk: int,
     batch_bytes: int,
 ) -> GroupStage:
+    """`open_kept()` gives the checkpoint and the tensors this rank keeps (the library's
+    `_select`); `open_own(select, rows)` opens this rank's load of its own pieces."""
     import torch
     import torch.distributed as dist
 
     if group is None or group is True:
         group = dist.group.WORLD
-    device = torch.device("cuda", gpu) if gpu is not None else torch.device("cpu")
+    device = _torch_device(gpu)
     if dist.get_backend(group) == "nccl" and gpu is None:
-        raise ValueError("an NCCL process group moves CUDA tensors: pass device=\"cuda:N\"")
+        raise InvalidOptionError("an NCCL process group moves CUDA tensors: pass device=\"cuda:N\"")
     if relay_chunk <= 0 or batch_bytes <= 0:
-        raise ValueError("relay_chunk and batch_bytes must be positive")
+        raise InvalidOptionError("relay_chunk and batch_bytes must be positive")
     agree = _Agreement(dist, torch, group, device)
     state: Dict[str, Any] = {
         "rank": agree.rank,
@@ -176,54 +176,30 @@ def stage_group(
         "fingerprint": None,
         "own": None,
     }
-    generator = _exchange(torch, dist, group, agree, device, state, open_own, to_torch, check, paths, select,
-                          rows, relay_chunk, batch_bytes)
+    generator = _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_torch, check,
+                          relay_chunk, batch_bytes)
     return GroupStage(generator, state)
 
 
-def _keep(checkpoint: Any, select: Any, rows: Any) -> Dict[str, Tuple[int, int, List[int]]]:
-    """What this rank keeps: name -> (first byte, end byte, shape kept)."""
-    infos = {info.name: info for info in checkpoint.tensors()}
-    if select is None:
-        names = list(infos)
-    elif callable(select):
-        names = [n for n in infos if select(n)]
-    else:
-        names = [select] if isinstance(select, str) else list(select)
-        missing = [n for n in names if n not in infos]
-        if missing:
-            raise _native.SelectionError(f"tensor {missing[0]!r} is not in the checkpoint")
+def _keep(infos: Dict[str, Any], selected: List[Any]) -> Dict[str, Tuple[int, int, List[int]]]:
+    """What this rank keeps, as the library selected it: name -> (first byte, end byte, shape
+    kept), bytes counted from the tensor's first."""
     kept: Dict[str, Tuple[int, int, List[int]]] = {}
-    for name in names:
-        info = infos[name]
-        spec = None
-        if callable(rows):
-            spec = rows(name, info)
-        elif rows is not None:
-            spec = rows.get(name)
-        if spec is None:
-            kept[name] = (0, info.nbytes, list(info.shape))
-            continue
-        if not info.shape:
-            raise _native.SelectionError(f"tensor {name!r}: a scalar has no rows")
-        dim0 = info.shape[0]
-        start, end = _native._resolve_rows(spec, dim0)
-        if dim0 == 0 or info.nbytes % dim0:
-            raise _native.SelectionError(f"tensor {name!r}: its rows are not whole bytes")
-        row = info.nbytes // dim0
-        kept[name] = (start * row, end * row, [end - start, *info.shape[1:]])
+    for info in selected:
+        first = info.offset - infos[info.name].offset
+        kept[info.name] = (first, first + info.nbytes, list(info.shape))
     return kept
 
 
-def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, check, paths, select, rows,
-              relay_chunk, batch_bytes):
+def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_torch, check, relay_chunk,
+              batch_bytes):
     rank = agree.rank
     error: Optional[BaseException] = None
     try:
-        checkpoint = _native._open(paths)
+        checkpoint, selected = open_kept()
         fingerprint, pieces = checkpoint.plan(agree.world)
-        kept = _keep(checkpoint, select, rows)
         infos = {info.name: info for info in checkpoint.tensors()}
+        kept = _keep(infos, selected)
         for name, (_, _, shape) in kept.items():
             check(infos[name].dtype, shape, name)
     except Exception as e:  # noqa: BLE001 - every rank must learn of it
