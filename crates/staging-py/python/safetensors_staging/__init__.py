@@ -313,10 +313,10 @@ def stage(
     process_group: a `torch.distributed` process group (or True for the default group): every
         rank of it must make the same call. The checkpoint is read once across the group (each
         rank about 1/n of the bytes, by the library's partition plan) and every piece reaches
-        every rank by broadcast, in `relay_chunk`-byte pieces, status agreed before every
-        `batch_bytes` of exchange (a failure on one rank raises on all). `select` and `rows`
-        say what this rank keeps, as for a load without a group; the remote keywords apply
-        too. The report adds `bytes_received`. gloo needs
+        every rank by broadcast, in `relay_chunk`-byte pieces, status agreed before and after
+        every `batch_bytes` of exchange (a failure on one rank raises on all, within seconds).
+        `select` and `rows` say what this rank keeps, as for a load without a group; the
+        remote keywords apply too. The report adds `bytes_received`. gloo needs
         device="cpu", NCCL a GPU. Every rank must iterate to the end (`load_file` does).
     """
     if unsupported_dtypes not in ("raise", "uint8"):
