@@ -4,12 +4,14 @@
 //! `PathNotFoundError` is a `FileNotFoundError`, `PathPermissionError` a `PermissionError`,
 //! `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`,
 //! `UnsupportedDtypeError` a `TypeError` (as NumPy's "data type not understood"). Every exception
-//! carries `kind`, the kind's name. The message is the one line `stage` prints after
-//! `stage: error: `.
+//! carries `kind`, the kind's name: each class has its own as a class attribute (so an exception
+//! the Python layer raises, `raise SelectionError("...")`, carries it too), and one made from a
+//! library error has the error's own (`OutOfMemoryError` is `device-allocation` or
+//! `host-allocation`). The message is the one line `stage` prints after `stage: error: `.
 
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyPermissionError,
-    PySystemExit, PyTypeError, PyValueError,
+    PyRuntimeError, PySystemExit, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -218,9 +220,62 @@ fn from_callback(raised: PyErr, message: String) -> PyErr {
     })
 }
 
-/// Adds the exception classes to the module.
+/// The kind of `UnsupportedDtypeError`: a framework's limit, not a library error, so no
+/// `ErrorKind` has it.
+const UNSUPPORTED_DTYPE: &str = "unsupported-dtype";
+
+/// Gives each class its `kind` as a class attribute: the kind it stands for (the first of its
+/// kinds, for a class of several), which must be one of those `class_of` raises it for.
+fn set_class_kinds(py: Python<'_>) -> PyResult<()> {
+    let classes = with_builtins(py)?;
+    let of_library = [
+        (py.get_type::<StagingError>(), ErrorKind::Internal),
+        (
+            py.get_type::<MalformedCheckpointError>(),
+            ErrorKind::InvalidCheckpoint,
+        ),
+        (py.get_type::<ReadError>(), ErrorKind::Read),
+        (classes.not_found.bind(py).clone(), ErrorKind::NotFound),
+        (
+            classes.permission.bind(py).clone(),
+            ErrorKind::PermissionDenied,
+        ),
+        (
+            py.get_type::<BackendUnavailableError>(),
+            ErrorKind::BackendUnavailable,
+        ),
+        (py.get_type::<DeviceError>(), ErrorKind::Device),
+        (
+            classes.invalid_option.bind(py).clone(),
+            ErrorKind::InvalidOption,
+        ),
+        (
+            classes.out_of_memory.bind(py).clone(),
+            ErrorKind::DeviceAllocation,
+        ),
+        (py.get_type::<SelectionError>(), ErrorKind::Selection),
+        (py.get_type::<DestinationError>(), ErrorKind::Destination),
+    ];
+    for (class, kind) in of_library {
+        if !class_of(py, kind).is(&class) {
+            return Err(PyRuntimeError::new_err(format!(
+                "internal error: {} is given kind {:?}, which is raised as another class",
+                class.name()?,
+                kind.as_str()
+            )));
+        }
+        class.setattr("kind", kind.as_str())?;
+    }
+    classes
+        .unsupported_dtype
+        .bind(py)
+        .setattr("kind", UNSUPPORTED_DTYPE)
+}
+
+/// Adds the exception classes to the module, each with its `kind`.
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
+    set_class_kinds(py)?;
     module.add("StagingError", py.get_type::<StagingError>())?;
     module.add(
         "MalformedCheckpointError",

@@ -11,11 +11,14 @@
 //! - `format`: saving (and parsing bytes) through the `safetensors` crate;
 //! - `reader`: `_Reader`, a checkpoint read tensor by tensor (what `safe_open` stands on);
 //! - `errors`: the `StagingError` hierarchy;
-//! - `options`: the keywords as the library's `LoadOptions`, through its one parser.
+//! - `options`: the keywords as the library's `LoadOptions`, through its one parser;
+//! - `facts`: the library's answers the Python layer asks for instead of deciding again (the
+//!   tensors and rows a selection keeps, URLs, devices, the dtype table).
 
 mod destination;
 mod errors;
 mod export;
+mod facts;
 mod format;
 mod info;
 mod interrupt;
@@ -40,6 +43,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
     module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;
     module.add_function(wrap_pyfunction!(options::options, module)?)?;
+    facts::register(module)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

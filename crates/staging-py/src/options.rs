@@ -25,7 +25,7 @@ pub(crate) struct Keywords<'py> {
 
 /// The text a Python value spells: `str` as is, `bool` as `true`/`false`, an `int` in decimal, a
 /// path-like through `os.fspath`, a `torch.device` (or anything else) through `str()`.
-fn spelling(value: &Bound<'_, PyAny>) -> PyResult<String> {
+pub(crate) fn spelling(value: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(text) = value.cast::<PyString>() {
         return Ok(text.to_cow()?.into_owned());
     }

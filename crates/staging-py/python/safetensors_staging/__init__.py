@@ -53,6 +53,7 @@ from ._native import (
     TensorInfo,
     UnsupportedDtypeError,
     __version__,
+    _DTYPES,
 )
 
 if TYPE_CHECKING:
@@ -87,34 +88,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 Paths = Union[PathLike, Iterable[PathLike]]
 RowSpec = Union[Tuple[int, int], str]
 
-# safetensors dtypes that torch has under another name, handed over as their bytes and viewed:
-# zero-copy, and independent of which DLPack types the installed torch imports.
-_TORCH_VIEWED = {
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    # Two 4-bit values per byte, the last dimension halved (as `safetensors` maps F4).
-    "F4": "float4_e2m1fn_x2",
-}
-# Dtypes with no torch dtype at all.
-_TORCH_MISSING = {"F6_E2M3", "F6_E3M2"}
-# The rest, by torch's name.
-_TORCH_STANDARD = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
-    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64",
-    "F64": "float64", "I64": "int64", "U64": "uint64",
-}
-_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
-# Dtypes NumPy has.
-_NUMPY_NATIVE = {"BOOL", "U8", "I8", "I16", "U16", "F16", "I32", "U32", "F32", "F64", "C64", "I64", "U64"}
-
-
 def _paths(path: Paths) -> List[str]:
     if isinstance(path, (str, bytes, os.PathLike)):
         return [os.fsdecode(os.fspath(path))]
@@ -124,46 +97,33 @@ def _paths(path: Paths) -> List[str]:
     return paths
 
 
-def _device(device: Any) -> str:
-    """`device` spelled for the library, which parses it ("cpu", "cuda", "cuda:N", "hip:N", an
-    int, a `torch.device`): only "cuda" is resolved here, to torch's current CUDA device, which
-    the library cannot see."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return str(device)
-    text = str(device)
-    if text == "cuda":
+def _device(device: Any) -> Tuple[str, Optional[int]]:
+    """`device` as the library reads it ("cpu", "auto", "cuda", "cuda:N", "hip:N", an int, a
+    `torch.device`): its spelling and GPU ordinal (None for "cpu" and "auto"), or the library's
+    `InvalidOptionError`. Only "cuda" alone is resolved here, to torch's current CUDA device,
+    which the library cannot see."""
+    if str(device) == "cuda":
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            return f"cuda:{int(torch.cuda.current_device())}"
-    return text
+            device = int(torch.cuda.current_device())
+    spelled, gpu = _native._device(device)
+    return spelled, gpu
 
 
-def _gpu_index(device: str) -> Optional[int]:
-    """The GPU ordinal a spelled device names, `None` for "cpu" (and "auto"), for the
-    process-group exchange; the library itself checks the spelling when the load opens."""
-    if device in ("cpu", "auto"):
-        return None
-    tail = device.rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
+def _torch_device(gpu: Optional[int]) -> "torch.device":
+    """torch's device for a GPU ordinal (torch calls ROCm GPUs "cuda" too), or the CPU."""
+    import torch
+
+    return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
 
 def _to_torch(staged: Any, unsupported_dtypes: str) -> "torch.Tensor":
+    """A loaded tensor as torch's: its bytes through DLPack, viewed as torch's dtype (zero-copy,
+    and whatever DLPack types the installed torch imports)."""
     import torch
 
-    dtype = staged.dtype
-    if dtype in _TORCH_VIEWED:
-        target = getattr(torch, _TORCH_VIEWED[dtype], None)
-        shaped = dtype != "F4" or (staged.shape and staged.shape[-1] % 2 == 0)
-        if target is not None and shaped:
-            return torch.from_dlpack(staged.as_bytes()).view(target)
-    elif dtype not in _TORCH_MISSING:
-        return torch.from_dlpack(staged)
-    if unsupported_dtypes == "uint8":
-        return torch.from_dlpack(staged.as_bytes())
-    raise UnsupportedDtypeError(
-        f"tensor {staged.name!r}: torch {torch.__version__} has no dtype for {dtype} "
-        f"(shape {list(staged.shape)}); pass unsupported_dtypes=\"uint8\" for its bytes"
-    )
+    raw = torch.from_dlpack(staged.as_bytes())
+    return _torch_from_bytes(raw, staged.dtype, list(staged.shape), unsupported_dtypes, staged.name)
 
 
 def _torch_view(dtype: str, shape: List[int], unsupported_dtypes: str, name: str) -> Tuple[Any, List[int]]:
@@ -171,22 +131,18 @@ def _torch_view(dtype: str, shape: List[int], unsupported_dtypes: str, name: str
     bytes as `uint8` when asked for; raises `UnsupportedDtypeError` when torch has no dtype."""
     import torch
 
-    target = None
-    if dtype in _TORCH_VIEWED:
-        target = getattr(torch, _TORCH_VIEWED[dtype], None)
-        if dtype == "F4":
-            if not shape or shape[-1] % 2:
-                target = None
-            else:
-                shape = [*shape[:-1], shape[-1] // 2]
-    elif dtype not in _TORCH_MISSING:
-        target = _TORCH_STANDARD.get(dtype)
-        target = getattr(torch, target) if target else None
+    facts = _DTYPES[dtype]
+    target = getattr(torch, facts.torch, None) if facts.torch else None
     if target is not None:
-        return target, list(shape)
+        # One torch element may hold several values (F4's holds two): the last dimension counts
+        # torch's elements.
+        element_bits = target.itemsize * 8
+        if not shape and facts.bits == element_bits:
+            return target, []
+        if shape and shape[-1] * facts.bits % element_bits == 0:
+            return target, [*shape[:-1], shape[-1] * facts.bits // element_bits]
     if unsupported_dtypes == "uint8":
-        bits = _BITS[dtype]
-        last = shape[-1] * bits if shape else 0
+        last = shape[-1] * facts.bits if shape else 0
         return None, [*shape[:-1], last // 8] if shape and last % 8 == 0 else [-1]
     raise UnsupportedDtypeError(
         f"tensor {name!r}: torch {torch.__version__} has no dtype for {dtype} "
@@ -195,7 +151,7 @@ def _torch_view(dtype: str, shape: List[int], unsupported_dtypes: str, name: str
 
 
 def _torch_from_bytes(buffer: "torch.Tensor", dtype: str, shape: List[int], unsupported_dtypes: str, name: str) -> "torch.Tensor":
-    """A flat `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
+    """A `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
     target, shape = _torch_view(dtype, shape, unsupported_dtypes, name)
     return buffer.reshape(shape) if target is None else buffer.view(target).reshape(shape)
 
@@ -203,7 +159,7 @@ def _torch_from_bytes(buffer: "torch.Tensor", dtype: str, shape: List[int], unsu
 def _to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
     import numpy
 
-    if staged.dtype in _NUMPY_NATIVE:
+    if _DTYPES[staged.dtype].numpy is not None:
         return numpy.from_dlpack(staged)
     if unsupported_dtypes == "uint8":
         return numpy.from_dlpack(staged.as_bytes())
@@ -344,47 +300,57 @@ def stage(
     hip_lib: the staging policy and backend options, as the `stage` command's flags. A URL
         is read with at least min(concurrency, 8) threads (they wait on the network).
     progress: a progress bar with GB/s on stderr, when stderr is a terminal.
-    concurrency, range_size, retries, bandwidth, store_options: for a path that is an
-        `s3://`, `gs://`, `az://` or `http(s)://` URL (a prefix stands for a directory): ranged
-        GETs in flight (default 16), bytes per GET (default 8 MiB), retries of a transient
-        failure (default 5), a cap in bytes per second, and object_store options such as
-        `{"aws_endpoint": "http://127.0.0.1:9000"}` applied after the cloud's own environment
-        (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
-        `AWS_ENDPOINT_URL`, ...).
+    concurrency, range_size, retries, bandwidth, store_options: for a path that is a URL the
+        library reads (`s3://`, `gs://`, `az://`, `http(s)://`, ...; a prefix stands for a
+        directory): ranged GETs in flight (default 16), bytes per GET (default 8 MiB), retries
+        of a transient failure (default 5), a cap in bytes per second, and object_store options
+        such as `{"aws_endpoint": "http://127.0.0.1:9000"}` applied after the cloud's own
+        environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+        `AWS_REGION`, `AWS_ENDPOINT_URL`, ...).
     unsupported_dtypes: "raise" (an `UnsupportedDtypeError` for F6 tensors, which torch has
         no dtype for) or "uint8" (such tensors as `uint8` of their bytes, last dimension widened
         to bytes).
     process_group: a `torch.distributed` process group (or True for the default group): every
         rank of it must make the same call. The checkpoint is read once across the group (each
         rank about 1/n of the bytes, by the library's partition plan) and every piece reaches
-        every rank by broadcast, in `relay_chunk`-byte pieces, status agreed before every
-        `batch_bytes` of exchange (a failure on one rank raises on all). `select` and `rows`
-        say what this rank keeps; the report adds `bytes_received`. gloo needs
+        every rank by broadcast, in `relay_chunk`-byte pieces, status agreed before and after
+        every `batch_bytes` of exchange (a failure on one rank raises on all, within seconds).
+        `select` and `rows` say what this rank keeps, as for a load without a group; the
+        remote keywords apply too. The report adds `bytes_received`. gloo needs
         device="cpu", NCCL a GPU. Every rank must iterate to the end (`load_file` does).
     """
     if unsupported_dtypes not in ("raise", "uint8"):
-        raise ValueError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
-    spelled = _device(device)
+        raise InvalidOptionError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
+    spelled, gpu = _device(device)
     if process_group is not None:
-        return _stage_in_group(path, spelled, process_group, unsupported_dtypes, relay_chunk, batch_bytes, options)
+        return _stage_in_group(path, spelled, gpu, process_group, unsupported_dtypes, relay_chunk, batch_bytes,
+                               options)
     return _stage(path, spelled, lambda staged: _to_torch(staged, unsupported_dtypes), **options)
 
 
 def _stage_in_group(
-    path: Paths, device: str, group: Any, unsupported_dtypes: str, relay_chunk: int, batch_bytes: int,
-    options: Dict[str, Any],
+    path: Paths, device: str, gpu: Optional[int], group: Any, unsupported_dtypes: str, relay_chunk: int,
+    batch_bytes: int, options: Dict[str, Any],
 ) -> Any:
     from . import _distributed
 
     if options.get("destination") is not None:
-        raise ValueError("destination= is not supported with process_group= yet")
-    select = options.pop("select", None)
-    rows = options.pop("rows", None)
+        raise InvalidOptionError("destination= is not supported with process_group= yet")
+    options.pop("destination", None)
+    selection = {"select": options.pop("select", None), "rows": options.pop("rows", None)}
+    if selection["rows"] is not None and not callable(selection["rows"]):
+        selection["rows"] = dict(selection["rows"])
     paths = _paths(path)
+    # The library says what this rank keeps, given the load's own keywords (the remote ones
+    # too); `progress` is this door's alone.
+    asked = {key: value for key, value in options.items() if key != "progress"}
+    if asked.get("store_options") is not None:
+        asked["store_options"] = dict(asked["store_options"])
 
-    gpu = _gpu_index(device)
+    def open_kept() -> Tuple[Checkpoint, List[TensorInfo]]:
+        return _native._select(paths, device=device, **selection, **asked)
 
-    def open_own(select: List[str], rows: Dict[str, Tuple[int, int]]) -> Stage:
+    def open_own(select: Callable[[str], bool], rows: Callable[[str, TensorInfo], Any]) -> Stage:
         return _stage(paths, device, lambda staged: staged, select=select, rows=rows, **options)
 
     def to_torch(buffer: Any, dtype: str, shape: List[int], name: str) -> Any:
@@ -395,9 +361,7 @@ def _stage_in_group(
         # not this one alone in the middle of the exchange.
         _torch_view(dtype, shape, unsupported_dtypes, name)
 
-    return _distributed.stage_group(
-        path, gpu, group, open_own, to_torch, check, paths, select, rows, relay_chunk, batch_bytes
-    )
+    return _distributed.stage_group(gpu, group, open_kept, open_own, to_torch, check, relay_chunk, batch_bytes)
 
 
 def load_file(path: Paths, device: Any = "cpu", **options: Any) -> Dict[str, "torch.Tensor"]:

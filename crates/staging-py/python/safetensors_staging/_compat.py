@@ -17,28 +17,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
-from ._native import StagingError
+from ._native import _DTYPES, InvalidOptionError, SelectionError, StagingError, UnsupportedDtypeError
 
 # `except SafetensorError` written for `safetensors` catches every error of this package.
 SafetensorError = StagingError
 
 _FRAMEWORKS = {"pt": "pt", "torch": "pt", "np": "np", "numpy": "np", "flax": "flax", "jax": "flax"}
 
-# ml_dtypes (a dependency of JAX) names for the dtypes NumPy lacks.
-_ML_DTYPES = {
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F8_E8M0": "float8_e8m0fnu",
-}
-
 
 def _framework(framework: Any) -> str:
     name = _FRAMEWORKS.get(str(framework).lower()) if isinstance(framework, str) else None
     if name is None:
-        raise _native.InvalidOptionError(f"framework {framework} is invalid")
+        raise InvalidOptionError(f"framework {framework} is invalid")
     return name
 
 
@@ -49,27 +39,23 @@ def _framework(framework: Any) -> str:
 _READ_AHEAD_BELOW = 16 << 20
 
 
-def _is_gpu(device: str) -> bool:
-    return device not in ("cpu", "auto")
-
-
 class _Torch:
-    """Tensors as `torch.Tensor`, on the handle's device."""
+    """Tensors as `torch.Tensor`, on the handle's device (`gpu`: its GPU ordinal, if any)."""
 
     name = "pt"
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    def __init__(self, gpu: Optional[int]) -> None:
+        self.gpu = gpu
 
     def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
-        from . import _to_torch
+        from . import _to_torch, _torch_device
 
         tensor = _to_torch(staged, "raise")
-        if _is_gpu(self.device) and tensor.device.type == "cpu":
+        if self.gpu is not None and tensor.device.type == "cpu":
             # Device memory ran short and the policy assembled it in host memory: a drop-in
             # for `safetensors` hands out what was asked for, so it is moved (and raises
             # torch's out-of-memory error if it cannot be).
-            tensor = tensor.to(_torch_device(self.device))
+            tensor = tensor.to(_torch_device(self.gpu))
         return tensor
 
     def own(self, tensor: Any) -> Any:
@@ -85,12 +71,6 @@ class _Torch:
 
         target, viewed = _torch_view(dtype, shape, "raise", name)
         return torch.empty(viewed, dtype=target, device="meta")
-
-
-def _torch_device(device: str) -> Any:
-    import torch
-
-    return torch.device(f"cuda:{device}" if device.isdigit() else device)
 
 
 class _Numpy:
@@ -110,9 +90,9 @@ class _Numpy:
     def stand_in(self, dtype: str, shape: List[int], name: str) -> Any:
         import numpy
 
-        from . import _NUMPY_NATIVE, _to_numpy
+        from . import _to_numpy
 
-        if dtype not in _NUMPY_NATIVE:
+        if _DTYPES[dtype].numpy is None:
             _to_numpy(_Described(dtype, name), "raise")  # raises UnsupportedDtypeError
         return numpy.broadcast_to(numpy.zeros((), dtype=numpy.uint8), shape)
 
@@ -129,15 +109,14 @@ class _Jax:
     def dtype_of(self, dtype: str, name: str) -> Any:
         import numpy
 
-        from .numpy import _NUMPY_DTYPES
-
-        if dtype in _NUMPY_DTYPES:
-            return numpy.dtype(_NUMPY_DTYPES[dtype])
-        if dtype in _ML_DTYPES:
+        facts = _DTYPES[dtype]
+        if facts.numpy is not None:
+            return numpy.dtype(facts.numpy)
+        if facts.ml_dtypes is not None:
             import ml_dtypes
 
-            return numpy.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
-        raise _native.UnsupportedDtypeError(f"tensor {name!r}: JAX has no dtype for {dtype}")
+            return numpy.dtype(getattr(ml_dtypes, facts.ml_dtypes))
+        raise UnsupportedDtypeError(f"tensor {name!r}: JAX has no dtype for {dtype}")
 
     def array_of(self, raw: Any, dtype: str, shape: List[int], name: str) -> Any:
         """A NumPy array of a tensor's bytes (anything with the buffer protocol)."""
@@ -268,8 +247,8 @@ class safe_open:
         if options.get("backend") in ("mmap", "pread"):
             options.pop("backend")
         if self._framework_name == "pt":
-            spelled = _device(device)
-            self._convert: Any = _Torch(spelled)
+            spelled, gpu = _device(device)
+            self._convert: Any = _Torch(gpu)
         else:
             spelled = "cpu"
             self._convert = _Numpy() if self._framework_name == "np" else _Jax()
@@ -313,7 +292,7 @@ class safe_open:
             raise TypeError(f"argument 'name': '{type(name).__name__}' object is not an instance of 'str'")
         info = self._infos.get(name)
         if info is None:
-            raise _native.SelectionError(f"File does not contain tensor {name}")
+            raise SelectionError(f"File does not contain tensor {name}")
         return info
 
     def keys(self) -> List[str]:
@@ -384,7 +363,8 @@ class safe_open:
             # An index the stand-in cannot take (a boolean mask of a `meta` tensor): the
             # whole tensor is read and the framework indexes it.
             stand_in = None
-        if stand_in is not None and stand_in.ndim and (len(shape) > 1 or dtype not in ("F4", "F6_E2M3", "F6_E3M2")):
+        # Rows of a 1-dimensional tensor of sub-byte values may not be whole bytes.
+        if stand_in is not None and stand_in.ndim and (len(shape) > 1 or _DTYPES[dtype].bits % 8 == 0):
             rows, local = _covering_rows(key, int(stand_in.shape[0]), int(stand_in.ndim))
         staged = self._reader.read(name, rows)
         read_shape = list(shape) if rows is None else [rows[1] - rows[0], *shape[1:]]
@@ -418,20 +398,19 @@ class safe_open:
 
 
 # A framework dtype's name (`str(torch.float32)`'s tail, `numpy.dtype.name`, ml_dtypes') as the
-# format writes it.
+# format writes it, from the one table.
 _CODES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "uint64": "U64", "int32": "I32", "uint32": "U32", "int16": "I16",
-    "uint16": "U16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "complex64": "C64",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ",
-    "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4",
+    framework: code
+    for code, facts in _DTYPES.items()
+    for framework in (facts.torch, facts.numpy, facts.ml_dtypes)
+    if framework is not None
 }
 
 
 def _code(name: str, dtype_name: str) -> str:
     code = _CODES.get(dtype_name)
     if code is None:
-        raise _native.InvalidOptionError(
+        raise InvalidOptionError(
             f"tensor {name!r}: dtype {dtype_name} cannot be saved; supported: {', '.join(_CODES)}"
         )
     return code

@@ -7,14 +7,24 @@ same order and each piece is broadcast from its owner, as `uint8` bytes (so no d
 what the collective backend supports), in chunks of at most `relay_chunk` bytes; runs of small
 pieces of one owner travel packed together, one broadcast for many tensors (a checkpoint of
 thousands of small tensors would otherwise pay one collective's latency for each). A rank keeps
-the tensors (and rows) its `select`/`rows` ask for; the bytes of the others still pass through
-it, into one scratch buffer of `relay_chunk` bytes.
+the tensors (and rows) its `select`/`rows` ask for, as the library selects them for a load without
+a group (`_native._select`); the bytes of the others still pass through it, into one scratch
+buffer of at most `relay_chunk` bytes, which also packs the runs of small pieces it sends.
 
-Before the plan, and before each batch of pieces is exchanged, the ranks agree on status with one
-`all_reduce`: if any rank failed (a malformed shard, a read error, a bad selection), the first
+Every step that can fail is inside an agreement: the ranks agree on status with one `all_reduce`
+after the plan, after opening their own loads (and the one scratch buffer), after preparing each
+batch (its own pieces loaded, the receive buffers of the tensors it starts allocated) and after
+exchanging it. Between the last two, a rank does nothing but broadcasts and copies into memory
+it already holds; if a copy fails there (or the view of a finished tensor), it keeps taking part
+in every broadcast of the batch and reports the failure at the batch's end. So the kept tensors
+a batch starts are allocated at its start, and handed out only at its end, once agreed.
+
+If any rank failed (a malformed shard, a read error, a bad selection, out of memory), the first
 failing rank broadcasts its error and every rank raises the same `StagingError` subclass, with
-"rank R: " in front. No rank waits on a broadcast from a rank that has failed, and none goes on
-with a partial model. A rank that dies outright is caught by the group's own timeout.
+"rank R: " in front and the same `kind` (an allocation that failed is an `OutOfMemoryError`;
+anything else not of this package a `StagingError`). No rank waits on a broadcast from a rank
+that has failed, and none goes on with a partial model. A rank that dies outright is caught by
+the group's own timeout.
 
 A failed load leaves nothing of the group behind: the exception raised carries no frames of the
 exchange (see `_without_frames`), so the caller's `destroy_process_group()` really destroys the
@@ -23,10 +33,11 @@ group, and the group can load again meanwhile.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _native
-from ._native import StagingError
+from . import _native, _torch_device
+from ._native import InvalidOptionError, OutOfMemoryError, StagingError
 
 _MESSAGE_BYTES = 4096
 
@@ -50,21 +61,47 @@ class _Agreement:
         message = torch.zeros(_MESSAGE_BYTES, dtype=torch.uint8, device=self.device)
         if self.rank == failing:
             assert error is not None
-            kind = type(error).__name__ if isinstance(error, StagingError) else "StagingError"
-            text = f"{kind}\n{error}".encode()[: _MESSAGE_BYTES - 1]
+            cls, kind = self._classified(error)
+            text = f"{cls.__name__}\n{kind}\n{error}".encode()[: _MESSAGE_BYTES - 1]
             message[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         dist.broadcast(message, src=dist.get_global_rank(self.group, failing), group=self.group)
         # Every rank has the message before any raises (and perhaps tears the group down).
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         raw = bytes(message.cpu().numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
-        kind, _, text = raw.partition("\n")
-        cls = getattr(_native, kind, StagingError)
+        name, _, rest = raw.partition("\n")
+        kind, _, text = rest.partition("\n")
+        cls = getattr(_native, name, StagingError)
         if not (isinstance(cls, type) and issubclass(cls, StagingError)):
             cls = StagingError
         raised = cls(f"rank {failing}: {text}")
+        raised.kind = kind or cls.kind
         if self.rank == failing:
             raise raised from error
         raise raised
+
+    def _classified(self, error: BaseException) -> Tuple[type, str]:
+        """The class and kind every rank raises for this rank's `error`."""
+        if isinstance(error, StagingError):
+            return type(error), error.kind
+        if isinstance(error, (MemoryError, getattr(self.torch, "OutOfMemoryError", ()))):
+            return OutOfMemoryError, "host-allocation" if self.device.type == "cpu" else "device-allocation"
+        return StagingError, StagingError.kind
+
+
+class _FirstFailure:
+    """This rank's first failure in its own steps of an exchange (a copy, a view): its later own
+    steps are skipped, its broadcasts are not, and the batch's agreement reports it."""
+
+    def __init__(self) -> None:
+        self.error: Optional[BaseException] = None
+
+    def run(self, step: Callable[..., Any], *args: Any) -> Any:
+        if self.error is None:
+            try:
+                return step(*args)
+            except Exception as e:  # noqa: BLE001 - every rank must learn of it
+                self.error = e
+        return None
 
 
 def _without_frames(error: BaseException) -> BaseException:
@@ -145,28 +182,27 @@ class GroupStage:
 
 
 def stage_group(
-    path: Any,
     gpu: Optional[int],
     group: Any,
+    open_kept: Callable[[], Tuple[Any, List[Any]]],
     open_own: Callable[..., Any],
     to_torch: Callable[[Any, str, List[int], str], Any],
     check: Callable[[str, List[int], str], None],
-    paths: List[str],
-    select: Any,
-    rows: Any,
     relay_chunk: int,
     batch_bytes: int,
 ) -> GroupStage:
+    """`open_kept()` gives the checkpoint and the tensors this rank keeps (the library's
+    `_select`); `open_own(select, rows)` opens this rank's load of its own pieces."""
     import torch
     import torch.distributed as dist
 
     if group is None or group is True:
         group = dist.group.WORLD
-    device = torch.device("cuda", gpu) if gpu is not None else torch.device("cpu")
+    device = _torch_device(gpu)
     if dist.get_backend(group) == "nccl" and gpu is None:
-        raise ValueError("an NCCL process group moves CUDA tensors: pass device=\"cuda:N\"")
+        raise InvalidOptionError("an NCCL process group moves CUDA tensors: pass device=\"cuda:N\"")
     if relay_chunk <= 0 or batch_bytes <= 0:
-        raise ValueError("relay_chunk and batch_bytes must be positive")
+        raise InvalidOptionError("relay_chunk and batch_bytes must be positive")
     agree = _Agreement(dist, torch, group, device)
     state: Dict[str, Any] = {
         "rank": agree.rank,
@@ -176,54 +212,49 @@ def stage_group(
         "fingerprint": None,
         "own": None,
     }
-    generator = _exchange(torch, dist, group, agree, device, state, open_own, to_torch, check, paths, select,
-                          rows, relay_chunk, batch_bytes)
+    generator = _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_torch, check,
+                          relay_chunk, batch_bytes)
     return GroupStage(generator, state)
 
 
-def _keep(checkpoint: Any, select: Any, rows: Any) -> Dict[str, Tuple[int, int, List[int]]]:
-    """What this rank keeps: name -> (first byte, end byte, shape kept)."""
-    infos = {info.name: info for info in checkpoint.tensors()}
-    if select is None:
-        names = list(infos)
-    elif callable(select):
-        names = [n for n in infos if select(n)]
-    else:
-        names = [select] if isinstance(select, str) else list(select)
-        missing = [n for n in names if n not in infos]
-        if missing:
-            raise _native.SelectionError(f"tensor {missing[0]!r} is not in the checkpoint")
+def _keep(infos: Dict[str, Any], selected: List[Any]) -> Dict[str, Tuple[int, int, List[int]]]:
+    """What this rank keeps, as the library selected it: name -> (first byte, end byte, shape
+    kept), bytes counted from the tensor's first."""
     kept: Dict[str, Tuple[int, int, List[int]]] = {}
-    for name in names:
-        info = infos[name]
-        spec = None
-        if callable(rows):
-            spec = rows(name, info)
-        elif rows is not None:
-            spec = rows.get(name)
-        if spec is None:
-            kept[name] = (0, info.nbytes, list(info.shape))
-            continue
-        if not info.shape:
-            raise _native.SelectionError(f"tensor {name!r}: a scalar has no rows")
-        dim0 = info.shape[0]
-        start, end = _native._resolve_rows(spec, dim0)
-        if dim0 == 0 or info.nbytes % dim0:
-            raise _native.SelectionError(f"tensor {name!r}: its rows are not whole bytes")
-        row = info.nbytes // dim0
-        kept[name] = (start * row, end * row, [end - start, *info.shape[1:]])
+    for info in selected:
+        first = info.offset - infos[info.name].offset
+        kept[info.name] = (first, first + info.nbytes, list(info.shape))
     return kept
 
 
-def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, check, paths, select, rows,
-              relay_chunk, batch_bytes):
+Piece = Tuple[str, int, int, int, Any]
+
+
+def _batches(pieces: List[Piece], batch_bytes: int) -> List[List[Piece]]:
+    """The plan's pieces in batches of about `batch_bytes` (at most 512 pieces), in order."""
+    batches: List[List[Piece]] = []
+    batch: List[Piece] = []
+    size = 0
+    for p in pieces:
+        batch.append(p)
+        size += p[2]
+        if size >= batch_bytes or len(batch) >= 512:
+            batches.append(batch)
+            batch, size = [], 0
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_torch, check, relay_chunk,
+              batch_bytes):
     rank = agree.rank
     error: Optional[BaseException] = None
     try:
-        checkpoint = _native._open(paths)
+        checkpoint, selected = open_kept()
         fingerprint, pieces = checkpoint.plan(agree.world)
-        kept = _keep(checkpoint, select, rows)
         infos = {info.name: info for info in checkpoint.tensors()}
+        kept = _keep(infos, selected)
         for name, (_, _, shape) in kept.items():
             check(infos[name].dtype, shape, name)
     except Exception as e:  # noqa: BLE001 - every rank must learn of it
@@ -241,6 +272,9 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
                            "they do not see the same checkpoint"))
     mine = [p for p in pieces if p[3] == rank]
     state["pieces_owned"] = len(mine)
+    batches = _batches(pieces, batch_bytes)
+    units = [_units(batch, relay_chunk) for batch in batches]
+    error = None
     try:
         # Functions, not lists: the library takes a list's strings as globs, and these are
         # exact names.
@@ -251,29 +285,18 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
             rows=lambda name, _info: own_rows.get(name),
         )
         state["own"] = own
-        error = None
+        # What passes through this rank without being kept, and a run of small pieces packed
+        # for one broadcast, go through this one buffer, allocated here and not in the exchange.
+        scratch = torch.empty(_scratch_bytes(batches, units, relay_chunk), dtype=torch.uint8, device=device)
     except Exception as e:  # noqa: BLE001
         error = e
     agree(error)
 
-    pieces_left: Dict[str, int] = {}
-    for p in pieces:
-        pieces_left[p[0]] = pieces_left.get(p[0], 0) + 1
+    pieces_left = Counter(p[0] for p in pieces)
     buffers: Dict[str, Any] = {}
-    scratch = None
-    batch: List[Tuple[str, int, int, int, Any]] = []
-    batches: List[List[Tuple[str, int, int, int, Any]]] = []
-    size = 0
-    for p in pieces:
-        batch.append(p)
-        size += p[2]
-        if size >= batch_bytes or len(batch) >= 512:
-            batches.append(batch)
-            batch, size = [], 0
-    if batch:
-        batches.append(batch)
-
-    for batch in batches:
+    for batch, batch_units in zip(batches, units):
+        # Prepared: this rank's own pieces loaded, the buffers of the kept tensors the batch
+        # starts allocated (the owner's own load is the tensor when it keeps all of it: no copy).
         loaded: Dict[int, Any] = {}
         error = None
         try:
@@ -287,39 +310,41 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
                 if flat.device != device:
                     flat = flat.to(device)  # a piece the policy assembled in host memory
                 loaded[i] = flat
+            for i, (name, offset, length, owner, _) in enumerate(batch):
+                keep = kept.get(name)
+                if keep is None or name in buffers:
+                    continue
+                whole = offset == 0 and length == infos[name].nbytes and keep[:2] == (0, length)
+                if owner == rank and whole:
+                    buffers[name] = loaded[i]
+                else:
+                    buffers[name] = torch.empty(keep[1] - keep[0], dtype=torch.uint8, device=device)
         except Exception as e:  # noqa: BLE001
             error = e
         agree(error)
-        for unit in _units(batch, relay_chunk):
+
+        # Exchanged: broadcasts, and copies into the memory prepared above.
+        local = _FirstFailure()
+        finished: List[Tuple[str, Any]] = []
+        for unit in batch_units:
             owner = batch[unit[0]][3]
-            global_owner = dist.get_global_rank(group, owner)
-            for i in unit:
-                name, offset, length = batch[i][:3]
-                keep = kept.get(name)
-                if keep is not None and name not in buffers:
-                    k0, k1, _ = keep
-                    whole = offset == 0 and length == infos[name].nbytes and (k0, k1) == (0, length)
-                    if owner == rank and whole:
-                        buffers[name] = loaded[i]  # the owner's own load is the tensor: no copy
-                    else:
-                        buffers[name] = torch.empty(k1 - k0, dtype=torch.uint8, device=device)
+            source_rank = dist.get_global_rank(group, owner)
             if len(unit) > 1:
                 # Small pieces of one owner travel together: one broadcast instead of one each.
                 size = sum(batch[i][2] for i in unit)
+                packed = scratch[:size]
                 if owner == rank:
-                    packed = torch.cat([loaded[i] for i in unit])
+                    local.run(_pack, packed, [loaded[i] for i in unit])
                 else:
-                    if scratch is None:
-                        scratch = torch.empty(relay_chunk, dtype=torch.uint8, device=device)
-                    packed = scratch[:size]
                     state["bytes_received"] += size
-                dist.broadcast(packed, src=global_owner, group=group)
+                dist.broadcast(packed, src=source_rank, group=group)
                 at = 0
                 for i in unit:
                     name, offset, length = batch[i][:3]
                     keep = kept.get(name)
                     if keep is not None and buffers[name] is not loaded.get(i):
-                        _copy_overlap(buffers[name], keep, packed[at : at + length], offset, offset + length)
+                        piece = packed[at : at + length]
+                        local.run(_copy_overlap, buffers[name], keep, piece, offset, offset + length)
                     at += length
             else:
                 (i,) = unit
@@ -330,19 +355,17 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
                     c1 = min(c0 + relay_chunk, offset + length)
                     if owner == rank:
                         chunk = source[c0 - offset : c1 - offset]
-                        dist.broadcast(chunk, src=global_owner, group=group)
+                        dist.broadcast(chunk, src=source_rank, group=group)
                         if keep is not None and buffers[name] is not source:
-                            _copy_overlap(buffers[name], keep, chunk, c0, c1)
+                            local.run(_copy_overlap, buffers[name], keep, chunk, c0, c1)
                         continue
                     if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
-                        dist.broadcast(buffers[name][c0 - keep[0] : c1 - keep[0]], src=global_owner, group=group)
+                        dist.broadcast(buffers[name][c0 - keep[0] : c1 - keep[0]], src=source_rank, group=group)
                     else:
-                        if scratch is None:
-                            scratch = torch.empty(relay_chunk, dtype=torch.uint8, device=device)
                         chunk = scratch[: c1 - c0]
-                        dist.broadcast(chunk, src=global_owner, group=group)
+                        dist.broadcast(chunk, src=source_rank, group=group)
                         if keep is not None:
-                            _copy_overlap(buffers[name], keep, chunk, c0, c1)
+                            local.run(_copy_overlap, buffers[name], keep, chunk, c0, c1)
                     state["bytes_received"] += c1 - c0
             for i in unit:
                 name = batch[i][0]
@@ -350,7 +373,10 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
                 pieces_left[name] -= 1
                 keep = kept.get(name)
                 if pieces_left[name] == 0 and keep is not None:
-                    yield name, to_torch(buffers.pop(name), infos[name].dtype, keep[2], name)
+                    tensor = local.run(to_torch, buffers.pop(name), infos[name].dtype, keep[2], name)
+                    finished.append((name, tensor))
+        agree(local.error)
+        yield from finished
     # Every rank's own load ended with its last piece; let it say so (and free its buffers),
     # and agree once more, so that no rank returns while another still waits on it.
     error = None
@@ -362,7 +388,7 @@ def _exchange(torch, dist, group, agree, device, state, open_own, to_torch, chec
     agree(error)
 
 
-def _units(batch: List[Tuple[str, int, int, int, Any]], relay_chunk: int) -> List[List[int]]:
+def _units(batch: List[Piece], relay_chunk: int) -> List[List[int]]:
     """The batch's pieces in exchange units, the same on every rank (from the plan alone): runs
     of small pieces (under a quarter of `relay_chunk`) of one owner, together at most
     `relay_chunk` bytes, travel as one broadcast; any other piece travels alone, in chunks."""
@@ -383,6 +409,24 @@ def _units(batch: List[Tuple[str, int, int, int, Any]], relay_chunk: int) -> Lis
             run, run_bytes = [], 0
             units.append([i])
     return units
+
+
+def _scratch_bytes(batches: List[List[Piece]], units: List[List[List[int]]], relay_chunk: int) -> int:
+    """The most any exchange unit puts through the scratch buffer: a packed run, or one chunk."""
+    most = 0
+    for batch, batch_units in zip(batches, units):
+        for unit in batch_units:
+            lengths = [batch[i][2] for i in unit]
+            most = max(most, sum(lengths) if len(unit) > 1 else min(relay_chunk, lengths[0]))
+    return most
+
+
+def _pack(packed: Any, pieces: List[Any]) -> None:
+    """Copies `pieces` end to end into `packed`."""
+    at = 0
+    for piece in pieces:
+        packed[at : at + piece.numel()].copy_(piece)
+        at += piece.numel()
 
 
 def _copy_overlap(buffer: Any, keep: Tuple[int, int, List[int]], chunk: Any, c0: int, c1: int) -> None:

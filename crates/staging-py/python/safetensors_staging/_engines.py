@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from . import _native
+
 # Extra-config key -> this library's keyword.
 _OPTIONS = {
     "backend": "backend",
@@ -24,7 +26,12 @@ _OPTIONS = {
 EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
 
 _INDEX = "model.safetensors.index.json"
-REMOTE = ("s3://", "gs://", "az://", "http://", "https://")
+
+
+def is_url(weights: Optional[str]) -> bool:
+    """Whether `weights` is a URL, which the library reads itself, rather than a local
+    directory: the library's answer."""
+    return weights is not None and _native._is_url(weights)
 
 
 def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], bool, Dict[str, Any]]:
@@ -45,6 +52,9 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
     weights = extra.get("weights")
     if weights is not None and not isinstance(weights, str):
         raise ValueError(f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}")
+    if is_url(weights) and _native._url_store(weights) is None:
+        raise ValueError(
+            f"model_loader_extra_config 'weights' {weights!r} is a URL of a scheme this library does not read")
     share_reads = extra.get("share_reads", False)
     if not isinstance(share_reads, bool):
         raise ValueError(f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}")
@@ -95,7 +105,8 @@ def stream(source: Any, device: str, options: Dict[str, Any], process_group: Any
 def devices_group(coordinator: Any, device: str) -> Any:
     """The process group of an engine's group coordinator (vLLM's and SGLang's world group)
     that moves tensors of `device`."""
-    return coordinator.cpu_group if device == "cpu" else coordinator.device_group
+    _, gpu = _native._device(device)
+    return coordinator.cpu_group if gpu is None else coordinator.device_group
 
 
 def lazy_class(make: Callable[[], type], name: str, module: str) -> Callable[[str], Any]:

@@ -8,6 +8,8 @@ __version__: str
 MALFORMED: List[str]
 
 class StagingError(Exception):
+    # Each class's own kind, a class attribute; an instance made from a library error carries
+    # that error's kind (OutOfMemoryError: "device-allocation" or "host-allocation").
     kind: str
 class MalformedCheckpointError(StagingError): ...
 class ReadError(StagingError): ...
@@ -101,6 +103,35 @@ def _open(
 ) -> Checkpoint: ...
 def _options(**options: Any) -> str: ...
 def _resolve_rows(spec: Any, dim0: int) -> Tuple[int, int]: ...
+
+# The library's answers, which the Python layer asks for instead of deciding again.
+def _select(
+    paths: Sequence[Union[str, PathLike]],
+    *,
+    select: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
+    rows: Union[None, Dict[str, Any], Callable[[str, TensorInfo], Any]] = None,
+    store_options: Optional[Dict[str, str]] = None,
+    **options: Any,  # every other key of the library's LoadOptions
+) -> Tuple[Checkpoint, List[TensorInfo]]:
+    """The checkpoint (every tensor, whole) and the tensors a load with these keywords keeps,
+    narrowed to their rows."""
+def _is_url(path: Union[str, PathLike]) -> bool: ...
+def _url_store(path: Union[str, PathLike]) -> Optional[str]:
+    """"s3", "gcs", "azure" or "http": the store the remote backend reads the URL from; None
+    for a path, or a URL of a scheme it does not read."""
+def _device(device: Any) -> Tuple[str, Optional[int]]:
+    """(canonical spelling, GPU ordinal or None) of a device spelling, as a load reads it."""
+
+class _Dtype:
+    """One dtype of the format: its bits (the `safetensors` crate's) and its framework names."""
+
+    name: str
+    bits: int
+    torch: Optional[str]
+    numpy: Optional[str]
+    ml_dtypes: Optional[str]
+
+_DTYPES: Dict[str, _Dtype]
 
 class _Reader:
     backend: str

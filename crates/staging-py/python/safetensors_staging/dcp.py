@@ -59,7 +59,7 @@ class StagingStorageReader(HuggingFaceStorageReader):
         try:
             for request in requests:
                 target = planner.resolve_tensor(request).detach()
-                device = "cpu" if target.device.type == "cpu" else str(target.device)
+                device = str(target.device)
                 handle = handles.get(device)
                 if handle is None:
                     handle = handles[device] = safe_open(file_name, framework="pt", device=device, **self._options)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _NUMPY_NATIVE, Paths, Stage, _stage, _to_numpy
+from . import Paths, Stage, _stage, _to_numpy
 from ._compat import _check_names, _code, _parsed, _serialize
+from ._native import _DTYPES, InvalidOptionError, UnsupportedDtypeError
 
 __all__ = ["load", "load_file", "save", "save_file", "stage"]
 
@@ -30,7 +31,7 @@ def stage(path: Paths, *, unsupported_dtypes: str = "raise", **options: Any) -> 
     if "device" in options:
         raise TypeError("safetensors_staging.numpy loads into host memory: no device= here")
     if unsupported_dtypes not in ("raise", "uint8"):
-        raise ValueError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
+        raise InvalidOptionError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
     if options.get("backend") in ("mmap", "pread"):
         options.pop("backend")
     return _stage(path, None, lambda staged: _to_numpy(staged, unsupported_dtypes), **options)
@@ -42,13 +43,6 @@ def load_file(path: Paths, **options: Any) -> Dict[str, Any]:
         return dict(arrays)
 
 
-_NUMPY_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "U64": "uint64",
-    "I32": "int32", "U32": "uint32", "I16": "int16", "U16": "uint16", "I8": "int8", "U8": "uint8",
-    "BOOL": "bool", "C64": "complex64",
-}
-
-
 def load(data: bytes) -> Dict[str, Any]:
     """The arrays of a safetensors file's bytes: read-only views of `data`, as
     `safetensors.numpy.load` gives."""
@@ -57,11 +51,10 @@ def load(data: bytes) -> Dict[str, Any]:
     start, tensors, _ = _parsed(data)
     out = {}
     for name, dtype, shape, begin, end in tensors:
-        if dtype not in _NUMPY_NATIVE:
-            from ._native import UnsupportedDtypeError
-
+        native = _DTYPES[dtype].numpy
+        if native is None:
             raise UnsupportedDtypeError(f"tensor {name!r}: NumPy has no dtype for {dtype}")
-        kind = numpy.dtype(_NUMPY_DTYPES[dtype])
+        kind = numpy.dtype(native)
         count = (end - begin) // kind.itemsize
         out[name] = numpy.frombuffer(data, dtype=kind, count=count, offset=start + begin).reshape(shape)
     return out

@@ -34,9 +34,9 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ._engines import (
     EXTRA_CONFIG_KEYS,
-    REMOTE,
     current_device,
     devices_group,
+    is_url,
     lazy_class,
     parse_extra_config,
     stream,
@@ -71,7 +71,7 @@ def _make_loader_class() -> type:
             self.last_report: Optional[Dict[str, Any]] = None
 
         def _local_dir(self, model_or_path: str, revision: Optional[str]) -> str:
-            if self.weights is not None and not self.weights.startswith(REMOTE):
+            if self.weights is not None and not is_url(self.weights):
                 return self.weights
             if os.path.isdir(model_or_path):
                 return model_or_path
@@ -81,12 +81,12 @@ def _make_loader_class() -> type:
                                             revision, ignore_patterns=self.load_config.ignore_patterns)
 
         def download_model(self, model_config: Any) -> None:
-            if self.weights is None or not self.weights.startswith(REMOTE):
+            if not is_url(self.weights):
                 self._local_dir(model_config.model_path, model_config.revision)
 
         def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:
             device = current_device()
-            if self.weights is not None and self.weights.startswith(REMOTE) and not source.prefix:
+            if is_url(self.weights) and not source.prefix:
                 files: Any = self.weights
             else:
                 files = weight_files(self._local_dir(source.model_or_path, source.revision),

@@ -30,6 +30,7 @@ import torch
 from . import _torch_from_bytes
 from . import load_file as _load_file
 from ._compat import _check_names, _code, _parsed, _serialize
+from ._native import _DTYPES
 
 __all__ = ["load", "load_file", "load_model", "save", "save_file", "save_model"]
 
@@ -134,8 +135,9 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> List[Tuple[str, str, List[int]
         host = tensor.detach().to("cpu")
         code = _code(name, str(host.dtype).rsplit(".", 1)[-1])
         shape = list(host.shape)
-        if code == "F4" and shape:
-            shape[-1] *= 2  # two values per byte: the file counts values
+        if shape:
+            # The file counts values, and one torch element may hold several (F4's holds two).
+            shape[-1] = shape[-1] * host.element_size() * 8 // _DTYPES[code].bits
         raw = host.reshape(-1).view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
         flat.append((name, code, shape, raw))
     return flat

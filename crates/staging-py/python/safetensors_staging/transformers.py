@@ -18,11 +18,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from . import _device
-from ._compat import _is_gpu, _torch_device, safe_open
-
-# The torch dtype of a floating safetensors dtype `transformers` can build a model in.
-_FLOATING = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+from . import _device, _torch_device
+from ._compat import safe_open
+from ._native import _DTYPES
 
 
 def _config_dir(path: Any) -> Path:
@@ -42,9 +40,11 @@ def _dtype_of(handle: safe_open, config: Any) -> Any:
     if configured is not None:
         return getattr(torch, configured) if isinstance(configured, str) else configured
     for name in handle.offset_keys():
-        kind = handle.get_slice(name).get_dtype()
-        if kind in _FLOATING:
-            return getattr(torch, _FLOATING[kind])
+        facts = _DTYPES[handle.get_slice(name).get_dtype()]
+        floating = getattr(torch, facts.torch) if facts.torch else None
+        # A model is built in a float of 16 bits or more; float8 weights are quantized ones.
+        if floating is not None and floating.is_floating_point and facts.bits >= 16:
+            return floating
     return torch.float32
 
 
@@ -92,8 +92,8 @@ def from_pretrained(
         state_dict = {name: handle.get_slice(name) for name in handle.offset_keys()}
         if kwargs.get("dtype", "auto") == "auto" and "torch_dtype" not in kwargs:
             kwargs["dtype"] = _dtype_of(handle, config)
-        spelled = _device(device)
-        if "device_map" not in kwargs and "tp_plan" not in kwargs and _is_gpu(spelled):
-            kwargs["device_map"] = {"": _torch_device(spelled)}
+        _, gpu = _device(device)
+        if "device_map" not in kwargs and "tp_plan" not in kwargs and gpu is not None:
+            kwargs["device_map"] = {"": _torch_device(gpu)}
         return model_class.from_pretrained(None, config=config, state_dict=state_dict, **kwargs)
 

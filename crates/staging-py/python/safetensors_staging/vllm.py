@@ -12,9 +12,10 @@ The loader yields full tensors (each model narrows them to its rank's share itse
 its memory (vLLM models may keep a tensor past the next step of the iterator), on vLLM's current
 device. Keys of `--model-loader-extra-config`:
 
-- `weights`: where the weights are, when not in the model directory: a directory or an
-  `s3://`/`gs://`/`az://`/`http(s)://` URL (vLLM refuses such a model path for formats not its
-  own, so keep the config in a local directory given as the model and the weights here);
+- `weights`: where the weights are, when not in the model directory: a directory or a URL the
+  library reads (`s3://`, `gs://`, `az://`, `http(s)://` and their aliases: `s3a://`, `abfs://`,
+  ...; vLLM refuses such a model path for formats not its own, so keep the config in a local
+  directory given as the model and the weights here);
 - `backend` (`auto`, `host`, `cufile`, `hipfile`), `device_memory` (a size: the cap on the device
   memory the load holds), `chunk_size`, `threads`;
 - `share_reads`: read each byte once across vLLM's world group and broadcast it (as
@@ -31,9 +32,9 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ._engines import (
     EXTRA_CONFIG_KEYS,
-    REMOTE,
     current_device,
     devices_group,
+    is_url,
     lazy_class,
     parse_extra_config,
     stream,
@@ -62,7 +63,7 @@ def _make_loader_class() -> type:
             self.last_report: Optional[Dict[str, Any]] = None
 
         def _local_dir(self, model_config: Any) -> str:
-            if self.weights is not None and not self.weights.startswith(REMOTE):
+            if self.weights is not None and not is_url(self.weights):
                 return self.weights
             model = model_config.model
             if os.path.isdir(model):
@@ -78,13 +79,13 @@ def _make_loader_class() -> type:
             )
 
         def download_model(self, model_config: Any) -> None:
-            if self.weights is None or not self.weights.startswith(REMOTE):
+            if not is_url(self.weights):
                 self._local_dir(model_config)
 
         def weights_iterator(self, model_config: Any) -> Iterator[Tuple[str, Any]]:
             """`(name, tensor)` for every tensor, full, owning its memory, on vLLM's device."""
             device = current_device()
-            if self.weights is not None and self.weights.startswith(REMOTE):
+            if is_url(self.weights):
                 source: Any = self.weights
             else:
                 source = weight_files(self._local_dir(model_config), self.load_config.ignore_patterns, LOAD_FORMAT)
