@@ -123,6 +123,13 @@ impl<'py> Keywords<'py> {
                     self.set_text("store_option", &pair)?;
                 }
             }
+            "allow_redirect" if !value.is_instance_of::<PyString>() => {
+                for host in value.try_iter().map_err(|_| {
+                    PyTypeError::new_err("allow_redirect: expected a host or an iterable of hosts")
+                })? {
+                    self.set_text("allow_redirect", &spelling(&host?)?)?;
+                }
+            }
             _ if key != "store_option" && LoadOptions::KEYS.iter().any(|(k, ..)| *k == key) => {
                 self.set_text(key, &spelling(value)?)?;
             }

@@ -30,7 +30,8 @@ TABLE: List[Dict[str, Any]] = [
     {"threads": 3, "staging_slots": 4, "coalesce_below": 0, "suballocate": False, "direct_io": True},
     {"select": ["model.layers.0.*", "lm_head.weight"], "rows": {"*.q_proj.weight": "1/4", "embed": (0, 512)}},
     {"concurrency": 4, "range_size": 16 << 20, "retries": 2, "bandwidth": 500_000_000,
-     "store_options": {"aws_region": "us-east-1", "allow_http": "true"}},
+     "store_options": {"aws_region": "us-east-1", "allow_http": "true"},
+     "allow_redirect": ["cdn.example.com", "*.hf.co"]},
 ]
 
 
@@ -38,8 +39,8 @@ def spelled(settings: Dict[str, Any]) -> List[Tuple[str, str]]:
     """The settings as (key, text) pairs, as a C caller or a shell user spells them."""
     pairs: List[Tuple[str, str]] = []
     for key, value in settings.items():
-        if key == "select":
-            pairs += [("select", v) for v in value]
+        if key in ("select", "allow_redirect"):
+            pairs += [(key, v) for v in value]
         elif key == "rows":
             pairs += [("rows", f"{k}={v if isinstance(v, str) else f'{v[0]}:{v[1]}'}") for k, v in value.items()]
         elif key == "store_options":

@@ -306,7 +306,12 @@ def stage(
         of a transient failure (default 5), a cap in bytes per second, and object_store options
         such as `{"aws_endpoint": "http://127.0.0.1:9000"}` applied after the cloud's own
         environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
-        `AWS_REGION`, `AWS_ENDPOINT_URL`, ...).
+        `AWS_REGION`, `AWS_ENDPOINT_URL`, ...). Secret options never appear in an error or
+        dump, nor does a login in an `http(s)://user:password@host/` URL (sent to that host as
+        Basic authentication).
+    allow_redirect: for a URL, a host (or a list of them: `"cdn.example.com"`,
+        `"*.example.com"`, `"*"`) a redirect may lead to besides the one asked for; any other
+        redirect to another host is refused. The report's `redirects` lists those followed.
     unsupported_dtypes: "raise" (an `UnsupportedDtypeError` for F6 tensors, which torch has
         no dtype for) or "uint8" (such tensors as `uint8` of their bytes, last dimension widened
         to bytes).

@@ -278,9 +278,11 @@ class safe_open:
         with self._ahead_lock:
             self._ahead = None
             thread, self._ahead_thread = self._ahead_thread, None
-        if thread is not None:
-            thread.shutdown(wait=True)  # a read ahead finishes, and its tensor is dropped
+        # Closed first: a read ahead waiting on a server that stopped answering ends now (the
+        # reader's close interrupts its reads), not at the request timeout.
         self._reader.close()
+        if thread is not None:
+            thread.shutdown(wait=True)  # a read ahead ends, and its tensor is dropped
 
     def _check_open(self) -> None:
         if self._closed:
@@ -316,7 +318,16 @@ class safe_open:
         the next small tensor is read while the caller uses this one)."""
         info = self._info(name)
         pending = self._read_ahead_after(name)
-        staged = pending.result() if pending is not None else self._reader.read(name)
+        staged = None
+        if pending is not None:
+            try:
+                staged = pending.result()
+            except Exception:
+                # The read ahead ran on its own (a Ctrl-C then may have ended it): this call
+                # reads the tensor itself, and a real error comes again from there.
+                staged = None
+        if staged is None:
+            staged = self._reader.read(name)
         return self._convert.convert(staged, info.dtype, list(info.shape), name)
 
     def _read_ahead_after(self, name: str) -> "Optional[Future[Any]]":

@@ -22,6 +22,7 @@ _OPTIONS = {
     "retries": "retries",
     "bandwidth": "bandwidth",
     "store_options": "store_options",
+    "allow_redirect": "allow_redirect",
 }
 EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
 

@@ -34,7 +34,9 @@ def stage(path: Paths, *, unsupported_dtypes: str = "raise", **options: Any) -> 
         raise InvalidOptionError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
     if options.get("backend") in ("mmap", "pread"):
         options.pop("backend")
-    return _stage(path, None, lambda staged: _to_numpy(staged, unsupported_dtypes), **options)
+    # Host memory whatever the machine has: NumPy cannot read device memory (`auto` would pick a
+    # GPU where there is one).
+    return _stage(path, "cpu", lambda staged: _to_numpy(staged, unsupported_dtypes), **options)
 
 
 def load_file(path: Paths, **options: Any) -> Dict[str, Any]:

@@ -20,7 +20,8 @@ device. Keys of `--model-loader-extra-config`:
   memory the load holds), `chunk_size`, `threads`;
 - `share_reads`: read each byte once across vLLM's world group and broadcast it (as
   `process_group=` does);
-- the remote options `concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`.
+- the remote options `concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`,
+  `allow_redirect`.
 
 An unknown key is an error naming the accepted ones.
 """
