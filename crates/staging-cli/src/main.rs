@@ -14,7 +14,7 @@
 //!       [--direct-io [BOOL]] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH]
 //!       [--hipfile-mode auto|hipfile|posix] [--hipfile-lib PATH] [--hip-lib PATH]
 //!       [--concurrency N] [--range-size SIZE] [--retries N] [--bandwidth SIZE]
-//!       [--store-option KEY=VALUE]...
+//!       [--store-option KEY=VALUE]... [--allow-redirect HOST]...
 //! ```
 //!
 //! A PATH may be an `s3://`, `gs://`, `az://` or `http(s)://` URL (a prefix stands for a

@@ -853,7 +853,7 @@ unsafe fn with_config(
 
 /// Sets one option by its key, the value spelled as the `stage` command's flag `--KEY` takes it
 /// (sizes like "512MiB", booleans "true"/"false"); a repeatable key (`select`, `rows`,
-/// `store_option`) adds one more. The keys (the library's `LoadOptions::KEYS`):
+/// `store_option`, `allow_redirect`) adds one more. The keys (the library's `LoadOptions::KEYS`):
 ///
 /// - `backend`: auto, host, cufile, hipfile (mock only in builds with it);
 /// - `device`: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU,
@@ -866,7 +866,9 @@ unsafe fn with_config(
 /// - `select` (a glob; a pattern without `*?[]{}` is a name that must exist), `rows`
 ///   (`GLOB=START:END` or `GLOB=RANK/PARTS`);
 /// - for URLs: `concurrency`, `range_size`, `retries`, `bandwidth`, `store_option`
-///   (`KEY=VALUE`, an object_store option).
+///   (`KEY=VALUE`, an object_store option; a secret one prints as `<redacted>` in
+///   `stg_config_describe`), `allow_redirect` (a host a redirect may lead to besides the one
+///   asked for: `cdn.example.com`, `*.example.com` or `*`).
 ///
 /// An unknown key or a value that does not parse is `STG_INVALID_ARGUMENT`, the message (naming
 /// both) in `stg_config_last_error`, and changes nothing.
