@@ -11,8 +11,7 @@ use pyo3::types::PyDict;
 use safetensors_staging::{Dtype, LoadOptions, Selection};
 
 use crate::errors;
-use crate::info::{PyCheckpoint, TensorInfo, interrupted_or};
-use crate::interrupt::Calls;
+use crate::info::{PyCheckpoint, TensorInfo, read_headers};
 use crate::options::{Keywords, spelling};
 
 /// `_select(paths, **keywords)`: the checkpoint's headers (every tensor, whole) and the tensors a
@@ -27,16 +26,7 @@ pub(crate) fn select(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(PyCheckpoint, Vec<TensorInfo>)> {
     let mut keywords = Keywords::parse(kwargs)?;
-    let mut loader = keywords.options.loader().map_err(errors::to_py)?;
-    // One call, as `_open` is: a Ctrl-C during it ends its reads.
-    let calls = std::sync::Arc::new(Calls::default());
-    if let Some(interrupt) = calls.interrupt_for(&paths) {
-        loader = loader.interrupt(interrupt);
-    }
-    let _call = calls.enter();
-    let checkpoint = py
-        .detach(move || loader.read_headers(&paths))
-        .map_err(|e| interrupted_or(py, e))?;
+    let checkpoint = read_headers(py, &keywords.options, paths)?;
     // As `_stage` chooses: functions applied to these headers, nothing chosen loading nothing.
     keywords.apply_functions(&checkpoint)?;
     let selection = if keywords.select_none {

@@ -250,14 +250,23 @@ pub(crate) fn open(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyCheckpoint> {
     let keywords = Keywords::parse(kwargs)?;
-    let mut loader = keywords.options.loader().map_err(errors::to_py)?;
+    let checkpoint = read_headers(py, &keywords.options, paths)?;
+    Ok(PyCheckpoint { checkpoint })
+}
+
+/// The headers of the checkpoint at `paths`, read with `options` (the remote ones for a URL)
+/// as one call: the GIL released, a Ctrl-C during it ending its reads.
+pub(crate) fn read_headers(
+    py: Python<'_>,
+    options: &safetensors_staging::LoadOptions,
+    paths: Vec<PathBuf>,
+) -> PyResult<Checkpoint> {
+    let mut loader = options.loader().map_err(errors::to_py)?;
     let calls = Arc::new(Calls::default());
     if let Some(interrupt) = calls.interrupt_for(&paths) {
         loader = loader.interrupt(interrupt);
     }
     let _call = calls.enter();
-    let checkpoint = py
-        .detach(move || loader.read_headers(&paths))
-        .map_err(|e| interrupted_or(py, e))?;
-    Ok(PyCheckpoint { checkpoint })
+    py.detach(move || loader.read_headers(&paths))
+        .map_err(|e| interrupted_or(py, e))
 }
