@@ -452,9 +452,17 @@ impl LoadOptions {
     /// adds one more. An unknown key or a value that does not parse is
     /// [`Error::InvalidOption`], naming both, and changes nothing.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        // A store option's value may be a secret: an error shows its key only.
+        let shown = match key {
+            "store_option" => match value.split_once('=') {
+                Some((name, _)) => format!("{name}=<redacted>"),
+                None => "<redacted>".to_owned(),
+            },
+            _ => value.to_owned(),
+        };
         let invalid = |reason: String| Error::InvalidOption {
             key: key.to_owned(),
-            value: value.to_owned(),
+            value: shown.clone(),
             reason,
         };
         match key {
@@ -755,7 +763,8 @@ fn parse_key_value(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
         .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+        // Not the text itself: it may hold a secret.
+        .ok_or_else(|| "expected KEY=VALUE".to_owned())
 }
 
 /// Parses `PATTERN=SPEC`, SPEC being `START:END` (rows `START..END` of dimension 0) or
@@ -892,6 +901,12 @@ mod tests {
         }
         let error = LoadOptions::new().set("chunk", "1").unwrap_err();
         assert!(error.to_string().contains("unknown key"), "{error}");
+        // A store option's value is never shown, even when it does not parse.
+        for bad in ["aws_secret_access_key:SECRET", "=SECRET"] {
+            let error = LoadOptions::new().set("store_option", bad).unwrap_err();
+            assert!(!error.to_string().contains("SECRET"), "{error}");
+            assert!(error.to_string().contains("KEY=VALUE"), "{error}");
+        }
     }
 
     #[test]

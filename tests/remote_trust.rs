@@ -452,3 +452,24 @@ fn a_remote_store_s_debug_shows_no_secret() {
         );
     }
 }
+
+#[test]
+fn a_login_in_an_endpoint_option_is_not_shown_in_errors_either() {
+    // object_store's own error messages name the request's URL, built from the endpoint.
+    let server = RangeServer::start().unwrap();
+    let (bytes, _) = one_file(&[("x", 64)], 10);
+    server.put("/bkt/denied/model.safetensors", bytes);
+    server.set_faults(Faults {
+        denied: ["/bkt/denied/model.safetensors".to_owned()].into(),
+        ..Faults::default()
+    });
+    let mut options = s3_options(&server);
+    options.config[0].1 = server.url("").replace("http://", "http://user:SECRET-EP@");
+    let error = loader(options)
+        .open("s3://bkt/denied/model.safetensors")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("denied/model.safetensors"), "{error}");
+    assert!(error.contains("<redacted>@127.0.0.1"), "{error}");
+    assert!(!error.contains("SECRET"), "{error}");
+}

@@ -4,10 +4,16 @@
 //! the report naming only the URL asked for. Here the same client options (object_store's keys,
 //! from the environment and the store options, read back through
 //! [`ClientOptions::get_config_value`]) build a reqwest client of our own whose redirect policy
-//! is a decision ([`Redirects`]): a redirect stays on the host asked for (or within the cloud's
-//! own endpoints: `*.amazonaws.com`, `*.googleapis.com`, `*.core.windows.net`) unless the
-//! caller allowed its target; any other is refused with an error naming both hosts, and every
-//! redirect followed to another host is recorded for the report. reqwest drops the
+//! is a decision ([`Redirects`]): a redirect stays on the host asked for (or, for an S3 or GCS
+//! store, goes to that service's own storage endpoints: S3's regional REST endpoints,
+//! `storage.googleapis.com`) unless the caller allowed its target; any other is refused with an
+//! error naming both hosts, and every redirect followed to another host is recorded for the
+//! report.
+//!
+//! This re-does what object_store's `ClientOptions::client()` does (that function is not
+//! public): every string value is parsed as object_store parses it (booleans as `1/true/on/yes/
+//! y` and `0/false/off/no/n` in any case, durations by `humantime`), and a test sets every key
+//! by strings object_store takes. reqwest drops the
 //! `Authorization` header on a redirect to another host, so a login given in an `http(s)://`
 //! URL (sent as Basic authentication, marked sensitive) reaches only the host it was given for.
 //!
@@ -24,11 +30,14 @@ use std::time::Duration;
 use object_store::client::{HttpClient, HttpConnector};
 use object_store::{ClientConfigKey, ClientOptions};
 
+use crate::Scheme;
 use crate::location::{Login, redacted};
 
 /// Hosts a redirect may go to besides the one asked for, and the redirects followed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Redirects {
+    /// The kind of store: whose own storage endpoints a redirect may go to.
+    scheme: Scheme,
     /// From [`Options::allow_redirects`](crate::Options::allow_redirects): a host, `*.suffix`
     /// (that domain's hosts) or `*` (any).
     allowed: Vec<String>,
@@ -36,9 +45,26 @@ pub(crate) struct Redirects {
     followed: Mutex<BTreeSet<String>>,
 }
 
-/// The clouds' own domains: a redirect between two hosts of one of them is the cloud's own
-/// business (S3's regional endpoints, say).
-const CLOUD_DOMAINS: &[&str] = &[".amazonaws.com", ".googleapis.com", ".core.windows.net"];
+/// Whether `host` is one of the storage service's own endpoints for a store of `scheme`: S3's
+/// REST endpoints (`bucket.s3.amazonaws.com`, `s3.us-west-2.amazonaws.com`,
+/// `bucket.s3-us-west-2.amazonaws.com`, dual-stack ones; not the website endpoints, whose
+/// redirects a bucket's owner writes), or GCS's `storage.googleapis.com`. Azure's blob service
+/// does not redirect between hosts, and an HTTP server has no such endpoints.
+fn storage_endpoint(scheme: Scheme, host: &str) -> bool {
+    match scheme {
+        Scheme::S3 => host.strip_suffix(".amazonaws.com").is_some_and(|name| {
+            let labels = || name.split('.');
+            labels().any(|label| label == "s3" || label.starts_with("s3-"))
+                && !labels().any(|label| {
+                    label.starts_with("s3-website") || label.starts_with("s3-object-lambda")
+                })
+        }),
+        Scheme::Gcs => {
+            host == "storage.googleapis.com" || host.ends_with(".storage.googleapis.com")
+        }
+        Scheme::Azure | Scheme::Http => false,
+    }
+}
 
 /// `host`, or `host:port` when the URL names a port.
 fn authority(url: &url::Url) -> String {
@@ -50,14 +76,23 @@ fn authority(url: &url::Url) -> String {
 }
 
 impl Redirects {
-    pub(crate) fn new(allowed: &[String]) -> Self {
+    pub(crate) fn new(scheme: Scheme, allowed: &[String]) -> Self {
         Self {
+            scheme,
             allowed: allowed
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
             followed: Mutex::default(),
         }
+    }
+
+    /// Forgets the redirects followed so far (a new checkpoint is being opened).
+    pub(crate) fn forget(&self) {
+        self.followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Whether a request for `from` may follow a redirect to `to`; `Err` says why not.
@@ -67,9 +102,8 @@ impl Redirects {
         if from_host == to_host {
             return Ok(());
         }
-        let same_cloud = CLOUD_DOMAINS
-            .iter()
-            .any(|domain| from_host.ends_with(domain) && to_host.ends_with(domain));
+        let same_cloud =
+            storage_endpoint(self.scheme, &from_host) && storage_endpoint(self.scheme, &to_host);
         let allowed = self
             .allowed
             .iter()
@@ -150,8 +184,17 @@ fn duration(
         .transpose()
 }
 
+/// A boolean as object_store parses one: `1`, `true`, `on`, `yes`, `y` and `0`, `false`,
+/// `off`, `no`, `n`, in any case; unset is false.
 fn flag(options: &ClientOptions, key: ClientConfigKey) -> object_store::Result<bool> {
-    Ok(value::<bool>(options, key)?.unwrap_or(false))
+    let Some(text) = options.get_config_value(&key) else {
+        return Ok(false);
+    };
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" | "y" => Ok(true),
+        "0" | "false" | "off" | "no" | "n" => Ok(false),
+        _ => Err(config_error(key, format!("{text:?} is not a boolean"))),
+    }
 }
 
 fn client_error(e: reqwest::Error) -> object_store::Error {
@@ -230,7 +273,9 @@ impl HttpConnector for Connector {
                 return attempt.error(RefusedRedirect("too many redirects (10)".into()));
             }
             let Some(first) = attempt.previous().first().cloned() else {
-                return attempt.follow();
+                return attempt.error(RefusedRedirect(
+                    "redirect refused: the URL it came from is unknown".into(),
+                ));
             };
             match redirects.decide(&first, attempt.url()) {
                 Ok(()) => attempt.follow(),
@@ -278,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_redirect_stays_on_its_host_unless_allowed() {
-        let none = Redirects::new(&[]);
+        let none = Redirects::new(Scheme::Http, &[]);
         let from = url("http://models.example.com/a/model.safetensors");
         assert!(
             none.decide(&from, &url("https://models.example.com/b"))
@@ -295,18 +340,50 @@ mod tests {
         assert!(refused.contains("evil.example.net"), "{refused}");
         assert!(none.followed().is_empty());
 
-        // The clouds' own endpoints.
-        let s3 = url("https://bkt.s3.amazonaws.com/k");
+        // An S3 store's own endpoints; nothing else of the cloud's domain, and nothing for
+        // another kind of store.
+        let s3 = Redirects::new(Scheme::S3, &[]);
+        let bucket = url("https://bkt.s3.amazonaws.com/k");
+        for to in [
+            "https://bkt.s3.eu-west-1.amazonaws.com/k",
+            "https://s3.us-west-2.amazonaws.com/bkt/k",
+            "https://bkt.s3-us-west-2.amazonaws.com/k",
+            "https://bkt.s3.dualstack.us-east-1.amazonaws.com/k",
+        ] {
+            assert!(s3.decide(&bucket, &url(to)).is_ok(), "{to}");
+        }
+        for to in [
+            "https://storage.googleapis.com/k",
+            "https://internal-x.us-east-1.elb.amazonaws.com/",
+            "https://bkt.s3-website-us-east-1.amazonaws.com/k",
+            "https://bkt.s3-website.eu-west-1.amazonaws.com/k",
+            "https://ec2.us-east-1.amazonaws.com/",
+        ] {
+            assert!(s3.decide(&bucket, &url(to)).is_err(), "{to}");
+        }
+        let website = url("https://bkt.s3-website-us-east-1.amazonaws.com/k");
         assert!(
-            none.decide(&s3, &url("https://bkt.s3.eu-west-1.amazonaws.com/k"))
+            s3.decide(&website, &url("https://x.s3.amazonaws.com/"))
+                .is_err()
+        );
+        let to_region = url("https://bkt.s3.eu-west-1.amazonaws.com/k");
+        assert!(none.decide(&bucket, &to_region).is_err());
+        let gcs = Redirects::new(Scheme::Gcs, &[]);
+        let object = url("https://storage.googleapis.com/b/o");
+        assert!(
+            gcs.decide(&object, &url("https://b.storage.googleapis.com/o"))
                 .is_ok()
         );
         assert!(
-            none.decide(&s3, &url("https://storage.googleapis.com/k"))
+            gcs.decide(&object, &url("https://compute.googleapis.com/"))
                 .is_err()
         );
+        let azure = Redirects::new(Scheme::Azure, &[]);
+        let blob = url("https://acct.blob.core.windows.net/c/x");
+        let other = url("https://other.blob.core.windows.net/c/x");
+        assert!(azure.decide(&blob, &other).is_err());
 
-        let some = Redirects::new(&["cdn.example.net".into(), "*.hf.co".into()]);
+        let some = Redirects::new(Scheme::Http, &["cdn.example.net".into(), "*.hf.co".into()]);
         assert!(
             some.decide(&from, &url("http://cdn.example.net/x?sig=secret"))
                 .is_ok()
@@ -327,9 +404,53 @@ mod tests {
             ]
         );
         assert!(
-            Redirects::new(&["*".into()])
+            Redirects::new(Scheme::Http, &["*".into()])
                 .decide(&from, &url("http://x.y/"))
                 .is_ok()
         );
+        some.forget();
+        assert!(some.followed().is_empty());
+    }
+
+    /// Every client key, set by a string object_store takes, builds a client: the values are
+    /// parsed as object_store parses them.
+    #[test]
+    fn every_client_key_object_store_takes_builds_a_client() {
+        use ClientConfigKey as K;
+        let cases: &[(K, &[&str])] = &[
+            (K::AllowHttp, &["TRUE", "yes", "1", "off", "N"]),
+            (K::AllowInvalidCertificates, &["y", "0"]),
+            (K::NoSystemCertificates, &["false"]),
+            (K::Http1Only, &["1", "no"]),
+            (K::Http2Only, &["On", "false"]),
+            (K::Http2KeepAliveWhileIdle, &["YES"]),
+            (K::ConnectTimeout, &["5s", "1m 30s", "250ms"]),
+            (K::Timeout, &["30s"]),
+            (K::ReadTimeout, &["2m"]),
+            (K::PoolIdleTimeout, &["90s"]),
+            (K::PoolMaxIdlePerHost, &["4"]),
+            (K::Http2KeepAliveInterval, &["10s"]),
+            (K::Http2KeepAliveTimeout, &["20s"]),
+            (K::Http2MaxFrameSize, &["16384"]),
+            (K::ProxyUrl, &["http://proxy.example:3128"]),
+            (K::ProxyExcludes, &["localhost,.internal"]),
+            (K::UserAgent, &["my-loader/1.0"]),
+            (K::RandomizeAddresses, &["false"]),
+            (K::DefaultContentType, &["application/octet-stream"]),
+        ];
+        let connector = Connector {
+            redirects: Arc::new(Redirects::new(Scheme::Http, &[])),
+            login: None,
+        };
+        for (key, values) in cases {
+            for value in *values {
+                let options = ClientOptions::new().with_config(*key, *value);
+                if let Err(e) = connector.connect(&options) {
+                    panic!("{key:?}={value}: {e}");
+                }
+            }
+        }
+        let bad = ClientOptions::new().with_config(K::AllowHttp, "maybe");
+        assert!(connector.connect(&bad).is_err());
     }
 }

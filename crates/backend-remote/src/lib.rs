@@ -72,8 +72,8 @@ use staging_core::{
 };
 
 use client::{Connector, Redirects, RefusedRedirect};
-use location::Location;
-pub use location::{REDACTED, Scheme, redacted, redacted_path};
+use location::{Location, Login};
+pub use location::{REDACTED, Scheme, redacted, redacted_path, redacted_text};
 /// The trait of object stores, for a caller's own ([`Remote::open_with`]).
 pub use object_store::ObjectStore;
 use pace::Pace;
@@ -350,10 +350,13 @@ impl Version {
         if now.size != self.size {
             return Some(format!("it is now {} bytes", now.size));
         }
-        if let (Some(was), Some(is)) = (&self.weak_etag, &now.weak_etag)
-            && was != is
-        {
-            return Some(format!("it is now ETag {is}"));
+        if let Some(was) = &self.weak_etag {
+            match (&now.weak_etag, &now.etag) {
+                (Some(is), _) | (None, Some(is)) if is != was => {
+                    return Some(format!("it is now ETag {is}"));
+                }
+                _ => {}
+            }
         }
         let by_date = matches!(
             self.validator(),
@@ -428,6 +431,8 @@ struct Inner {
     metas: Mutex<HashMap<String, ObjectMeta>>,
     /// Where redirects may lead, and where they led.
     redirects: Arc<Redirects>,
+    /// The login of the URL the store was opened with (sent by its client).
+    login: Option<Login>,
     gets: AtomicU64,
     heads: AtomicU64,
     bytes: AtomicU64,
@@ -529,7 +534,9 @@ fn describe(e: &object_store::Error) -> String {
         }
         source = error.source();
     }
-    e.to_string()
+    // object_store's messages name the request's URL, with the login of an endpoint option
+    // and a query (an Azure SAS token, say) in it.
+    redacted_text(&e.to_string())
 }
 
 /// An object_store error as an `io::Error` of the closest kind, saying what [`describe`] says.
@@ -597,7 +604,7 @@ fn build_store(
             {
                 builder = builder.with_allow_http(true);
             }
-            Arc::new(builder.build().map_err(|e| e.to_string())?)
+            Arc::new(builder.build().map_err(|e| describe(&e))?)
         }
         Scheme::Gcs => {
             let builder = GoogleCloudStorageBuilder::from_env()
@@ -608,7 +615,7 @@ fn build_store(
             let builder = configure(builder, &options.config, |b, k: GoogleConfigKey, v| {
                 b.with_config(k, v)
             })?;
-            Arc::new(builder.build().map_err(|e| e.to_string())?)
+            Arc::new(builder.build().map_err(|e| describe(&e))?)
         }
         Scheme::Azure => {
             let builder = MicrosoftAzureBuilder::from_env()
@@ -619,7 +626,7 @@ fn build_store(
             let builder = configure(builder, &options.config, |b, k: AzureConfigKey, v| {
                 b.with_config(k, v)
             })?;
-            Arc::new(builder.build().map_err(|e| e.to_string())?)
+            Arc::new(builder.build().map_err(|e| describe(&e))?)
         }
         Scheme::Http => {
             let client = configure(client, &options.config, |c, k, v| c.with_config(k, v))?
@@ -629,7 +636,7 @@ fn build_store(
                 .with_retry(retry)
                 .with_client_options(client)
                 .with_http_connector(connector);
-            Arc::new(builder.build().map_err(|e| e.to_string())?)
+            Arc::new(builder.build().map_err(|e| describe(&e))?)
         }
     };
     Ok(store)
@@ -662,13 +669,20 @@ impl Remote {
             key: Key::default(),
             ..location.clone()
         };
-        let redirects = Arc::new(Redirects::new(&options.allow_redirects));
+        let redirects = Arc::new(Redirects::new(location.scheme, &options.allow_redirects));
         let store = match store {
+            Some(_) if login.is_some() => {
+                return Err(invalid(
+                    "a login in the URL is not sent through a caller's own object store: give \
+                     the store its credentials"
+                        .to_owned(),
+                ));
+            }
             Some(store) => store,
             None => {
                 let connector = Connector {
                     redirects: Arc::clone(&redirects),
-                    login,
+                    login: login.clone(),
                 };
                 build_store(&root, options, connector).map_err(&invalid)?
             }
@@ -693,6 +707,7 @@ impl Remote {
                 versions: Mutex::new(HashMap::new()),
                 metas: Mutex::new(HashMap::new()),
                 redirects,
+                login,
                 gets: AtomicU64::new(0),
                 heads: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
@@ -707,9 +722,12 @@ impl Remote {
         }
     }
 
-    /// Whether `url` is an object of this store (the same `scheme://authority`).
+    /// Whether `url` is an object of this store: the same `scheme://authority`, and no login,
+    /// or the one the store was opened with (a URL with another login needs a store of its
+    /// own, which sends that one).
     pub fn holds(&self, url: &Path) -> bool {
         self.inner.key(url).is_ok()
+            && Location::login(url).is_ok_and(|login| login.is_none() || login == self.inner.login)
     }
 
     /// `scheme://authority` of the store.
@@ -734,6 +752,8 @@ impl Remote {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        // The redirects a load reports are those of its own checkpoint's objects.
+        self.inner.redirects.forget();
     }
 
     /// Each redirect followed to another host so far, as `URL -> host[:port]`.
@@ -754,6 +774,15 @@ impl Inner {
             heads: self.heads.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// The location of the URL `dir` (a prefix of this store), to join names under.
+    fn at(&self, dir: &Path) -> Result<Location, String> {
+        let key = self.key(dir).map_err(|e| e.to_string())?;
+        Ok(Location {
+            key,
+            ..self.root.clone()
+        })
     }
 
     /// `path`'s object key, when `path` is a URL under this store's root.
@@ -978,7 +1007,7 @@ impl Inner {
         let result = match self.store.get_opts(&object.key, options).await {
             Ok(result) => result,
             Err(e @ object_store::Error::Precondition { .. }) => {
-                return Err(Failure::Request(self.changed(object, &e.to_string())));
+                return Err(Failure::Request(self.changed(object, &describe(&e))));
             }
             Err(e) => {
                 let error = io::Error::new(kind_of(&e), at(describe(&e)));
@@ -999,7 +1028,7 @@ impl Inner {
         let mut filled = 0usize;
         while let Some(chunk) = body.next().await {
             let chunk =
-                chunk.map_err(|e| Failure::Body(io::Error::new(kind_of(&e), at(e.to_string()))))?;
+                chunk.map_err(|e| Failure::Body(io::Error::new(kind_of(&e), at(describe(&e)))))?;
             if let Some(pace) = &self.pace {
                 pace.take(chunk.len()).await;
             }
@@ -1158,12 +1187,11 @@ impl Store for Remote {
     }
 
     fn join(&self, dir: &Path, name: &str) -> Result<PathBuf, String> {
-        let dir = self.inner.key(dir).map_err(|e| e.to_string())?;
-        let under = Location {
-            key: dir,
-            ..self.inner.root.clone()
-        };
-        under.join(name).map(PathBuf::from)
+        self.inner.at(dir)?.join(name).map(PathBuf::from)
+    }
+
+    fn entry(&self, dir: &Path, name: &str) -> Result<PathBuf, String> {
+        self.inner.at(dir)?.child(name).map(PathBuf::from)
     }
 
     fn canonical(&self, path: &Path) -> staging_core::Result<Option<PathBuf>> {

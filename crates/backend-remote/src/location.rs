@@ -24,31 +24,75 @@ pub(crate) struct Login {
 
 impl std::fmt::Debug for Login {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The user too: a token is often given as the user (`https://TOKEN@host/`).
         f.debug_struct("Login")
-            .field("user", &self.user)
+            .field("user", &REDACTED)
             .field("password", &self.password.as_ref().map(|_| REDACTED))
             .finish()
     }
 }
 
-/// `text` with what a URL may carry that is not for showing taken off: a login
-/// (`user:password@`) becomes `<redacted>@`, a query `?<redacted>`. Text that is not a URL is
-/// returned as it is.
-pub fn redacted(text: &str) -> String {
-    let Some((scheme, rest)) = text.split_once("://") else {
-        return text.to_owned();
+/// `url` with what a URL may carry that is not for showing taken off: a login
+/// (`user:password@`) becomes `<redacted>@`, a query `?<redacted>`, a fragment is dropped. A
+/// URL that does not parse but holds an `@` (a password with a `#` or `/` in it, say) shows
+/// only its scheme: `https://<redacted>`. Text that is not a URL is returned as it is.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((_, host)) => format!("{REDACTED}@{host}"),
-        None => authority.to_owned(),
+    let Ok(parsed) = url::Url::parse(url) else {
+        if rest.contains('@') {
+            return format!("{scheme}://{REDACTED}");
+        }
+        return match rest.split_once(['?', '#']) {
+            Some((before, _)) => format!("{scheme}://{before}?{REDACTED}"),
+            None => url.to_owned(),
+        };
     };
-    let tail = match tail.split_once(['?', '#']) {
-        Some((path, _)) => format!("{path}?{REDACTED}"),
-        None => tail.to_owned(),
+    let login = if parsed.username().is_empty() && parsed.password().is_none() {
+        String::new()
+    } else {
+        format!("{REDACTED}@")
     };
-    format!("{scheme}://{authority}{tail}")
+    let host = parsed.host_str().unwrap_or("");
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let query = if parsed.query().is_some() || parsed.fragment().is_some() {
+        format!("?{REDACTED}")
+    } else {
+        String::new()
+    };
+    // The parser writes `http://host` as `http://host/`: a path only where the text had one.
+    let path = match parsed.path() {
+        "/" if !rest.contains('/') => "",
+        path => path,
+    };
+    format!("{scheme}://{login}{host}{port}{path}{query}")
+}
+
+/// `text` (an error message, say) with every URL in it [`redacted`]: object_store's and
+/// reqwest's messages name the request's URL, login and query included.
+pub fn redacted_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        // The scheme: the letters, digits, `+`, `-` and `.` just before `://`.
+        let scheme_start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        // The URL: up to the first whitespace, quote or angle bracket.
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`'))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..scheme_start]);
+        if scheme_start < at {
+            out.push_str(&redacted(&rest[scheme_start..end]));
+        } else {
+            out.push_str(&rest[scheme_start..end]);
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// [`redacted`] for a path.
@@ -159,26 +203,43 @@ impl Location {
         }))
     }
 
-    /// The URL of `name` (`/`-separated, as an index names a shard) under this location's key, joined one component at a time as object keys: each component must be
-    /// a plain name (not empty, `.` or `..`; no `%`, backslash or control character), and the
-    /// URL made of the result must parse back to exactly that key, under this one.
+    /// The URL of `name` (`/`-separated, as an index names a shard) under this location's key,
+    /// joined one component at a time as object keys: each component must be a plain name
+    /// (not empty, `.` or `..`; no backslash or control character), and none may be read by a
+    /// server as anything else: no `%` (URL text), no `;` (path parameters: `..;` climbs out on
+    /// some servers), none of dots and spaces only (`.. ` is `..` to others). See
+    /// [`child`](Self::child) for the rest.
     pub(crate) fn join(&self, name: &str) -> Result<String, String> {
-        let parts = staging_core::checked_components(name)?;
-        if parts.iter().any(|part| part.contains('%')) {
-            return Err("contains '%': a shard is named by its object name, not URL text".into());
+        for part in staging_core::checked_components(name)? {
+            if part.contains('%') {
+                return Err(
+                    "contains '%': a shard is named by its object name, not URL text".into(),
+                );
+            }
+            if part.contains(';') {
+                return Err("contains ';', which a server may read as path parameters".into());
+            }
+            if part.chars().all(|c| c == '.' || c == ' ') {
+                return Err(format!(
+                    "has a component of dots and spaces only ({part:?})"
+                ));
+            }
         }
+        self.child(name)
+    }
+
+    /// The URL of the object `name` (components separated by `/`, each an object name of its
+    /// own) under this location's key: each component percent-encoded as the URL's path needs,
+    /// and the URL checked to parse back to exactly that key, under this one.
+    pub(crate) fn child(&self, name: &str) -> Result<String, String> {
         let expected = if self.key.as_ref().is_empty() {
             name.to_owned()
         } else {
             format!("{}/{name}", self.key.as_ref())
         };
         let expected = Key::parse(&expected).map_err(|e| format!("is not an object name: {e}"))?;
-        let mut url = url::Url::parse(&self.root).map_err(|e| format!("not a valid URL: {e}"))?;
-        url.path_segments_mut()
-            .map_err(|()| format!("{} cannot hold a path", self.root))?
-            .clear()
-            .extend(expected.as_ref().split('/'));
-        let joined = Self::parse(Path::new(url.as_str()))?;
+        let url = self.url_of(&expected);
+        let joined = Self::parse(Path::new(&url))?;
         if joined.root != self.root
             || joined.key != expected
             || !joined.key.prefix_matches(&self.key)
@@ -188,7 +249,7 @@ impl Location {
                 self.url_of(&self.key)
             ));
         }
-        Ok(url.into())
+        Ok(url)
     }
 
     /// The URL of `key` under this location's root.
@@ -292,6 +353,10 @@ mod tests {
             ("..\\x", "backslash"),
             ("a\tb", "control"),
             ("", "empty"),
+            ("..;/secret.safetensors", "';'"),
+            ("a;b.safetensors", "';'"),
+            (".. /secret.safetensors", "dots and spaces"),
+            ("... /x", "dots and spaces"),
         ] {
             let result = dir.join(name);
             assert!(
@@ -310,7 +375,7 @@ mod tests {
             (login.user.as_str(), login.password.as_deref()),
             ("alice", Some("p@ss"))
         );
-        assert!(!format!("{login:?}").contains("p@ss"));
+        assert!(!format!("{login:?}").contains("p@ss") && !format!("{login:?}").contains("alice"));
         assert_eq!(Location::login(Path::new("https://host/x"))?, None);
         let refused = Location::login(Path::new("s3://AKID:secret@bkt/x"));
         assert!(refused.is_err_and(|e| !e.contains("secret") && e.contains("no login")));
@@ -329,11 +394,26 @@ mod tests {
             ("https://host/x?sig=abc&se=1", "https://host/x?<redacted>"),
             ("az://acct@c/x#frag", "az://<redacted>@c/x?<redacted>"),
             ("s3://bkt/key", "s3://bkt/key"),
+            ("s3://bkt/a%20b", "s3://bkt/a%20b"),
             ("/local/path@2/x?y", "/local/path@2/x?y"),
             ("http://a@b@host", "http://<redacted>@host"),
+            ("http://127.0.0.1:9000/bkt", "http://127.0.0.1:9000/bkt"),
+            // A password with characters a URL ends its authority at: nothing of it is shown.
+            ("https://user:abc#def@host/x", "https://<redacted>"),
+            ("https://user:a/b@host/x", "https://<redacted>"),
+            ("hf://org/name@main", "hf://org/name@main"),
         ] {
             assert_eq!(redacted(text), shown, "{text}");
         }
+        let message = "Error performing HEAD http://user:SECRET@127.0.0.1:9/bkt/x in 2ms \
+             (\"https://h/y?sig=SECRET\"), see s3://bkt/k.";
+        let shown = redacted_text(message);
+        assert_eq!(
+            shown,
+            "Error performing HEAD http://<redacted>@127.0.0.1:9/bkt/x in 2ms \
+             (\"https://h/y?<redacted>\"), see s3://bkt/k."
+        );
+        assert_eq!(redacted_text("no url here: a://"), "no url here: a://");
     }
 
     #[test]

@@ -672,7 +672,10 @@ stg_status stg_load_new(const struct stg_config *config, const char *path, struc
    it had staged is freed with the load). The thread that called `stg_load_next` must not use
    the handle after that status. Nothing leaks, whichever of the two calls finishes first; a
    free that comes after `stg_load_next` returned is an ordinary free, of which that thread
-   must learn by the caller's own means.
+   must learn by the caller's own means. The destination callback is not called again once
+   `stg_load_free` has begun, but one call already in progress on the other thread may still
+   be running when it returns: keep the callback's `user_data` valid until that thread's
+   `stg_load_next` has returned.
 
  # Safety
  `load` must be NULL or a pointer from `stg_load_new` not yet freed.

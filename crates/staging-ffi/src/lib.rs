@@ -518,6 +518,11 @@ unsafe impl RawDestination for CallbackDestination {
         tensor: &TensorMeta,
         _space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError> {
+        // A load being freed calls its callback no more: the caller may free `user_data` once
+        // `stg_load_free` returns (a call already in progress then is the one exception).
+        if let Some(reason) = self.steps.stop_reason() {
+            return Err(reason.into());
+        }
         let (name, dtype, file) = (
             c_string(&tensor.name),
             c_string(&tensor.dtype_name()),
@@ -1293,7 +1298,10 @@ pub unsafe extern "C" fn stg_load_new(
 ///   it had staged is freed with the load). The thread that called `stg_load_next` must not use
 ///   the handle after that status. Nothing leaks, whichever of the two calls finishes first; a
 ///   free that comes after `stg_load_next` returned is an ordinary free, of which that thread
-///   must learn by the caller's own means.
+///   must learn by the caller's own means. The destination callback is not called again once
+///   `stg_load_free` has begun, but one call already in progress on the other thread may still
+///   be running when it returns: keep the callback's `user_data` valid until that thread's
+///   `stg_load_next` has returned.
 ///
 /// # Safety
 /// `load` must be NULL or a pointer from `stg_load_new` not yet freed.

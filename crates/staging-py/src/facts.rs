@@ -67,6 +67,14 @@ pub(crate) fn url_store(path: PathBuf) -> Option<&'static str> {
     })
 }
 
+/// `_redacted(text)`: `text` with every URL in it shown as the library shows one, without a
+/// login or a query (for a message Python writes itself).
+#[pyfunction]
+#[pyo3(name = "_redacted")]
+pub(crate) fn redacted(text: &str) -> String {
+    backend_remote::redacted_text(text)
+}
+
 /// `_device(device)`: the device the library reads from a spelling (`"cuda:1"`, `1`, a
 /// `torch.device`, ...), as `(canonical spelling, GPU ordinal or None)`: `("cuda:1", 1)`,
 /// `("hip:0", 0)`, `("cpu", None)`, `("auto", None)`. A spelling it does not take is the
@@ -177,6 +185,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(select, module)?)?;
     module.add_function(wrap_pyfunction!(is_url, module)?)?;
     module.add_function(wrap_pyfunction!(url_store, module)?)?;
+    module.add_function(wrap_pyfunction!(redacted, module)?)?;
     module.add_function(wrap_pyfunction!(device, module)?)?;
     module.add("_DTYPES", dtypes(module.py())?)
 }

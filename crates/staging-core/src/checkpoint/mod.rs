@@ -146,7 +146,7 @@ impl Checkpoint {
 
     fn open_dir(store: &dyn Store, dir: &Path) -> Result<Self> {
         let entry = |name: &str| {
-            store.join(dir, name).map_err(|why| {
+            store.entry(dir, name).map_err(|why| {
                 Error::io(
                     dir,
                     std::io::Error::new(

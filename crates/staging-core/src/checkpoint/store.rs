@@ -52,6 +52,14 @@ pub trait Store: Send + Sync {
     fn join(&self, dir: &Path, name: &str) -> std::result::Result<PathBuf, String> {
         Ok(dir.join(checked_relative(name)?))
     }
+
+    /// The path of `name`, an entry of the directory `dir` as this store names it (from
+    /// [`list`](Self::list), or a well-known name such as `model.safetensors`): not an index's
+    /// word, so not held to [`join`](Self::join)'s rules, but joined so that it names that entry
+    /// and nothing else (a URL store encodes it as its path needs).
+    fn entry(&self, dir: &Path, name: &str) -> std::result::Result<PathBuf, String> {
+        Ok(dir.join(name))
+    }
 }
 
 /// Checks that `name` is a plain relative path and returns it: `/`-separated components, each a

@@ -55,7 +55,8 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
         raise ValueError(f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}")
     if is_url(weights) and _native._url_store(weights) is None:
         raise ValueError(
-            f"model_loader_extra_config 'weights' {weights!r} is a URL of a scheme this library does not read")
+            f"model_loader_extra_config 'weights' {_native._redacted(weights)!r} is a URL of a scheme this "
+            "library does not read")
     share_reads = extra.get("share_reads", False)
     if not isinstance(share_reads, bool):
         raise ValueError(f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}")

@@ -119,6 +119,8 @@ def _is_url(path: Union[str, PathLike]) -> bool: ...
 def _url_store(path: Union[str, PathLike]) -> Optional[str]:
     """"s3", "gcs", "azure" or "http": the store the remote backend reads the URL from; None
     for a path, or a URL of a scheme it does not read."""
+def _redacted(text: str) -> str:
+    """`text` with every URL in it without its login or query, as the library shows URLs."""
 def _device(device: Any) -> Tuple[str, Optional[int]]:
     """(canonical spelling, GPU ordinal or None) of a device spelling, as a load reads it."""
 
