@@ -10,8 +10,10 @@
 //! none of them runs (Jupyter interrupting another cell, whose `KeyboardInterrupt` is caught
 //! there): so the SIGINTs are counted from the start of each call that can wait on the network
 //! ([`Calls::enter`]: `stage`, `open`, each `next()` of a load, each read of a handle), not from
-//! when the handle was made. Calls of one handle that overlap (reads on several threads) count
-//! from the start of the first of them.
+//! when the handle was made. Calls of one handle that overlap (reads on several threads, a read
+//! ahead) share the handle's reads: a SIGINT that arrived during one of them interrupts them
+//! while that call runs, and no longer once every call that began before it has ended (a
+//! chain of overlapping calls does not carry an old Ctrl-C forward).
 //!
 //! Closing a handle interrupts its reads too ([`Calls::close`]): a read waiting on a server that
 //! stopped answering, on another thread, ends then rather than at the request timeout.
@@ -71,10 +73,8 @@ pub(crate) struct Calls {
 
 #[derive(Default)]
 struct Running {
-    /// Calls of the handle running now.
-    count: usize,
-    /// The SIGINTs counted when the first of them began.
-    sigints_before: u64,
+    /// For each call of the handle running now, the SIGINTs counted when it began.
+    began_at: Vec<u64>,
 }
 
 impl Calls {
@@ -105,27 +105,32 @@ impl Calls {
     /// Marks a call of the handle as running until the guard is dropped: SIGINTs from now on
     /// interrupt its reads.
     pub(crate) fn enter(&self) -> Entered<'_> {
-        let mut running = locked(&self.running);
-        if running.count == 0 {
-            running.sigints_before = SIGINTS.load(Ordering::Relaxed);
+        let began_at = SIGINTS.load(Ordering::Relaxed);
+        locked(&self.running).began_at.push(began_at);
+        Entered {
+            calls: self,
+            began_at,
         }
-        running.count += 1;
-        Entered(self)
     }
 
-    /// Whether a SIGINT arrived while calls of the handle ran, since the first of them began.
+    /// Whether a SIGINT arrived during a call of the handle that is still running.
     fn ctrl_c_during_a_call(&self) -> bool {
-        let running = locked(&self.running);
-        running.count > 0 && SIGINTS.load(Ordering::Relaxed) != running.sigints_before
+        let now = SIGINTS.load(Ordering::Relaxed);
+        locked(&self.running).began_at.iter().any(|&at| at != now)
     }
 }
 
 /// A call of a handle, running until dropped ([`Calls::enter`]).
-pub(crate) struct Entered<'a>(&'a Calls);
+pub(crate) struct Entered<'a> {
+    calls: &'a Calls,
+    began_at: u64,
+}
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        let mut running = locked(&self.0.running);
-        running.count = running.count.saturating_sub(1);
+        let mut running = locked(&self.calls.running);
+        if let Some(at) = running.began_at.iter().position(|&b| b == self.began_at) {
+            running.began_at.swap_remove(at);
+        }
     }
 }

@@ -404,6 +404,99 @@ def test_closing_a_url_handle_ends_a_read_stalled_on_another_thread(tmp_path: Pa
     assert result["closed"] is True
 
 
+# --- Items 4 and 6 for `safe_open`'s read ahead ----------------------------------------------
+
+# `get_tensor("a")` of a URL handle reads "b" ahead on a thread of the handle; the first GET of
+# "b"'s bytes is never answered (`b_asked` is set when it arrives), later ones are. Two GETs in
+# flight (`concurrency=2`): with one, the read of "a" could wait behind the stalled GET of "b".
+READ_AHEAD = SERVER + textwrap.dedent(
+    r"""
+    import safetensors_staging as st
+
+    size = int.from_bytes(data[:8], "little")
+    b_start = 8 + size + json.loads(data[8:8 + size])["b"]["data_offsets"][0]
+    b_asked = threading.Event()
+    b_gets = []
+    answer = Handler.do_GET
+
+    def do_GET(self):
+        if int(self.headers["Range"].split("=")[1].split("-")[0]) == b_start:
+            b_gets.append(time.monotonic())
+            if len(b_gets) == 1:
+                b_asked.set()
+                done.wait(600)
+                return
+        answer(self)
+
+    Handler.do_GET = do_GET
+
+    def close_during_read_ahead(result):
+        f = st.safe_open(url, "np", concurrency=2, threads=1)
+        result["a"] = f.get_tensor("a").tobytes().hex()
+        result["b_asked"] = b_asked.wait(10)
+        started = time.monotonic()
+        f.close()
+        result["close_s"] = time.monotonic() - started
+
+    def ctrl_c_during_read_ahead():
+        # On the main thread, where Python raises KeyboardInterrupt; a watchdog ends the child
+        # if a read waits on the server instead.
+        result = {}
+        threading.Timer(30, lambda: finish(dict(result, hung=True))).start()
+        f = st.safe_open(url, "np", concurrency=2, threads=1)
+        result["a"] = f.get_tensor("a").tobytes().hex()
+        result["b_asked"] = b_asked.wait(10)
+        # Only the read ahead of "b" runs: a Ctrl-C now, with Python's own handler, caught by
+        # other code (as Jupyter's interrupted cell catches it).
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            time.sleep(20)
+            result["elsewhere"] = "not interrupted"
+        except KeyboardInterrupt:
+            result["elsewhere"] = "KeyboardInterrupt"
+        try:
+            result["b"] = {"hex": f.get_tensor("b").tobytes().hex()}
+        except BaseException as e:  # KeyboardInterrupt included
+            result["b"] = {"raised": [type(e).__name__, str(e)]}
+        result["b_gets"] = len(b_gets)
+        f.close()
+        finish(result)
+
+    if sys.argv[2] == "close":
+        give_up_after(15, close_during_read_ahead)
+    else:
+        ctrl_c_during_read_ahead()
+    """
+)
+
+
+def test_closing_a_url_handle_ends_its_stalled_read_ahead(tmp_path: Path) -> None:
+    """`safe_open` of a URL: `get_tensor("a")` reads "b" ahead, and the server never answers
+    that read; `close()` then returns within about a second (it interrupts the read ahead
+    before waiting for it), not at the request timeout (300 s)."""
+    expected = checkpoint(tmp_path)
+    result = run_child(READ_AHEAD, str(tmp_path / "model.safetensors"), "close")
+    assert not result.get("hung"), f"close() waited for the stalled read ahead: {result}"
+    assert result["a"] == expected["a"], result
+    assert result["b_asked"], f"\"b\" was not read ahead: {result}"
+    assert result["close_s"] < 1.5, result
+
+
+def test_a_read_ahead_ended_by_a_ctrl_c_elsewhere_is_read_again(tmp_path: Path) -> None:
+    """A Ctrl-C caught by other code while only the read ahead of "b" ran (its GET not answered)
+    ends that read ahead; `get_tensor("b")` then reads "b" itself and returns its bytes, rather
+    than raising the read ahead's error."""
+    expected = checkpoint(tmp_path)
+    result = run_child(READ_AHEAD, str(tmp_path / "model.safetensors"), "ctrl_c")
+    assert not result.get("hung"), f"a read waited on the stalled GET: {result}"
+    assert result["a"] == expected["a"], result
+    assert result["b_asked"], f"\"b\" was not read ahead: {result}"
+    assert result["elsewhere"] == "KeyboardInterrupt", result
+    assert result["b"] == {"hex": expected["b"]}, result
+    # The read ahead's GET (never answered) and get_tensor's own.
+    assert result["b_gets"] == 2, result
+
+
 # --- Item 8: a bool destination takes only a BOOL tensor ----------------------------------------
 
 
