@@ -542,6 +542,8 @@ fn a_closed_stdout_ends_stage_quietly() {
     }
 }
 
+/// URLs need the `remote` feature (CI's AddressSanitizer run builds without it).
+#[cfg(feature = "remote")]
 #[test]
 fn no_secret_in_any_output_of_stage() {
     // A login in the URL and secret store options: in the JSON report, the human output, an

@@ -3,6 +3,7 @@
 //! configuration's error text), and secret store options print as `<redacted>` in
 //! `stg_config_describe`. Against the loopback range server, which logs every request.
 
+#![cfg(feature = "remote")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
 use std::ffi::{CStr, CString, c_char};
