@@ -8,6 +8,7 @@ import json
 import os
 import struct
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -206,3 +207,63 @@ def malformed_root(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Dict
 def malformed(malformed_root: Tuple[Path, Dict[str, List[Path]]]) -> Dict[str, List[Path]]:
     """Case -> the paths to load, of `malformed_root`."""
     return malformed_root[1]
+
+
+# A child's prelude (for tests run in a child Python): a loopback HTTP server of one file (argv[1]) with ranged GETs, answered
+# after `delay[0]` seconds, or never while `stall` is set (the connection stays open: only a
+# timeout would end such a request); `url` is the file's; `finish(result)` prints the result
+# and exits, `give_up_after(seconds, scenario)` runs a scenario with a time limit.
+STALLING_SERVER = textwrap.dedent(
+    r"""
+    import json, os, signal, sys, threading, time
+    from email.utils import formatdate
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    data = open(sys.argv[1], "rb").read()
+    delay = [0.0]
+    stall = threading.Event()
+    done = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+        def head(self, status, length, extra=()):
+            self.send_response(status)
+            self.send_header("Content-Length", str(length))
+            self.send_header("Last-Modified", formatdate(1767225600, usegmt=True))
+            for k, v in extra:
+                self.send_header(k, v)
+            self.end_headers()
+        def do_HEAD(self):
+            self.head(200, len(data))
+        def do_GET(self):
+            if stall.is_set():
+                done.wait(600)
+                return
+            time.sleep(delay[0])
+            a, b = self.headers["Range"].split("=")[1].split("-")
+            a, b = int(a), int(b)
+            self.head(206, b - a + 1, [("Content-Range", f"bytes {a}-{b}/{len(data)}")])
+            self.wfile.write(data[a:b + 1])
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/model.safetensors"
+
+    def finish(result):
+        # `os._exit`: a thread stuck in the code under test must not keep the child alive.
+        done.set()
+        print(json.dumps(result), flush=True)
+        os._exit(0)
+
+    def give_up_after(seconds, scenario):
+        # The scenario on a thread of its own; if it has not ended after `seconds`, it hung.
+        result = {}
+        thread = threading.Thread(target=scenario, args=(result,), daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            result["hung"] = True
+        finish(result)
+    """
+)

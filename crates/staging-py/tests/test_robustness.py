@@ -20,7 +20,7 @@ import torch
 
 import safetensors_staging as st
 from safetensors_staging import _native
-from conftest import write_safetensors
+from conftest import STALLING_SERVER, write_safetensors
 
 ZERO = {"device": 0, "host": 0, "caller": 0}
 
@@ -216,43 +216,10 @@ def test_dlpack_capsules_consumed_or_not_free_their_memory(tmp_path: Path) -> No
     assert it.held() == ZERO
 
 
-STALLED_GET = textwrap.dedent(
+STALLED_GET = STALLING_SERVER + textwrap.dedent(
     r"""
-    import json, os, signal, sys, threading, time
-    from email.utils import formatdate
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import safetensors_staging as st
 
-    data = open(sys.argv[1], "rb").read()
-    stall = threading.Event()
-    done = threading.Event()
-
-    class Handler(BaseHTTPRequestHandler):
-        # A server of one object with ranged GETs, that stops answering GETs once `stall` is set
-        # (the connection stays open: only a timeout would end such a request).
-        def log_message(self, *args):
-            pass
-        def head(self, status, length, extra=()):
-            self.send_response(status)
-            self.send_header("Content-Length", str(length))
-            self.send_header("Last-Modified", formatdate(1767225600, usegmt=True))
-            for k, v in extra:
-                self.send_header(k, v)
-            self.end_headers()
-        def do_HEAD(self):
-            self.head(200, len(data))
-        def do_GET(self):
-            if stall.is_set():
-                done.wait(600)
-                return
-            a, b = self.headers["Range"].split("=")[1].split("-")
-            a, b = int(a), int(b)
-            self.head(206, b - a + 1, [("Content-Range", f"bytes {a}-{b}/{len(data)}")])
-            self.wfile.write(data[a:b + 1])
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/model.safetensors"
     it = st.stage(url, concurrency=1, threads=1, backend="host")
     first = next(it)
     stall.set()
