@@ -82,7 +82,7 @@ impl std::fmt::Debug for Inner {
 /// opened through and the source of its [`RemoteReader`]. Cloning shares it.
 #[derive(Debug, Clone)]
 pub struct Remote {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// An error about `path` (a URL, shown without its login or query), for the core's error type.

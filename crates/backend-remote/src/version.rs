@@ -213,3 +213,255 @@ impl Inner {
             .max()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::{Options, Remote};
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(seconds, 0).single().unwrap_or_default()
+    }
+
+    /// What a response (or a `HEAD`) says, as object_store gives it: no `Last-Modified` is
+    /// the epoch.
+    fn meta(size: u64, e_tag: Option<&str>, last_modified: Option<i64>) -> ObjectMeta {
+        ObjectMeta {
+            location: "model.safetensors".into(),
+            last_modified: last_modified.map_or(DateTime::<Utc>::UNIX_EPOCH, at),
+            size,
+            e_tag: e_tag.map(str::to_owned),
+            version: None,
+        }
+    }
+
+    fn version(size: u64, e_tag: Option<&str>, last_modified: Option<i64>) -> Version {
+        Version::of(&meta(size, e_tag, last_modified))
+    }
+
+    #[test]
+    fn the_strongest_validator_a_server_gives_is_the_one_used() {
+        let cases = [
+            (Some("\"a\""), Some(1_700_000_000), Validator::Etag, "etag"),
+            (Some("\"a\""), None, Validator::Etag, "etag"),
+            (
+                Some("W/\"a\""),
+                Some(1_700_000_000),
+                Validator::WeakEtagLastModified,
+                "weak-etag+last-modified",
+            ),
+            (
+                None,
+                Some(1_700_000_000),
+                Validator::LastModified,
+                "last-modified",
+            ),
+            (
+                Some("W/\"a\""),
+                None,
+                Validator::WeakEtagSize,
+                "weak-etag+size",
+            ),
+            (None, None, Validator::Size, "size"),
+        ];
+        for (e_tag, modified, validator, name) in cases {
+            let v = version(10, e_tag, modified);
+            assert_eq!(v.validator(), validator, "{e_tag:?} {modified:?}");
+            assert_eq!(v.validator().as_str(), name);
+        }
+        // A weak tag is never a condition (`If-Match` would always fail), only compared.
+        let weak = version(10, Some("W/\"a\""), None);
+        assert_eq!(weak.etag, None);
+        assert_eq!(weak.weak_etag.as_deref(), Some("W/\"a\""));
+        // The epoch is object_store's word for "no Last-Modified".
+        assert_eq!(version(10, None, Some(0)).last_modified, None);
+        assert_eq!(version(10, None, Some(1)).last_modified, Some(at(1)));
+        // Weakest last: a load reports the weakest of its objects' validators.
+        assert!(Validator::Etag < Validator::WeakEtagLastModified);
+        assert!(Validator::WeakEtagLastModified < Validator::LastModified);
+        assert!(Validator::LastModified < Validator::WeakEtagSize);
+        assert!(Validator::WeakEtagSize < Validator::Size);
+    }
+
+    #[test]
+    fn a_strong_etag_tells_every_change_by_itself() {
+        let was = version(10, Some("\"a\""), Some(100));
+        assert_eq!(was.differs(&version(10, Some("\"a\""), Some(100))), None);
+        // The ETag names the bytes: a new date on the same tag is the same version.
+        assert_eq!(was.differs(&version(10, Some("\"a\""), Some(200))), None);
+        assert_eq!(
+            was.differs(&version(10, Some("\"b\""), Some(100)))
+                .as_deref(),
+            Some("it is now ETag \"b\"")
+        );
+        for modified in [Some(100), None] {
+            assert_eq!(
+                was.differs(&version(10, None, modified)).as_deref(),
+                Some("a response carried no ETag"),
+                "{modified:?}"
+            );
+        }
+        // Turning weak is losing the strong tag.
+        assert_eq!(
+            was.differs(&version(10, Some("W/\"a\""), Some(100)))
+                .as_deref(),
+            Some("a response carried no ETag")
+        );
+        assert_eq!(
+            was.differs(&version(11, Some("\"a\""), Some(100)))
+                .as_deref(),
+            Some("it is now 11 bytes")
+        );
+    }
+
+    #[test]
+    fn a_weak_etag_with_last_modified_is_compared_by_both() {
+        let was = version(10, Some("W/\"a\""), Some(100));
+        assert_eq!(was.differs(&version(10, Some("W/\"a\""), Some(100))), None);
+        assert_eq!(
+            was.differs(&version(10, Some("W/\"b\""), Some(100)))
+                .as_deref(),
+            Some("it is now ETag W/\"b\"")
+        );
+        let later = was.differs(&version(10, Some("W/\"a\""), Some(200)));
+        assert_eq!(
+            later,
+            Some(format!("it is now Last-Modified {}", at(200).to_rfc2822()))
+        );
+        assert_eq!(
+            was.differs(&version(10, Some("W/\"a\""), None)).as_deref(),
+            Some("a response carried no Last-Modified")
+        );
+        assert_eq!(
+            was.differs(&version(9, Some("W/\"a\""), Some(100)))
+                .as_deref(),
+            Some("it is now 9 bytes")
+        );
+        assert_eq!(
+            was.describe(),
+            format!("Last-Modified {} (its ETag is weak)", at(100).to_rfc2822())
+        );
+    }
+
+    #[test]
+    fn a_weak_etag_without_last_modified_is_compared_with_the_size() {
+        let was = version(10, Some("W/\"a\""), None);
+        assert_eq!(was.differs(&version(10, Some("W/\"a\""), None)), None);
+        // A date appearing says nothing about the bytes: the tag and the size do.
+        assert_eq!(was.differs(&version(10, Some("W/\"a\""), Some(100))), None);
+        assert_eq!(
+            was.differs(&version(10, Some("W/\"b\""), None)).as_deref(),
+            Some("it is now ETag W/\"b\"")
+        );
+        assert_eq!(
+            was.differs(&version(12, Some("W/\"a\""), None)).as_deref(),
+            Some("it is now 12 bytes")
+        );
+        assert_eq!(was.describe(), "10 bytes (its ETag is weak)");
+    }
+
+    #[test]
+    fn a_weak_etag_turning_strong_is_a_change() {
+        for modified in [Some(100), None] {
+            let was = version(10, Some("W/\"a\""), modified);
+            assert_eq!(
+                was.differs(&version(10, Some("\"a\""), modified))
+                    .as_deref(),
+                Some("it is now ETag \"a\""),
+                "{modified:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn last_modified_alone_is_compared_to_the_second() {
+        let was = version(10, None, Some(100));
+        assert_eq!(was.differs(&version(10, None, Some(100))), None);
+        assert!(was.differs(&version(10, None, Some(101))).is_some());
+        assert_eq!(
+            was.differs(&version(10, None, None)).as_deref(),
+            Some("a response carried no Last-Modified")
+        );
+        assert_eq!(
+            was.describe(),
+            format!("Last-Modified {}", at(100).to_rfc2822())
+        );
+    }
+
+    #[test]
+    fn without_any_validator_only_the_size_tells() {
+        let was = version(10, None, None);
+        assert_eq!(was.validator(), Validator::Size);
+        assert_eq!(was.differs(&version(10, None, None)), None);
+        // A replacement of the same size is not seen: what the report's `size` owns up to.
+        assert_eq!(was.differs(&version(10, Some("\"b\""), Some(100))), None);
+        assert_eq!(was.differs(&version(10, Some("W/\"b\""), None)), None);
+        assert_eq!(
+            was.differs(&version(11, None, None)).as_deref(),
+            Some("it is now 11 bytes")
+        );
+        assert_eq!(was.describe(), "10 bytes");
+    }
+
+    #[test]
+    fn the_identity_follows_the_etag_size_and_date() {
+        let a = version(10, Some("\"a\""), Some(100)).identity();
+        assert_eq!(a, version(10, Some("\"a\""), Some(100)).identity());
+        assert_ne!(a.ino, version(10, Some("\"b\""), Some(100)).identity().ino);
+        assert_ne!(a, version(10, Some("\"a\""), Some(101)).identity());
+        assert_eq!((a.dev, a.size, a.mtime, a.mtime_nsec), (0, 10, 100, 0));
+        // A weak tag stands in for the strong one.
+        let weak = version(10, Some("W/\"a\""), None).identity();
+        assert_ne!(weak.ino, version(10, Some("W/\"b\""), None).identity().ino);
+        assert_eq!(weak.mtime, 0);
+    }
+
+    #[test]
+    fn each_version_keeps_what_was_noted_of_it() -> Result<(), staging_core::Error> {
+        // Nothing is requested: the versions are recorded by hand.
+        let remote = Remote::open(Path::new("http://127.0.0.1:9/"), &Options::default())?;
+        let inner = &remote.inner;
+        let url = "http://127.0.0.1:9/model.safetensors";
+        let old = version(10, Some("\"a\""), None);
+        let new = version(10, Some("\"b\""), None);
+        assert_eq!(inner.validator(), None);
+
+        inner.record(url, &old);
+        let object = Object {
+            key: "model.safetensors".into(),
+            url: url.to_owned(),
+            version: old.clone(),
+        };
+        let error = inner.changed(&object, "it is now ETag \"b\"");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        assert!(
+            error.to_string().contains("it was read at ETag \"a\""),
+            "{error}"
+        );
+        inner.record(url, &new);
+        assert_eq!(inner.recorded(url), Some(new.clone()));
+        let noted = |v: &Version| {
+            inner.versions()[url]
+                .iter()
+                .find(|t| t.version == *v)
+                .map(|t| t.changed.clone())
+        };
+        // What a response showed of the old version is not held against the new one ...
+        assert_eq!(noted(&new), Some(None));
+        // ... and the old one, seen again, is the latest once more with its note kept.
+        inner.record(url, &old);
+        assert_eq!(inner.recorded(url), Some(old.clone()));
+        assert_eq!(noted(&old), Some(Some("it is now ETag \"b\"".to_owned())));
+        assert_eq!(inner.versions()[url].len(), 2);
+
+        // The weakest validator of all the objects is the one reported.
+        assert_eq!(inner.validator(), Some(Validator::Etag));
+        inner.record("http://127.0.0.1:9/b.safetensors", &version(5, None, None));
+        assert_eq!(inner.validator(), Some(Validator::Size));
+        Ok(())
+    }
+}
