@@ -45,7 +45,7 @@ pub struct DeviceError {
 
 impl DeviceError {
     /// Checks that `len` bytes at `offset` lie inside a buffer of `buffer_len` bytes, the
-    /// bounds check every [`DeviceAllocator::copy_to_host`] makes first.
+    /// bounds check every [`DeviceAllocator::copy_to_host`](crate::DeviceAllocator::copy_to_host) makes first.
     pub fn check_bounds(
         operation: &str,
         buffer_len: usize,
@@ -98,7 +98,7 @@ pub enum ReadError {
     },
 }
 
-/// What a [`Destination`] may fail with: the caller's own error.
+/// What a [`Destination`](crate::Destination) may fail with: the caller's own error.
 pub type DestinationError = Box<dyn StdError + Send + Sync>;
 
 /// A result with [`Error`].

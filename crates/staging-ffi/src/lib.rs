@@ -14,6 +14,8 @@
 //! `boundary` (panic guard, freeing handles, C strings), `config`, `plan`, `load` (with the
 //! state machine of freeing a load that is stepping), `destination` (the callback), `tensor`.
 
+// Feature-gated items are labelled with their feature on docs built with `--cfg docsrs` (CI).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![allow(non_camel_case_types)] // C names, as the header shows them
 #![allow(missing_debug_implementations)] // opaque handles, seen from C only
 

@@ -35,7 +35,9 @@ pub struct Piece {
     pub owner: usize,
 }
 
-/// Which rank reads which piece of every tensor ([module docs](self)).
+/// Which rank reads which piece of every tensor: the tensors laid end to end are cut into
+/// `n` equal byte ranges, rank `r` owns range `r`, and a tensor straddling a cut is split at
+/// the nearest row of its first dimension.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     ranks: usize,

@@ -46,7 +46,8 @@ pub trait Store: Send + Sync {
     /// The path of `name` (`/`-separated, as an index writes its shard names) inside the
     /// directory `dir`, joined by this store's own rules, one component at a time: what comes
     /// back names an entry under `dir` and nothing else, or `Err` says why `name` cannot be
-    /// one. By default a plain relative path ([`checked_relative`]) joined onto `dir` as the
+    /// one. By default a plain relative path
+    /// (no root, empty, `.` or `..` component, backslash or control character) joined onto `dir` as the
     /// local file system does; a store whose paths are parsed again later (a URL) refuses what
     /// its parser would turn into something else, and checks the parsed result.
     fn join(&self, dir: &Path, name: &str) -> std::result::Result<PathBuf, String> {
@@ -73,7 +74,8 @@ pub(crate) fn checked_relative(name: &str) -> std::result::Result<PathBuf, Strin
     Ok(out)
 }
 
-/// The components of `name` when it is a plain relative path (see [`checked_relative`]).
+/// The components of `name` when it is a plain relative path: refused when empty or absolute,
+/// or with an empty, `.` or `..` component, a backslash or a control character.
 pub fn checked_components(name: &str) -> std::result::Result<Vec<&str>, String> {
     if name.is_empty() {
         return Err("is empty".into());
