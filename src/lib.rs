@@ -31,8 +31,8 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use loader::{Load, Loader, Prepared};
 pub use options::{
-    BackendKind, CufileMode, HipfileMode, LoadOptions, ValueKind, escape_name, parse_rows,
-    parse_size,
+    BackendKind, CufileMode, HipfileMode, LoadOptions, OptionSpec, ValueKind, escape_name,
+    parse_rows, parse_size,
 };
 pub use space::KnownSpace;
 pub use tensor::{BackendMemory, DeviceMemory, Tensor};

@@ -27,12 +27,16 @@ use staging_core::{
     DeviceError, DeviceRegion, FileIdentity, HostMemory, IoMode, MemorySpace, ReadError, Reader,
 };
 
+pub use modes::{CufileMode, HipfileMode};
+
 pub mod codes;
 pub mod dl;
+pub mod modes;
 #[cfg(feature = "test-stubs")]
 pub mod stubs;
 
-/// The mode asked for.
+/// The mode asked for, whichever library reads: what [`CufileMode`] and [`HipfileMode`] (the
+/// names callers spell) turn into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RequestedMode {
     /// The library's fast path when available, else its own fallback, else POSIX; per file,

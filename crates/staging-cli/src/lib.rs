@@ -1,10 +1,11 @@
 //! What the `stage` command and the `stage-bench` benchmark share: the load options' flags,
-//! generated from the library's one table of keys ([`LoadOptions::KEYS`]) so that every key is
-//! a flag (`chunk_size` is `--chunk-size`) and every flag's value goes through the library's
-//! one parser ([`LoadOptions::set`]); and the size grammar of every `SIZE` flag.
+//! generated from the library's one table of keys ([`LoadOptions::specs`]) so that every key is
+//! a flag (`chunk_size` is `--chunk-size`, its aliases visible aliases: `--device-memory`), its
+//! help, default and choices the table's, and every flag's value goes through the library's one
+//! parser ([`LoadOptions::set`]); and the size grammar of every `SIZE` flag.
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use safetensors_staging::{LoadOptions, ValueKind};
+use safetensors_staging::{LoadOptions, OptionSpec, ValueKind};
 
 pub use safetensors_staging::{parse_rows, parse_size};
 
@@ -13,37 +14,34 @@ pub fn flag_of(key: &str) -> String {
     key.replace('_', "-")
 }
 
+/// A key's line of help in `stage --help`: the table's help, then its choices and default.
+pub fn help_of(spec: &OptionSpec) -> String {
+    let mut help = spec.help().to_owned();
+    if !spec.choices().is_empty() {
+        help.push_str(&format!(" [values: {}]", spec.choices().join(", ")));
+    }
+    help.push_str(&format!(" [default: {}]", spec.default()));
+    help
+}
+
 /// `command` with one flag per load option: `--KEY VALUE` (`--direct-io` alone means true;
-/// `select`, `rows` and `store-option` repeat). `--device-memory` stays an alias of
-/// `--memory-cap`.
+/// the repeatable keys, `select`, `rows`, `store-option` and `allow-redirect`, repeat), each
+/// alias of the table a visible alias.
 pub fn with_load_options(command: Command) -> Command {
-    let args = LoadOptions::KEYS.iter().map(|&(key, kind, help)| {
-        let arg = Arg::new(key)
-            .long(flag_of(key))
-            .help(help)
+    let args = LoadOptions::specs().iter().map(|spec| {
+        let arg = Arg::new(spec.name())
+            .long(spec.flag())
+            .visible_aliases(spec.flag_aliases())
+            .help(help_of(spec))
+            .value_name(spec.value_name())
             .help_heading("Load options");
-        let arg = match key {
-            "memory_cap" => arg.visible_alias("device-memory"),
-            _ => arg,
-        };
-        match kind {
+        match spec.kind() {
             ValueKind::Bool => arg
                 .num_args(0..=1)
                 .default_missing_value("true")
-                .value_name("BOOL")
                 .action(ArgAction::Set),
-            ValueKind::Repeated => arg
-                .value_name(match key {
-                    "rows" => "GLOB=SPEC",
-                    "store_option" => "KEY=VALUE",
-                    "allow_redirect" => "HOST",
-                    _ => "GLOB",
-                })
-                .action(ArgAction::Append),
-            ValueKind::Size => arg.value_name("SIZE").action(ArgAction::Set),
-            ValueKind::Count => arg.value_name("N").action(ArgAction::Set),
-            ValueKind::Path => arg.value_name("PATH").action(ArgAction::Set),
-            _ => arg.value_name(key.to_uppercase()).action(ArgAction::Set),
+            ValueKind::Repeated => arg.action(ArgAction::Append),
+            _ => arg.action(ArgAction::Set),
         }
     });
     command.args(args)
@@ -53,7 +51,8 @@ pub fn with_load_options(command: Command) -> Command {
 /// [`LoadOptions::set`] (repeated flags in the order given).
 pub fn load_options(matches: &ArgMatches) -> Result<LoadOptions, safetensors_staging::Error> {
     let mut options = LoadOptions::new();
-    for &(key, ..) in LoadOptions::KEYS {
+    for spec in LoadOptions::specs() {
+        let key = spec.name();
         // `try_get_many`: an id this command never defined (a caller's own) is simply absent.
         if let Ok(Some(values)) = matches.try_get_many::<String>(key) {
             for value in values {
@@ -83,7 +82,8 @@ mod tests {
 
     #[test]
     fn every_key_is_a_flag() {
-        for &(key, kind, _) in LoadOptions::KEYS {
+        for spec in LoadOptions::specs() {
+            let (key, kind) = (spec.name(), spec.kind());
             let flag = format!("--{}", flag_of(key));
             let value = match (kind, key) {
                 (_, "backend") => "host",

@@ -5,7 +5,7 @@
 //! stage [PATH ...] [--synthetic-size SIZE] [--keep-synthetic DIR] [--json] [--checksums]
 //!       [--print-options] [LOAD OPTIONS]
 //!
-//! LOAD OPTIONS, one flag per key of the library's `LoadOptions::KEYS`:
+//! LOAD OPTIONS, one flag per key of the library's `LoadOptions::specs()`:
 //!       [--backend auto|host|cufile|hipfile|mock] [--device auto|cpu|cuda|cuda:N|N|hip:N]
 //!       [--memory-cap SIZE] (alias --device-memory) [--select GLOB]...
 //!       [--rows GLOB=START:END|GLOB=RANK/PARTS]...

@@ -43,6 +43,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
     module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;
     module.add_function(wrap_pyfunction!(options::options, module)?)?;
+    module.add_function(wrap_pyfunction!(options::option_table, module)?)?;
     facts::register(module)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

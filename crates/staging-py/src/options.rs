@@ -1,5 +1,6 @@
-//! Python keywords as the library's [`LoadOptions`]: each keyword is a key of
-//! `LoadOptions::KEYS` (or `store_options`, a mapping of `store_option`s), and each value is
+//! Python keywords as the library's [`LoadOptions`]: each keyword is the Python keyword of a key
+//! of the library's table, `LoadOptions::specs()` (the key itself, or `store_options`, a mapping
+//! of `store_option`s), or one of its aliases (`device_memory`), and each value is
 //! spelled as text and handed to the library's one parser, [`LoadOptions::set`], as the `stage`
 //! command's flags and C's `stg_config_set` are. Only what cannot be text stays here: `select`
 //! and `rows` given as functions, which are called once per tensor of the checkpoint and become
@@ -7,8 +8,8 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
-use safetensors_staging::{Checkpoint, LoadOptions, escape_name};
+use pyo3::types::{PyDict, PyList, PyString};
+use safetensors_staging::{Checkpoint, LoadOptions, OptionSpec, escape_name};
 
 use crate::errors;
 use crate::info::TensorInfo;
@@ -84,7 +85,13 @@ impl<'py> Keywords<'py> {
         self.options.set(key, value).map_err(errors::to_py)
     }
 
-    fn set(&mut self, key: &str, value: &Bound<'py, PyAny>) -> PyResult<()> {
+    fn set(&mut self, keyword: &str, value: &Bound<'py, PyAny>) -> PyResult<()> {
+        let Some(spec) = spec_of_keyword(keyword) else {
+            return Err(PyTypeError::new_err(format!(
+                "unexpected keyword argument '{keyword}'"
+            )));
+        };
+        let key = spec.name();
         match key {
             "select" if value.is_callable() => self.select_fn = Some(value.clone()),
             "select" if value.is_instance_of::<PyString>() => {
@@ -114,7 +121,7 @@ impl<'py> Keywords<'py> {
                     self.set_text("rows", &rule)?;
                 }
             }
-            "store_options" => {
+            "store_option" => {
                 let mapping = value.cast::<PyDict>().map_err(|_| {
                     PyTypeError::new_err("store_options: expected a dict of str to str")
                 })?;
@@ -130,14 +137,8 @@ impl<'py> Keywords<'py> {
                     self.set_text("allow_redirect", &spelling(&host?)?)?;
                 }
             }
-            _ if key != "store_option" && LoadOptions::KEYS.iter().any(|(k, ..)| *k == key) => {
-                self.set_text(key, &spelling(value)?)?;
-            }
-            _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "unexpected keyword argument '{key}'"
-                )));
-            }
+            // The keyword as given (the key or an alias): the library's errors name it.
+            _ => self.set_text(keyword, &spelling(value)?)?,
         }
         Ok(())
     }
@@ -172,6 +173,38 @@ impl<'py> Keywords<'py> {
     pub(crate) fn has_functions(&self) -> bool {
         self.select_fn.is_some() || self.rows_fn.is_some()
     }
+}
+
+/// The option a Python keyword spells: its Python keyword (`store_options` for `store_option`)
+/// or one of its aliases.
+fn spec_of_keyword(keyword: &str) -> Option<&'static OptionSpec> {
+    LoadOptions::specs()
+        .iter()
+        .find(|spec| spec.python_keyword() == keyword || spec.aliases().contains(&keyword))
+}
+
+/// `_option_table()`: the library's table of load options, one dict per key (`name`,
+/// `keyword`, `aliases`, `kind`, `value_name`, `choices`, `default`, `default_is_value`,
+/// `help`), in the table's order: what the stubs' `LoadOptions` and the reference page are
+/// checked against.
+#[pyfunction]
+#[pyo3(name = "_option_table")]
+pub(crate) fn option_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let rows = PyList::empty(py);
+    for spec in LoadOptions::specs() {
+        let row = PyDict::new(py);
+        row.set_item("name", spec.name())?;
+        row.set_item("keyword", spec.python_keyword())?;
+        row.set_item("aliases", spec.aliases().to_vec())?;
+        row.set_item("kind", spec.kind().as_str())?;
+        row.set_item("value_name", spec.value_name())?;
+        row.set_item("choices", spec.choices().to_vec())?;
+        row.set_item("default", spec.default())?;
+        row.set_item("default_is_value", spec.default_is_value())?;
+        row.set_item("help", spec.help())?;
+        rows.append(row)?;
+    }
+    Ok(rows)
 }
 
 /// `_options(**keywords)`: the library's options the keywords give, as the library prints them

@@ -150,3 +150,39 @@ def _serialize(
     filename: Optional[str] = None,
 ) -> Optional[bytes]: ...
 def _parse(data: bytes) -> Tuple[int, List[Tuple[str, str, List[int], int, int]], Optional[Dict[str, str]]]: ...
+
+# The load options as keywords: one per key of the library's table (`LoadOptions::specs()`),
+# checked against `_option_table()` by tests/test_option_table.py. An alias of a key
+# (`device_memory` for `memory_cap`) is accepted too; `None` keeps a default.
+from typing import TypedDict
+
+class LoadOptions(TypedDict, total=False):
+    backend: str
+    device: Any  # "auto", "cpu", "cuda:N", an int or a torch.device
+    memory_cap: Union[int, str]
+    chunk_size: Union[int, str]
+    staging_size: Union[int, str]
+    headroom_min: Union[int, str]
+    headroom_divisor: int
+    threads: int
+    staging_slots: int
+    coalesce_below: Union[int, str]
+    suballocate: bool
+    direct_io: bool
+    cufile_mode: str
+    cufile_lib: Union[str, PathLike[str]]
+    hipfile_mode: str
+    hipfile_lib: Union[str, PathLike[str]]
+    hip_lib: Union[str, PathLike[str]]
+    select: Union[str, Iterable[str], Callable[[str], bool]]
+    rows: Union[Mapping[str, Union[Tuple[int, int], str]], Callable[[str, TensorInfo], Any]]
+    concurrency: int
+    range_size: Union[int, str]
+    retries: int
+    bandwidth: Union[int, str]
+    store_options: Mapping[str, str]
+    allow_redirect: Union[str, Iterable[str]]
+
+def _option_table() -> List[Dict[str, Any]]:
+    """The library's table of load options, one dict per key (`name`, `keyword`, `aliases`,
+    `kind`, `value_name`, `choices`, `default`, `default_is_value`, `help`)."""

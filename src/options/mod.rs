@@ -4,6 +4,12 @@
 //! [`LoadOptions::set`], and [`LoadOptions::loader`] turns the result into a [`Loader`]. What
 //! `auto` means, and what "a GPU was asked for" means, is decided in [`crate::backend`] from
 //! [`Device`] and [`BackendKind`], for every door alike.
+//!
+//! - `table`: the one table of keys ([`OptionSpec`]): aliases, kinds, defaults, help, setters;
+//! - `parse`: the spellings of values (sizes, booleans, hosts, row ranges, globs).
+
+mod parse;
+mod table;
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -14,6 +20,11 @@ use crate::backend::{AutoOptions, Backend, HostOptions};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::loader::Loader;
+
+pub use backend_gds::{CufileMode, HipfileMode};
+pub use parse::{escape_name, parse_rows, parse_size};
+use parse::{glob, is_name};
+pub use table::{OptionSpec, ValueKind};
 
 /// Which backend loads the tensors, by name (its options are the other fields of
 /// [`LoadOptions`]).
@@ -35,6 +46,17 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Every backend, in the order the documentation lists them.
+    pub const ALL: &'static [Self] = &[
+        Self::Auto,
+        Self::Host,
+        Self::Cufile,
+        Self::Hipfile,
+        Self::Mock,
+    ];
+    /// Every backend's name, in the order of [`ALL`](Self::ALL).
+    pub const NAMES: &'static [&'static str] = &["auto", "host", "cufile", "hipfile", "mock"];
+
     /// The name, as every door spells it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -51,75 +73,20 @@ impl FromStr for BackendKind {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        Ok(match text.trim() {
-            "auto" => Self::Auto,
-            "host" => Self::Host,
-            "cufile" => Self::Cufile,
-            "hipfile" => Self::Hipfile,
-            "mock" => Self::Mock,
-            _ => return Err("expected auto, host, cufile, hipfile or mock".into()),
-        })
-    }
-}
-
-/// How the cuFile backend reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum CufileMode {
-    /// GDS if nvidia-fs is loaded, else cuFile's compatibility mode, else POSIX.
-    #[default]
-    Auto,
-    /// GPUDirect Storage only.
-    Gds,
-    /// cuFile's compatibility mode.
-    Compat,
-    /// No libcufile: `pread` into pinned buffers, then host-to-device copies.
-    Posix,
-}
-
-impl FromStr for CufileMode {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        Ok(match text.trim() {
-            "auto" => Self::Auto,
-            "gds" => Self::Gds,
-            "compat" => Self::Compat,
-            "posix" => Self::Posix,
-            _ => return Err("expected auto, gds, compat or posix".into()),
-        })
-    }
-}
-
-/// How the hipFile backend reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum HipfileMode {
-    /// hipFile (its fastpath or its own fallback); per file POSIX when a file cannot be
-    /// registered.
-    #[default]
-    Auto,
-    /// hipFile only.
-    Hipfile,
-    /// No libhipfile: `pread` into pinned buffers, then host-to-device copies.
-    Posix,
-}
-
-impl FromStr for HipfileMode {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        Ok(match text.trim() {
-            "auto" => Self::Auto,
-            "hipfile" => Self::Hipfile,
-            "posix" => Self::Posix,
-            _ => return Err("expected auto, hipfile or posix".into()),
-        })
+        let text = text.trim();
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|kind| kind.as_str() == text)
+            .ok_or_else(|| match Self::NAMES {
+                [rest @ .., last] => format!("expected {} or {last}", rest.join(", ")),
+                [] => "no backend".to_owned(),
+            })
     }
 }
 
 /// Every setting of a load, as plain data: what `stage`'s flags, Python's keywords and C's
-/// `stg_config_set` keys all spell, one field per key of [`LoadOptions::KEYS`]. `None` keeps the
+/// `stg_config_set` keys all spell, one field per key of [`LoadOptions::specs`]. `None` keeps the
 /// library's default. Two doors given the same settings produce equal options. `Debug` (what
 /// `stage --print-options`, C's `stg_config_describe` and Python's `_options` print) shows no
 /// secret: a store option that may hold one reads `<redacted>`.
@@ -292,155 +259,20 @@ impl Default for LoadOptions {
     }
 }
 
-/// What a value of a key is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ValueKind {
-    /// A name from a fixed list.
-    Choice,
-    /// A byte size (`4096`, `512MiB`, `2GiB`, `1MB`).
-    Size,
-    /// A whole number.
-    Count,
-    /// `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
-    Bool,
-    /// A file path.
-    Path,
-    /// A repeatable text (each `set` adds one).
-    Repeated,
-}
-
 impl LoadOptions {
-    /// Every key [`set`](Self::set) takes, with what its value is and a line of help. `stage` spells key `k` as
-    /// the flag `--k` (underscores as dashes), Python as the keyword `k` (`store_options` a
-    /// mapping, `select`/`rows` collections), C as `stg_config_set(config, "k", value)`.
-    pub const KEYS: &'static [(&'static str, ValueKind, &'static str)] = &[
-        (
-            "backend",
-            ValueKind::Choice,
-            "Which backend loads the tensors: auto (decided by the device), host, cufile, hipfile, mock (builds with the `mock` feature only)",
-        ),
-        (
-            "device",
-            ValueKind::Choice,
-            "Where the tensors go: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU, or an error), hip or hip:N (hipFile only)",
-        ),
-        (
-            "memory_cap",
-            ValueKind::Size,
-            "Device bytes the load may use, e.g. 512MiB: the host backend's capacity, or a budget replacing a GPU's free-memory figure",
-        ),
-        (
-            "chunk_size",
-            ValueKind::Size,
-            "Largest single read; also the staging buffer's size unless staging_size is set (default 16MiB)",
-        ),
-        (
-            "staging_size",
-            ValueKind::Size,
-            "Size of each device staging buffer of host assembly (default: chunk_size)",
-        ),
-        (
-            "headroom_min",
-            ValueKind::Size,
-            "A tensor gets its own device buffer when free memory leaves max(headroom_min, size / headroom_divisor) (default 256MiB)",
-        ),
-        (
-            "headroom_divisor",
-            ValueKind::Count,
-            "See headroom_min (default 4)",
-        ),
-        (
-            "threads",
-            ValueKind::Count,
-            "I/O threads (default: the machine's cores, at most 8; for a URL at least min(concurrency, 8))",
-        ),
-        (
-            "staging_slots",
-            ValueKind::Count,
-            "Staging buffers host assembly uses at once, so reads overlap copies (default 2)",
-        ),
-        (
-            "coalesce_below",
-            ValueKind::Size,
-            "Back-to-back tensors smaller than this are read together (default 1MiB; 0: each alone)",
-        ),
-        (
-            "suballocate",
-            ValueKind::Bool,
-            "Carve tensors under 1 MiB from shared 32 MiB blocks (default true)",
-        ),
-        (
-            "direct_io",
-            ValueKind::Bool,
-            "Host backend: read with O_DIRECT, past the page cache (default false)",
-        ),
-        (
-            "cufile_mode",
-            ValueKind::Choice,
-            "How cuFile reads: auto, gds, compat, posix",
-        ),
-        (
-            "cufile_lib",
-            ValueKind::Path,
-            "An explicit libcufile path (else $STAGING_CUFILE_LIB, libcufile.so.0, libcufile.so)",
-        ),
-        (
-            "hipfile_mode",
-            ValueKind::Choice,
-            "How hipFile reads: auto, hipfile, posix",
-        ),
-        (
-            "hipfile_lib",
-            ValueKind::Path,
-            "An explicit libhipfile path (else $STAGING_HIPFILE_LIB, libhipfile.so.0, libhipfile.so)",
-        ),
-        (
-            "hip_lib",
-            ValueKind::Path,
-            "An explicit HIP runtime path (else $STAGING_HIP_LIB, libamdhip64.so, .so.7, .so.6)",
-        ),
-        (
-            "select",
-            ValueKind::Repeated,
-            "Load only tensors matching this glob (repeatable: any match loads); a pattern without *?[]{} is a name, which must exist",
-        ),
-        (
-            "rows",
-            ValueKind::Repeated,
-            "Rows of dimension 0 of the tensors matching GLOB: GLOB=START:END, or GLOB=RANK/PARTS for part RANK of PARTS near-equal parts (repeatable; first match wins)",
-        ),
-        (
-            "concurrency",
-            ValueKind::Count,
-            "URLs: ranged GETs in flight at once (default 16)",
-        ),
-        (
-            "range_size",
-            ValueKind::Size,
-            "URLs: bytes per ranged GET (default 8MiB)",
-        ),
-        (
-            "retries",
-            ValueKind::Count,
-            "URLs: retries of a transiently failed request (default 5)",
-        ),
-        (
-            "bandwidth",
-            ValueKind::Size,
-            "URLs: at most this many bytes per second, e.g. 500MB",
-        ),
-        (
-            "store_option",
-            ValueKind::Repeated,
-            "URLs: an object_store option KEY=VALUE, after the environment: aws_endpoint=http://127.0.0.1:9000, allow_http=true, ... (repeatable; secret values are never printed)",
-        ),
-        (
-            "allow_redirect",
-            ValueKind::Repeated,
-            "URLs: a host a redirect may lead to besides the one asked for: cdn.example.com, *.example.com, or * for any (repeatable; default: the same host, or the cloud's own endpoints)",
-        ),
-    ];
+    /// Every key [`set`](Self::set) takes, in the order the documentation lists them: its
+    /// aliases, what its value is, its default and a line of help. `stage` spells key `k` as the
+    /// flag `--k` (underscores as dashes), Python as the keyword `k` (`store_options` a mapping,
+    /// `select`/`rows` collections), C as `stg_config_set(config, "k", value)`; an alias is
+    /// spelled the same way wherever the key is.
+    pub fn specs() -> &'static [OptionSpec] {
+        table::OPTIONS
+    }
+
+    /// The option `key` spells: its name or one of its aliases.
+    pub fn spec(key: &str) -> Option<&'static OptionSpec> {
+        table::find(key)
+    }
 
     /// The defaults: backend and device `auto`, the policy's and the remote reader's defaults,
     /// every tensor whole, small tensors sub-allocated.
@@ -448,13 +280,14 @@ impl LoadOptions {
         Self::default()
     }
 
-    /// Sets `key` (one of [`KEYS`](Self::KEYS)) from its spelling `value`; a repeatable key
-    /// adds one more. An unknown key or a value that does not parse is
-    /// [`Error::InvalidOption`], naming both, and changes nothing.
+    /// Sets `key` (one of [`specs`](Self::specs), or an alias of one) from its spelling
+    /// `value`; a repeatable key adds one more. An unknown key or a value that does not parse is
+    /// [`Error::InvalidOption`], naming both (the key as given), and changes nothing.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let spec = Self::spec(key);
         // A store option's value may be a secret: an error shows its key only.
-        let shown = match key {
-            "store_option" => match value.split_once('=') {
+        let shown = || match spec {
+            Some(spec) if spec.secret_values() => match value.split_once('=') {
                 Some((name, _)) => format!("{name}=<redacted>"),
                 None => "<redacted>".to_owned(),
             },
@@ -462,58 +295,20 @@ impl LoadOptions {
         };
         let invalid = |reason: String| Error::InvalidOption {
             key: key.to_owned(),
-            value: shown.clone(),
+            value: shown(),
             reason,
         };
-        match key {
-            "backend" => self.backend = value.parse().map_err(invalid)?,
-            "device" => self.device = value.parse().map_err(invalid)?,
-            "memory_cap" => self.memory_cap = Some(parse_size(value).map_err(invalid)?),
-            "chunk_size" => self.chunk_size = Some(parse_usize_size(value).map_err(invalid)?),
-            "staging_size" => self.staging_size = Some(parse_usize_size(value).map_err(invalid)?),
-            "headroom_min" => self.headroom_min = Some(parse_size(value).map_err(invalid)?),
-            "headroom_divisor" => {
-                self.headroom_divisor = Some(parse_count(value).map_err(invalid)? as u64);
-            }
-            "threads" => self.threads = Some(parse_count(value).map_err(invalid)?),
-            "staging_slots" => self.staging_slots = Some(parse_count(value).map_err(invalid)?),
-            "coalesce_below" => {
-                self.coalesce_below = Some(parse_usize_size(value).map_err(invalid)?);
-            }
-            "suballocate" => self.suballocate = parse_bool(value).map_err(invalid)?,
-            "direct_io" => self.direct_io = parse_bool(value).map_err(invalid)?,
-            "cufile_mode" => self.cufile_mode = value.parse().map_err(invalid)?,
-            "cufile_lib" => self.cufile_lib = Some(parse_path(value).map_err(invalid)?),
-            "hipfile_mode" => self.hipfile_mode = value.parse().map_err(invalid)?,
-            "hipfile_lib" => self.hipfile_lib = Some(parse_path(value).map_err(invalid)?),
-            "hip_lib" => self.hip_lib = Some(parse_path(value).map_err(invalid)?),
-            "select" => {
-                glob(value).map_err(invalid)?;
-                self.select.push(value.to_owned());
-            }
-            "rows" => self.rows.push(parse_rows(value).map_err(invalid)?),
-            "concurrency" => {
-                self.concurrency = Some(positive(parse_count(value)).map_err(invalid)?)
-            }
-            "range_size" => {
-                self.range_size = Some(positive(parse_usize_size(value)).map_err(invalid)?);
-            }
-            "retries" => self.retries = Some(parse_count(value).map_err(invalid)?),
-            "bandwidth" => self.bandwidth = Some(positive(parse_size(value)).map_err(invalid)?),
-            "store_option" => self
-                .store_options
-                .push(parse_key_value(value).map_err(invalid)?),
-            "allow_redirect" => self
-                .allow_redirects
-                .push(parse_host(value).map_err(invalid)?),
-            _ => {
-                let known: Vec<&str> = Self::KEYS.iter().map(|(k, ..)| *k).collect();
-                return Err(invalid(format!(
-                    "unknown key; the keys are {}",
-                    known.join(", ")
-                )));
-            }
-        }
+        let Some(spec) = spec else {
+            let known: Vec<&str> = Self::specs().iter().map(OptionSpec::name).collect();
+            return Err(invalid(format!(
+                "unknown key; the keys are {}",
+                known.join(", ")
+            )));
+        };
+        // Parsed into a copy, so that a value that does not parse changes nothing.
+        let mut changed = self.clone();
+        spec.apply(&mut changed, value).map_err(invalid)?;
+        *self = changed;
         Ok(())
     }
 
@@ -623,15 +418,9 @@ impl LoadOptions {
 
     #[cfg(feature = "cufile")]
     fn cufile_options(&self) -> backend_cufile::Options {
-        use backend_cufile::RequestedMode;
         backend_cufile::Options {
             device: self.device.gpu_index().unwrap_or(0),
-            mode: match self.cufile_mode {
-                CufileMode::Auto => RequestedMode::Auto,
-                CufileMode::Gds => RequestedMode::Fast,
-                CufileMode::Compat => RequestedMode::Compat,
-                CufileMode::Posix => RequestedMode::Posix,
-            },
+            mode: self.cufile_mode.into(),
             library: self.cufile_lib.clone(),
             ..Default::default()
         }
@@ -639,14 +428,9 @@ impl LoadOptions {
 
     #[cfg(feature = "hipfile")]
     fn hipfile_options(&self) -> backend_hipfile::Options {
-        use backend_hipfile::RequestedMode;
         backend_hipfile::Options {
             device: self.device.gpu_index().unwrap_or(0),
-            mode: match self.hipfile_mode {
-                HipfileMode::Auto => RequestedMode::Auto,
-                HipfileMode::Hipfile => RequestedMode::Fast,
-                HipfileMode::Posix => RequestedMode::Posix,
-            },
+            mode: self.hipfile_mode.into(),
             library: self.hipfile_lib.clone(),
             hip_library: self.hip_lib.clone(),
             ..Default::default()
@@ -686,125 +470,6 @@ impl LoadOptions {
         let loader = loader.remote(self.remote_options());
         Ok(loader)
     }
-}
-
-/// Parses a size with the `parse-size` crate's grammar: a number, optionally fractional, then
-/// an optional unit, case-insensitive, `B` optional. `K`/`KB`, `M`/`MB`, `G`/`GB`, `T`/`TB` are
-/// decimal (1000); `Ki`/`KiB`, `Mi`/`MiB`, `Gi`/`GiB`, `Ti`/`TiB` are binary (1024). So `4096`,
-/// `512MiB`, `2GiB`, `0.5MiB`, `1MB`, `64KiB`. A number without a unit must be a whole number of
-/// bytes.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    if trimmed.parse::<f64>().is_ok() && trimmed.parse::<u64>().is_err() {
-        return Err(format!("{text:?} is not a whole number of bytes"));
-    }
-    parse_size::parse_size(trimmed)
-        .map_err(|e| format!("{text:?} is not a size like 512MiB, 2GiB or 4096: {e}"))
-}
-
-fn parse_usize_size(text: &str) -> Result<usize, String> {
-    let size = parse_size(text)?;
-    usize::try_from(size).map_err(|_| format!("{size} bytes is too large for this machine"))
-}
-
-/// A value that must be at least 1 (where 0 would mean a reader that never reads).
-fn positive<T: PartialEq + From<u8>>(parsed: Result<T, String>) -> Result<T, String> {
-    match parsed {
-        Ok(value) if value == T::from(0) => Err("must be at least 1".into()),
-        other => other,
-    }
-}
-
-fn parse_count(text: &str) -> Result<usize, String> {
-    text.trim()
-        .parse::<usize>()
-        .map_err(|_| format!("{text:?} is not a whole number"))
-}
-
-fn parse_bool(text: &str) -> Result<bool, String> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(format!("{text:?} is not true or false")),
-    }
-}
-
-fn parse_path(text: &str) -> Result<PathBuf, String> {
-    if text.is_empty() {
-        return Err("an empty path".into());
-    }
-    Ok(PathBuf::from(text))
-}
-
-/// A host a redirect may go to: `host` (a name or an address, without port), `*.domain` or `*`.
-fn parse_host(text: &str) -> Result<String, String> {
-    let host = text.trim().to_ascii_lowercase();
-    let name = host.strip_prefix("*.").unwrap_or(&host);
-    let ipv6 = name.starts_with('[')
-        && name.ends_with(']')
-        && name.len() > 2
-        && name[1..name.len() - 1]
-            .chars()
-            .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
-    let plain = !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
-    if host == "*" || plain || (ipv6 && !host.starts_with('*')) {
-        Ok(host)
-    } else {
-        Err(format!(
-            "{text:?} is not a host, *.domain or * (no scheme, port or path)"
-        ))
-    }
-}
-
-fn parse_key_value(text: &str) -> Result<(String, String), String> {
-    text.split_once('=')
-        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-        .filter(|(k, _)| !k.is_empty())
-        // Not the text itself: it may hold a secret.
-        .ok_or_else(|| "expected KEY=VALUE".to_owned())
-}
-
-/// Parses `PATTERN=SPEC`, SPEC being `START:END` (rows `START..END` of dimension 0) or
-/// `RANK/PARTS` (part `RANK` of `PARTS` near-equal parts).
-pub fn parse_rows(text: &str) -> Result<(String, RowRange), String> {
-    let (pattern, spec) = text
-        .rsplit_once('=')
-        .ok_or_else(|| format!("{text:?} is not PATTERN=START:END or PATTERN=RANK/PARTS"))?;
-    let rows = spec
-        .parse::<RowRange>()
-        .map_err(|e| format!("{e} (in {text:?})"))?;
-    glob(pattern)?;
-    Ok((pattern.to_owned(), rows))
-}
-
-/// Characters that make a pattern a glob rather than a name.
-const GLOB_CHARS: &[char] = &['*', '?', '[', ']', '{', '}', '\\'];
-
-/// Whether `pattern` is a plain tensor name (no glob characters).
-fn is_name(pattern: &str) -> bool {
-    !pattern.contains(GLOB_CHARS)
-}
-
-/// `name` as a pattern that matches exactly it (its glob characters escaped).
-pub fn escape_name(name: &str) -> String {
-    let mut escaped = String::with_capacity(name.len());
-    for c in name.chars() {
-        if GLOB_CHARS.contains(&c) {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
-fn glob(pattern: &str) -> Result<globset::Glob, String> {
-    globset::GlobBuilder::new(pattern)
-        .backslash_escape(true)
-        .build()
-        .map_err(|e| format!("{pattern:?} is not a glob: {e}"))
 }
 
 #[cfg(test)]
@@ -884,7 +549,8 @@ mod tests {
             (ValueKind::Path, _) => "/x.so",
             (_, _) => "layers.*",
         };
-        for &(key, kind, _) in LoadOptions::KEYS {
+        for spec in LoadOptions::specs() {
+            let (key, kind) = (spec.name(), spec.kind());
             let mut options = LoadOptions::new();
             options.set(key, good(kind, key)).unwrap();
             assert_ne!(options, LoadOptions::new(), "{key} changed nothing");
@@ -907,6 +573,151 @@ mod tests {
             assert!(!error.to_string().contains("SECRET"), "{error}");
             assert!(error.to_string().contains("KEY=VALUE"), "{error}");
         }
+    }
+
+    #[test]
+    fn aliases_set_their_key_and_errors_name_the_key_as_given() {
+        let mut by_alias = LoadOptions::new();
+        by_alias.set("device_memory", "1GiB").unwrap();
+        let mut by_name = LoadOptions::new();
+        by_name.set("memory_cap", "1GiB").unwrap();
+        assert_eq!(by_alias, by_name);
+        assert_eq!(by_alias.memory_cap, Some(1 << 30));
+        let error = by_alias.set("device_memory", "lots").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("option device_memory=\"lots\""),
+            "{error}"
+        );
+        assert_eq!(
+            LoadOptions::spec("device_memory").map(OptionSpec::name),
+            Some("memory_cap")
+        );
+    }
+
+    #[test]
+    fn unknown_keys_list_every_key() {
+        let error = LoadOptions::new()
+            .set("chunk", "1")
+            .unwrap_err()
+            .to_string();
+        for spec in LoadOptions::specs() {
+            assert!(error.contains(spec.name()), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_table_spells_each_key_once() {
+        let mut seen = std::collections::HashSet::new();
+        for spec in LoadOptions::specs() {
+            for key in std::iter::once(&spec.name()).chain(spec.aliases()) {
+                assert!(seen.insert(*key), "{key} spells two options");
+                assert!(
+                    key.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "{key}"
+                );
+            }
+            assert!(!spec.help().is_empty() && !spec.default().is_empty());
+            assert!(
+                !spec.help().contains("default"),
+                "{}: the default has its own column",
+                spec.name()
+            );
+            for choice in spec.choices() {
+                let mut options = LoadOptions::new();
+                options.set(spec.name(), choice).unwrap();
+            }
+        }
+        assert_eq!(
+            BackendKind::ALL
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>(),
+            BackendKind::NAMES
+        );
+    }
+
+    /// Every default the table shows as a value is what leaving the key out gives: setting it
+    /// changes neither the policy, nor the remote reader's options, nor any other field.
+    #[test]
+    fn documented_defaults_are_the_real_defaults() {
+        let defaults = LoadOptions::new();
+        let mut described = Vec::new();
+        for spec in LoadOptions::specs() {
+            if !spec.default_is_value() {
+                described.push(spec.name());
+                continue;
+            }
+            let mut options = LoadOptions::new();
+            options
+                .set(spec.name(), spec.default())
+                .unwrap_or_else(|e| panic!("{}: its default does not parse: {e}", spec.name()));
+            assert_eq!(
+                options.policy().unwrap(),
+                defaults.policy().unwrap(),
+                "{}",
+                spec.name()
+            );
+            #[cfg(feature = "remote")]
+            {
+                let (set, default) = (options.remote_options(), defaults.remote_options());
+                assert_eq!(
+                    (
+                        set.concurrency,
+                        set.range_size,
+                        set.max_retries,
+                        set.bandwidth
+                    ),
+                    (
+                        default.concurrency,
+                        default.range_size,
+                        default.max_retries,
+                        default.bandwidth
+                    ),
+                    "{}",
+                    spec.name()
+                );
+            }
+            // What the policy and the remote reader hold was compared above; anything else must
+            // be the default field for field.
+            let rest = LoadOptions {
+                chunk_size: None,
+                staging_size: None,
+                headroom_min: None,
+                headroom_divisor: None,
+                threads: None,
+                staging_slots: None,
+                coalesce_below: None,
+                concurrency: None,
+                range_size: None,
+                retries: None,
+                bandwidth: None,
+                ..options
+            };
+            assert_eq!(rest, defaults, "{}", spec.name());
+        }
+        // The defaults in words: what the key's absence means, checked where they can be.
+        assert_eq!(
+            described,
+            [
+                "memory_cap",
+                "staging_size",
+                "threads",
+                "cufile_lib",
+                "hipfile_lib",
+                "hip_lib",
+                "select",
+                "rows",
+                "bandwidth",
+                "store_option",
+                "allow_redirect",
+            ]
+        );
+        let policy = defaults.policy().unwrap();
+        assert_eq!(policy.staging_size(), policy.chunk_size());
+        assert_eq!(policy.io_threads(), staging_core::default_io_threads());
+        assert!(defaults.memory_cap.is_none() && defaults.bandwidth.is_none());
     }
 
     #[test]
