@@ -443,12 +443,13 @@ void stg_config_free(struct stg_config *config);
 /*
  Sets one option by its key, the value spelled as the `stage` command's flag `--KEY` takes it
  (sizes like "512MiB", booleans "true"/"false"); a repeatable key (`select`, `rows`,
- `store_option`, `allow_redirect`) adds one more. The keys (the library's `LoadOptions::KEYS`):
+ `store_option`, `allow_redirect`) adds one more. The keys, as the library's
+ options table defines them (docs/reference/options.md lists each with its default):
 
  - `backend`: auto, host, cufile, hipfile (mock only in builds with it);
  - `device`: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU,
    or `STG_BACKEND_UNAVAILABLE` naming what was passed over), hip or hip:N (hipFile only);
- - `memory_cap`, `chunk_size` (also the staging size unless `staging_size` is set),
+ - `memory_cap` (alias `device_memory`), `chunk_size` (also the staging size unless `staging_size` is set),
    `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
    (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans);
  - `cufile_mode` (auto, gds, compat, posix), `cufile_lib`, `hipfile_mode` (auto, hipfile,
@@ -466,7 +467,9 @@ void stg_config_free(struct stg_config *config);
  # Safety
  `config` must be NULL or live; `key` and `value` NULL or NUL-terminated.
  */
-stg_status stg_config_set(struct stg_config *config, const char *key, const char *value);
+stg_status stg_config_set(struct stg_config *config,
+                          const char *key,
+                          const char *value);
 
 /*
  Copies a description of the configuration's options (every key's value, defaults included,

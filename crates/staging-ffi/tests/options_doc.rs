@@ -1,5 +1,5 @@
 //! The C header against the library's tables: `stg_config_set`'s documentation in
-//! `include/staging_ffi.h` names every key of `LoadOptions::specs()` (and every choice of a key
+//! `include/staging_ffi.h` names every key of `LoadOptions::specs()` and its aliases (and every choice of a key
 //! with a fixed list), and every C status `docs/reference/errors.md` maps an error kind to is a
 //! status of the header.
 
@@ -35,7 +35,7 @@ fn stg_config_set_documents_every_key() {
     let doc = config_set_doc();
     let missing: Vec<&str> = LoadOptions::specs()
         .iter()
-        .map(|spec| spec.c_key())
+        .flat_map(|spec| std::iter::once(spec.c_key()).chain(spec.aliases().iter().copied()))
         .filter(|key| !doc.contains(&format!("`{key}`")))
         .collect();
     assert!(
