@@ -13,6 +13,9 @@
 //! libraries compiled by the tests (system memory standing for device memory). It has not yet run
 //! on NVIDIA hardware.
 
+// Feature-gated items are labelled with their feature on docs built with `--cfg docsrs` (CI).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod cuda;
 pub mod errors;
 mod handover;

@@ -13,6 +13,9 @@
 //! pinned buffers, each copied to the device while the next `pread` runs) in `auto`, and is an error when a mode was
 //! forced. Reads are cut to the API's per-call maximum; the write loop continues after them.
 
+// Feature-gated items are labelled with their feature on docs built with `--cfg docsrs` (CI).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::ffi::c_void;
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -11,6 +11,9 @@
 //! What has run where: against stub `libamdhip64` and `libhipfile` libraries compiled by the
 //! tests (system memory standing for device memory). It has **not** run on AMD hardware.
 
+// Feature-gated items are labelled with their feature on docs built with `--cfg docsrs` (CI).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod errors;
 mod hip;
 #[cfg(feature = "test-stubs")]

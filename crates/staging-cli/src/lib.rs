@@ -4,6 +4,9 @@
 //! help, default and choices the table's, and every flag's value goes through the library's one
 //! parser ([`LoadOptions::set`]); and the size grammar of every `SIZE` flag.
 
+// Feature-gated items are labelled with their feature on docs built with `--cfg docsrs` (CI).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use safetensors_staging::{LoadOptions, OptionSpec, ValueKind};
 
