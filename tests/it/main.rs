@@ -1,11 +1,10 @@
 //! The facade's integration tests, one binary: each file here was a test binary of its own, and
 //! each linked the whole workspace again.
 //!
-//! Three files stay binaries of their own, `tests/callers_cuda.rs`, `tests/context.rs` and
-//! `tests/cufile.rs`: each loads the stub `libcuda` into its process (where `cudarc` then finds
-//! it by its soname) and counts what it did in counters of the whole process (contexts pushed
-//! and popped, streams created, pinned allocations). Here, `auto` must find no CUDA driver (the
-//! `loader` module's test of it), and one module's loads must not move another's counters.
+//! The tests that load the stub `libcuda` into their process (`callers_cuda`, `context`,
+//! `cufile`) are a second binary, `tests/stubs`: once loaded, `cudarc` finds the stub by its
+//! soname, and here `auto` must find no CUDA driver (the `loader` module's test of it); nor may
+//! this binary's loads move the counters of the whole process that those tests read.
 //!
 //! Process-wide state is shared by every module here, so a test measures only its own thread:
 //! the allocations of `parsing_properties`, the bytes read of `malformed`.
