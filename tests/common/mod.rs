@@ -105,13 +105,13 @@ impl staging_core::Destination<backend_cufile::CudaMemory> for IntoSlice<'_> {
     }
 }
 
-/// The stub libcuda and libcufile, built once per test binary into `dir` (under the test's
-/// temporary directory); the stub libcuda loaded into this process (so `cudarc` finds it by its
-/// soname) with two devices.
-pub(crate) fn cuda_stubs(dir: &str) -> &'static backend_cufile::stubs::Stubs {
+/// The stub libcuda and libcufile, built once per test binary (under the test's temporary
+/// directory); the stub libcuda loaded into this process (so `cudarc` finds it by its soname)
+/// with two devices. One copy per process: `cudarc` binds to the first `libcuda.so` loaded.
+pub(crate) fn cuda_stubs() -> &'static backend_cufile::stubs::Stubs {
     static STUBS: std::sync::OnceLock<backend_cufile::stubs::Stubs> = std::sync::OnceLock::new();
     STUBS.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir);
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-stubs");
         let stubs = backend_cufile::stubs::build(&out).unwrap();
         // SAFETY: the stub's initializers are trivial; RTLD_GLOBAL makes its soname visible.
         let lib = unsafe {

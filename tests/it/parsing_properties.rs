@@ -6,21 +6,39 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backend_mock::fixtures::{TensorSpec, header_for, write_index};
 use proptest::prelude::*;
 use staging_core::{Checkpoint, Dtype};
 
-/// Records the largest single allocation made while `TRACKING` is set.
+/// Records the largest single allocation made while `TRACKING` is set, on that thread only: the
+/// other tests of this binary allocate at the same time on theirs. (Opening a checkpoint runs on
+/// the calling thread.)
 struct Counting;
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Whether this thread is opening a checkpoint under watch.
+    static TRACKING: Cell<bool> = const { Cell::new(false) };
+    /// The largest allocation this thread made while `TRACKING`.
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Notes an allocation of `size` bytes. Const-initialized thread locals without a destructor
+/// allocate nothing and stay readable while the thread exits; `try_with` never panics anyway.
+fn record(size: usize) {
+    let _ = TRACKING.try_with(|tracking| {
+        if tracking.get() {
+            let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(size)));
+        }
+    });
+}
 
 // SAFETY: forwards every call to the system allocator unchanged; only records sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        record(layout.size());
         // SAFETY: same layout contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -29,12 +47,12 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        record(layout.size());
         // SAFETY: as in `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        record(new_size);
         // SAFETY: as in `alloc`/`dealloc`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -132,9 +150,11 @@ fn open_checked(
     dir: &std::path::Path,
     total_file_bytes: usize,
 ) -> Result<Checkpoint, staging_core::Error> {
-    LARGEST.store(0, Ordering::Relaxed);
+    LARGEST.set(0);
+    TRACKING.set(true);
     let result = Checkpoint::open(dir);
-    let largest = LARGEST.load(Ordering::Relaxed);
+    TRACKING.set(false);
+    let largest = LARGEST.get();
     // Parsing may build structures a few times the size of what it read, never more.
     let bound = 16 * total_file_bytes + (1 << 20);
     assert!(

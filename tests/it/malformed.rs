@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
-mod common;
+use crate::common;
 
 use backend_mock::malformed;
 
@@ -131,7 +131,8 @@ fn every_shared_case_is_tested_here() {
 fn header_is_read_alone_not_the_whole_file() {
     // A 64 MiB data section after a valid header: opening must not read it. We prove it by
     // making the data unreadable holes in a sparse file and checking the open is instant in
-    // bytes read: /proc/self/io counts what this process read.
+    // bytes read: /proc/thread-self/io counts what this thread read (the other tests of this
+    // binary read files meanwhile, on other threads).
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.safetensors");
     let header = br#"{"w":{"dtype":"U8","shape":[67108864],"data_offsets":[0,67108864]}}"#;
@@ -150,7 +151,7 @@ fn header_is_read_alone_not_the_whole_file() {
 }
 
 fn rchar() -> u64 {
-    let io = std::fs::read_to_string("/proc/self/io").unwrap();
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
     io.lines()
         .find_map(|l| l.strip_prefix("rchar: "))
         .unwrap()

@@ -5,7 +5,6 @@
 //! S3 itself (listing, credentials, buckets) is tested against moto's server in
 //! `crates/staging-py/tests/test_remote.py`.
 
-#![cfg(feature = "remote")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
 use std::time::{Duration, Instant};

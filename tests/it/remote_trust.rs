@@ -5,7 +5,6 @@
 //! (`backend_mock::http::RangeServer`, which logs every request) and a real HTTP client, and
 //! asserts what the server was asked, the bytes, and the error or report text.
 
-#![cfg(feature = "remote")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
 use std::time::Duration;

@@ -5,33 +5,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
-use backend_cufile::stubs::{Stubs, build};
+use backend_cufile::stubs::Stubs;
 use backend_cufile::{CuFileReader, CudaAllocator, Options, RequestedMode};
 use backend_mock::conformance::Harness;
 
-/// Builds the stubs once and loads the stub `libcuda.so` into this process, so that `cudarc`'s
-/// own `dlopen("libcuda.so")` finds it by its soname.
+/// The stub libraries, built once for the binary, with the stub `libcuda.so` loaded into this
+/// process so that `cudarc`'s own `dlopen("libcuda.so")` finds it by its soname.
 fn stubs() -> &'static Stubs {
-    static STUBS: OnceLock<Stubs> = OnceLock::new();
-    STUBS.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cufile-stubs");
-        let stubs = build(&out).unwrap();
-        // SAFETY: the stub's initializers are trivial; RTLD_GLOBAL makes its soname visible.
-        let lib = unsafe {
-            libloading::os::unix::Library::open(
-                Some(&stubs.cuda),
-                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-            )
-        }
-        .unwrap();
-        std::mem::forget(lib);
-        stubs
-    })
+    common::cuda_stubs()
+}
+
+/// This module's turn at the stub (see `tests/stubs/main.rs`): its tests run beside each other,
+/// never beside another module's.
+const TURN: &str = "cufile";
+
+fn turn() -> crate::Turn {
+    crate::turn(TURN)
 }
 
 fn open(mode: RequestedMode) -> backend_cufile::Backend {
@@ -110,29 +103,31 @@ impl Harness for CuFileSuballocated {
 }
 
 mod compat {
-    backend_mock::conformance_suite!(super::CuFileCompat);
+    backend_mock::conformance_suite!(crate::taking(super::TURN, super::CuFileCompat));
 }
 
 mod compat_suballocated {
-    backend_mock::conformance_suite!(super::CuFileSuballocated);
+    backend_mock::conformance_suite!(crate::taking(super::TURN, super::CuFileSuballocated));
 }
 
 mod posix {
-    backend_mock::conformance_suite!(super::CuFilePosix);
+    backend_mock::conformance_suite!(crate::taking(super::TURN, super::CuFilePosix));
 }
 
 mod posix_small_bounce {
-    backend_mock::conformance_suite!(super::CuFilePosixSmallBounce);
+    backend_mock::conformance_suite!(crate::taking(super::TURN, super::CuFilePosixSmallBounce));
 }
 
 #[test]
 fn pinned_bytes_are_handed_out_only_after_their_copy_finished() {
+    let _turn = turn();
     let backend = open(RequestedMode::Posix);
     common::pinned_bytes_wait_for_their_copy(backend.allocator.device(), &backend.allocator);
 }
 
 #[test]
 fn the_posix_path_copies_with_cumemcpyhtodasync() {
+    let _turn = turn();
     let counter = || common::stub_counter(&stubs().cuda, b"stub_cuda_async_copies");
     // 64 KiB through 4 KiB pinned halves: at least 16 asynchronous copies.
     assert!(common::counted_load(&CuFilePosixSmallBounce, counter) >= 16);
@@ -202,6 +197,7 @@ fn budget_loader() -> Loader<'static> {
 
 #[test]
 fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     let stream = cuda_stream();
@@ -255,6 +251,7 @@ fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() 
 
 #[test]
 fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     let stream = cuda_stream();
@@ -273,6 +270,7 @@ fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
 
 #[test]
 fn a_load_of_one_tensor_carves_nothing() {
+    let _turn = turn();
     // A reader asking for tensors one at a time (Python's `safe_open`) would otherwise hold a
     // block for each small tensor it hands out.
     let dir = tempfile::tempdir().unwrap();
@@ -295,6 +293,7 @@ fn a_load_of_one_tensor_carves_nothing() {
 
 #[test]
 fn a_cudarc_slice_is_a_destination_without_unsafe() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     let stream = cuda_stream();
@@ -328,6 +327,7 @@ fn a_cudarc_slice_is_a_destination_without_unsafe() {
 #[test]
 #[cfg(feature = "remote")]
 fn a_remote_checkpoint_reaches_the_device_through_pinned_bounce_buffers() {
+    let _turn = turn();
     use backend_mock::http::RangeServer;
     use safetensors_staging::RemoteOptions;
 
@@ -388,6 +388,7 @@ fn a_remote_checkpoint_reaches_the_device_through_pinned_bounce_buffers() {
 #[test]
 #[cfg(feature = "remote")]
 fn a_url_load_opens_no_cufile_driver() {
+    let _turn = turn();
     use backend_mock::http::RangeServer;
 
     let server = RangeServer::start().unwrap();

@@ -1,7 +1,8 @@
 //! No module of the facade (`src/`) uses one that uses it back: the modules form a hierarchy
 //! (errors and devices at the bottom, the loader above the backends and tensors, the options
 //! above the loader, the CUDA and HIP hand-overs beside the tensor they extend). Checked by
-//! reading every `crate::module` path in `src/*.rs`, code and doc links alike.
+//! reading every `crate::module` path in `src/*.rs` and `src/*/*.rs` (a directory is one module),
+//! code and doc links alike.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
@@ -16,6 +17,17 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         if path.extension().is_some_and(|e| e == "rs") {
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
             modules.insert(name, std::fs::read_to_string(&path).unwrap());
+        } else if path.join("mod.rs").is_file() {
+            // A module cut into files (`src/loader/`): one module, the text of all its files.
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let mut text = String::new();
+            for file in std::fs::read_dir(&path).unwrap() {
+                let file = file.unwrap().path();
+                if file.extension().is_some_and(|e| e == "rs") {
+                    text.push_str(&std::fs::read_to_string(&file).unwrap());
+                }
+            }
+            modules.insert(name, text);
         }
     }
     modules.remove("lib"); // the root re-exports everything; it is no module of the hierarchy

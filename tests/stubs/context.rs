@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -21,10 +21,18 @@ use backend_cufile::cudarc::driver::{CudaContext, result, sys};
 use backend_mock::fixtures::{Contents, TensorSpec, write_file};
 use safetensors_staging::{Backend, Loader, StagingPath, StagingPolicy, Tensor};
 
+/// This module's turn at the stub (see `tests/stubs/main.rs`): its tests run beside each other,
+/// never beside another module's.
+const TURN: &str = "context";
+
+fn turn() -> crate::Turn {
+    crate::turn(TURN)
+}
+
 const MIB: usize = 1 << 20;
 
 fn cuda_stubs() -> &'static backend_cufile::stubs::Stubs {
-    common::cuda_stubs("context-cuda-stubs")
+    common::cuda_stubs()
 }
 
 fn cuda_counter(symbol: &[u8]) -> usize {
@@ -108,6 +116,7 @@ fn drop_on_another_thread(tensors: Vec<Tensor>, context: Option<sys::CUcontext>)
 
 #[test]
 fn cuda_the_callers_current_context_is_the_same_before_and_after_everything() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     let caller = primary_context(1);
@@ -183,8 +192,8 @@ fn cuda_the_callers_current_context_is_the_same_before_and_after_everything() {
     make_current(Some(caller));
 
     // Every push was popped, some were needed (device 1's context was current), and nothing
-    // was freed or copied while another context was current. (Other tests of this binary do
-    // not use the CUDA stub.)
+    // was freed or copied while another context was current. (The other tests of this module
+    // do not use the CUDA stub, and other modules' tests wait for their turn.)
     let pushed = cuda_counter(b"stub_cuda_ctx_pushes") - pushes;
     let popped = cuda_counter(b"stub_cuda_ctx_pops") - pops;
     assert!(pushed > 0, "the library never pushed its context");
@@ -233,6 +242,7 @@ fn hip_device(set: Option<i32>) -> i32 {
 
 #[test]
 fn hip_the_callers_current_device_is_the_same_before_and_after_everything() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     hip_stubs();
@@ -294,6 +304,7 @@ fn hip_the_callers_current_device_is_the_same_before_and_after_everything() {
 /// other's.
 #[test]
 fn hip_a_taken_tensor_is_the_callers_and_frees_through_the_backend() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path());
     hip_stubs();

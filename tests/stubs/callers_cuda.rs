@@ -11,11 +11,12 @@
 //! - a prepared backend: two loads, one after the other and at once, draw on the same pinned
 //!   buffers (no new pinned allocation for the second) and get the same bytes.
 //!
-//! The stub's counters are per process, so the tests of this binary run one at a time.
+//! The stub's counters are per process, so the tests of this module run one at a time, and
+//! never beside another module's (their turns: `tests/stubs/main.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,10 +26,18 @@ use backend_cufile::cudarc::driver::{CudaContext, sys};
 use backend_mock::fixtures::{Contents, TensorSpec, write_file};
 use safetensors_staging::{Backend, Error, HostOptions, Loader, StagingPath, StagingPolicy};
 
+/// This module's turn at the stub (see `tests/stubs/main.rs`): its tests run beside each other,
+/// never beside another module's.
+const TURN: &str = "callers_cuda";
+
+fn turn() -> crate::Turn {
+    crate::turn(TURN)
+}
+
 const MIB: usize = 1 << 20;
 
 fn stubs() -> &'static backend_cufile::stubs::Stubs {
-    common::cuda_stubs("callers-cuda-stubs")
+    common::cuda_stubs()
 }
 
 fn counter(symbol: &[u8]) -> usize {
@@ -85,6 +94,7 @@ fn policy(threads: usize) -> StagingPolicy {
 
 #[test]
 fn a_callers_stream_carries_every_copy_and_the_library_makes_no_stream_of_its_own() {
+    let _turn = turn();
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path(), 5);
@@ -152,6 +162,7 @@ fn a_callers_stream_carries_every_copy_and_the_library_makes_no_stream_of_its_ow
 
 #[test]
 fn a_callers_context_decides_the_device_and_a_different_one_is_refused() {
+    let _turn = turn();
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (path, contents) = three_tensors(dir.path(), 6);
@@ -242,6 +253,7 @@ fn a_callers_context_decides_the_device_and_a_different_one_is_refused() {
 
 #[test]
 fn one_prepared_backend_serves_loads_one_after_another_and_at_once_on_the_same_pinned_buffers() {
+    let _turn = turn();
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (first, first_contents) = three_tensors(dir.path(), 7);

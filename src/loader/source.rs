@@ -1,0 +1,78 @@
+//! [`Source`]: where a checkpoint's bytes come from (the local file system, or an object store
+//! or HTTP server for a URL), and how a path is named in reports and errors.
+
+use std::path::{Path, PathBuf};
+
+use staging_core::Checkpoint;
+
+#[cfg(not(feature = "remote"))]
+use crate::error::Error;
+use crate::error::Result;
+
+/// Where a checkpoint's bytes come from.
+pub(super) enum Source {
+    /// The local file system.
+    Local,
+    /// An object store or HTTP server.
+    #[cfg(feature = "remote")]
+    Remote(backend_remote::Remote),
+}
+
+impl Source {
+    /// Where `path` is read from, with a store opened for it when it is a URL.
+    pub(super) fn of(
+        path: &Path,
+        #[cfg(feature = "remote")] open: impl FnOnce() -> Result<backend_remote::Remote>,
+    ) -> Result<Self> {
+        if !staging_core::is_url(path) {
+            return Ok(Self::Local);
+        }
+        #[cfg(feature = "remote")]
+        {
+            Ok(Self::Remote(open()?))
+        }
+        #[cfg(not(feature = "remote"))]
+        Err(Error::NotBuilt("remote"))
+    }
+
+    /// The files are read through.
+    fn store(&self) -> &dyn staging_core::Store {
+        match self {
+            Self::Local => &staging_core::LocalFiles,
+            #[cfg(feature = "remote")]
+            Self::Remote(remote) => remote,
+        }
+    }
+
+    /// `path` as the checkpoint names it in reports and errors: a URL without the login it
+    /// may carry (the store was opened with it), a local path as it is.
+    fn public(&self, path: &Path) -> Result<PathBuf> {
+        match self {
+            Self::Local => Ok(path.to_path_buf()),
+            #[cfg(feature = "remote")]
+            Self::Remote(remote) => Ok(remote.public_path(path)?),
+        }
+    }
+
+    /// The checkpoint at `path` (a directory, an index or one file).
+    pub(super) fn open(&self, path: &Path) -> Result<Checkpoint> {
+        Ok(Checkpoint::open_in(self.store(), &self.public(path)?)?)
+    }
+
+    /// These files as one checkpoint.
+    pub(super) fn open_files<P: AsRef<Path>>(&self, files: &[P]) -> Result<Checkpoint> {
+        let files = files
+            .iter()
+            .map(|f| self.public(f.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Checkpoint::from_files_in(self.store(), &files)?)
+    }
+
+    /// One path as [`open`](Self::open) takes it, several as files.
+    pub(super) fn read_headers<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Checkpoint> {
+        match paths {
+            [one] => self.open(one.as_ref()),
+            many => self.open_files(many),
+        }
+    }
+}
