@@ -40,6 +40,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -167,23 +168,26 @@ def show(block: Block, output: str) -> None:
 
 
 def run_shell(script: str, cwd: Path, env: dict[str, str], block: Block) -> str | None:
-    """Runs a shell script; None on success, else what it printed and its status."""
-    try:
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", script],
-            check=False,
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {TIMEOUT_S} s"
-    if done.returncode != 0:
-        return f"exit status {done.returncode}\n{done.stdout[-4000:]}"
-    show(block, done.stdout)
+    """Runs a shell script in a session of its own (a timeout ends all of it, `cargo` and its
+    `rustc`s too); None on success, else what it printed and its status."""
+    with subprocess.Popen(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            output, _ = process.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return f"timed out after {TIMEOUT_S} s (--timeout)"
+    if process.returncode != 0:
+        return f"exit status {process.returncode}\n{output[-4000:]}"
+    show(block, output)
     return None
 
 
@@ -299,6 +303,7 @@ def run_page(
 
 
 def main() -> int:
+    global VERBOSE, TIMEOUT_S
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "files",
@@ -322,11 +327,13 @@ def main() -> int:
         help="C++ compiler for ```cpp blocks",
     )
     parser.add_argument(
+        "--timeout", type=int, default=TIMEOUT_S, help="seconds a shell block may run"
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="print what every block printed"
     )
     args = parser.parse_args()
-    global VERBOSE
-    VERBOSE = args.verbose
+    VERBOSE, TIMEOUT_S = args.verbose, args.timeout
 
     files = [f.resolve() for f in args.files] or sorted(
         (ROOT / "docs").rglob("*.md")
