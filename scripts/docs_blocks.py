@@ -24,7 +24,7 @@ An HTML comment on the line before a block marks it:
 - `<!-- docs: skip REASON -->`: not run; the summary lists it with its reason. For blocks that
   need a GPU, a cloud or a real engine, and only those.
 - `<!-- docs: setup -->`: run like any block; if it fails, the rest of its page is not run
-  (reported as failed with the setup's error) instead of failing again for the same reason.
+  (each reported as failed, naming the setup block) instead of failing again for the same reason.
 - `<!-- docs: repo -->`: a shell or console block that runs in the repository root (build
   commands written for a checkout, such as `cargo build ...`), not in the page's directory; what
   it writes goes under `target/`.
@@ -270,7 +270,7 @@ def run_page(
                     summary.failed.append(
                         (
                             block,
-                            f"not run: a setup block of this page failed:\n{setup_failed}",
+                            f"not run: the setup block {setup_failed} failed",
                         )
                     )
                     continue
@@ -297,7 +297,7 @@ def run_page(
                 else:
                     summary.failed.append((block, error))
                     if block.mark == "setup":
-                        setup_failed = error
+                        setup_failed = block.where()
         finally:
             os.chdir(here)
 
