@@ -1,15 +1,62 @@
-#![doc = include_str!("../README.md")]
 //! # safetensors-staging
 //!
-//! Loads Hugging Face safetensors checkpoints onto a device with bounded memory and exact bytes.
+//! Loads Hugging Face safetensors checkpoints onto a device, tensor by tensor, with bounded
+//! memory and exact bytes, and reports where every tensor went: NVIDIA GPUs through cuFile
+//! ([`cufile`]), AMD GPUs through hipFile ([`hipfile`]), object storage and HTTP ([`remote`]),
+//! and host memory standing in for the device anywhere else.
+//!
 //! [`Loader`] is the one entry point: it picks the backend (`auto`: cuFile, then hipFile, then
-//! the host), applies the policy, selection and destination, and opens paths into a [`Load`],
-//! an iterator of [`Tensor`]s with its [`LoadReport`]. The `stage` command, the C ABI and the
-//! benchmark all go through it.
+//! the host), applies the [staging policy](StagingPolicy), selection and destination, and
+//! opens a checkpoint (a file, a directory, an index, a hub-cache snapshot, a URL) into a
+//! [`Load`], an iterator of [`Tensor`]s in file order with its [`LoadReport`]. The `stage`
+//! command, the Python package, the C ABI and the candle backends all go through it, and all
+//! spell the same [`LoadOptions`] and classify failures by the same [`ErrorKind`].
+//!
+//! ```
+//! use safetensors_staging::{Backend, HostOptions, Loader, RowRange, Selection};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let embed: Vec<u8> = (0..1000 * 64 * 2).map(|i| i as u8).collect();
+//! # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![1000, 64], &embed)?;
+//! # safetensors::serialize_to_file([("embed", view)], None, &path)?;
+//! // `path`: a checkpoint with a BF16 tensor `embed` of 1000 x 64.
+//! let mut load = Loader::new()
+//!     .backend(Backend::Host(HostOptions::default())) // or Backend::default(): auto
+//!     .select(Selection::all().rows("embed", RowRange::Part { rank: 1, parts: 4 }))
+//!     .open(&path)?;
+//! for tensor in load.by_ref() {
+//!     let tensor = tensor?; // an error names the file, the tensor and the offset
+//!     println!("{} {:?} {:?}", tensor.name(), tensor.meta().shape, tensor.path());
+//!     assert_eq!(tensor.host_bytes(), Some(&embed[250 * 128..500 * 128]));
+//! }
+//! let report = load.report();
+//! assert_eq!(report.bytes_read, report.bytes); // only the rows asked for were read
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The guides, the options table, the errors and what was measured are on the documentation
+//! site built from `docs/` (`mkdocs build --strict`; start at `docs/index.md`, or
+//! `docs/getting-started/rust.md` for this crate). The other doors: the `stage` command
+//! (`crates/staging-cli`), the Python package `safetensors_staging` (`crates/staging-py`), the
+//! C ABI (`crates/staging-ffi`, header `crates/staging-ffi/include/staging_ffi.h`) and candle
+//! (`crates/staging-candle`).
 //!
 //! The crates underneath, for backends and lower-level use: `staging-core` (traits, policy,
-//! `Stager`, host backend) and, behind features, [`cufile`], [`hipfile`] and `mock`
+//! `Stager`, host backend) and, behind features, [`cufile`], [`hipfile`], [`remote`] and `mock`
 //! (fault-injecting doubles, fixtures, the conformance suite; not a default feature).
+
+/// The README's Rust blocks, run as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// The Rust blocks of the documentation site's Rust page, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/getting-started/rust.md")]
+pub struct RustPageDoctests;
 
 mod backend;
 mod device;
