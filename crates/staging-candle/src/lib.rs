@@ -469,3 +469,8 @@ impl Backend for ShardedStaged {
         self.checkpoint.tensor(name).is_some()
     }
 }
+
+// The candle guide's Rust blocks run as this crate's doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guides/candle.md")]
+pub struct CandlePageDoctests;
