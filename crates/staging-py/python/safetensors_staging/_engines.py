@@ -40,8 +40,15 @@ def is_url(weights: Optional[str]) -> bool:
 
 
 def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], bool, Dict[str, Any]]:
-    """`(weights, share_reads, options)` from `model_loader_extra_config` (a dict, or JSON
-    text); an unknown key or a value of the wrong kind is a `ValueError`."""
+    """`(weights, share_reads, options)` from `model_loader_extra_config`.
+
+    Args:
+        extra: the extra config: a dict, JSON text, or None.
+        load_format: the load format named in errors.
+
+    Raises:
+        ValueError: an unknown key, or a value of the wrong kind.
+    """
     if extra is None or extra == "":
         extra = {}
     if isinstance(extra, str):
@@ -78,10 +85,23 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
 def weight_files(
     directory: str, ignore_patterns: Any = None, load_format: str = "staging"
 ) -> List[str]:
-    """The safetensors files vLLM's default loader would read from a local directory: its
-    top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
+    """The safetensors files vLLM's default loader would read from a local directory.
+
+    Its top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
     there, only the files it names (a repository with a consolidated copy beside the shards
-    reads the shards once)."""
+    reads the shards once).
+
+    Args:
+        directory: a local model directory.
+        ignore_patterns: a glob or a list of globs of file names to leave out.
+        load_format: the load format named in the error.
+
+    Returns:
+        The files' paths, sorted.
+
+    Raises:
+        ValueError: no safetensors file is left.
+    """
     if isinstance(ignore_patterns, str):
         ignore_patterns = [ignore_patterns]
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
