@@ -121,21 +121,33 @@ def write_synthetic(directory: Path, gib: float) -> None:
     layer = 0
     size = 2 * specs[0][1][0] * specs[0][1][1]
     while size < total:
-        for name, shape in (("q_proj", (2048, 1024)), ("k_proj", (512, 1024)), ("v_proj", (512, 1024)),
-                            ("o_proj", (1024, 2048)), ("gate_proj", (3072, 1024)), ("up_proj", (3072, 1024)),
-                            ("down_proj", (1024, 3072)), ("input_layernorm", (1024,)), ("post_attention_layernorm", (1024,))):
+        for name, shape in (
+            ("q_proj", (2048, 1024)),
+            ("k_proj", (512, 1024)),
+            ("v_proj", (512, 1024)),
+            ("o_proj", (1024, 2048)),
+            ("gate_proj", (3072, 1024)),
+            ("up_proj", (3072, 1024)),
+            ("down_proj", (1024, 3072)),
+            ("input_layernorm", (1024,)),
+            ("post_attention_layernorm", (1024,)),
+        ):
             specs.append((f"model.layers.{layer}.{name}.weight", shape))
             size += 2 * int(np.prod(shape))
         layer += 1
     per_shard = -(-len(specs) // 4)
     weight_map = {}
     for i in range(4):
-        chunk = specs[i * per_shard:(i + 1) * per_shard]
+        chunk = specs[i * per_shard : (i + 1) * per_shard]
         fname = f"model-{i + 1:05}-of-00004.safetensors"
         header, offset = {}, 0
         for name, shape in chunk:
             n = 2 * int(np.prod(shape))
-            header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+            header[name] = {
+                "dtype": "F16",
+                "shape": list(shape),
+                "data_offsets": [offset, offset + n],
+            }
             offset += n
             weight_map[name] = fname
         text = json.dumps(header).encode()
@@ -143,23 +155,44 @@ def write_synthetic(directory: Path, gib: float) -> None:
         with open(directory / fname, "wb") as f:
             f.write(len(text).to_bytes(8, "little"))
             f.write(text)
-            for name, shape in chunk:
-                f.write(rng.standard_normal(int(np.prod(shape)), dtype=np.float32).astype(np.float16).tobytes())
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map}))
+            for _name, shape in chunk:
+                f.write(
+                    rng.standard_normal(int(np.prod(shape)), dtype=np.float32)
+                    .astype(np.float16)
+                    .tobytes()
+                )
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map})
+    )
     subprocess.run(["sync"], check=False)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--write", type=float, metavar="GIB", help="write a synthetic F16 checkpoint of this size first")
+    parser.add_argument(
+        "--write",
+        type=float,
+        metavar="GIB",
+        help="write a synthetic F16 checkpoint of this size first",
+    )
     args = parser.parse_args()
     if args.write:
         write_synthetic(args.checkpoint, args.write)
-    loaders = ["staging.torch", "safetensors.torch", "staging.safe_open", "safetensors.safe_open",
-               "staging.slice0", "safetensors.slice0", "staging.slice1", "safetensors.slice1"]
+    loaders = [
+        "staging.torch",
+        "safetensors.torch",
+        "staging.safe_open",
+        "safetensors.safe_open",
+        "staging.slice0",
+        "safetensors.slice0",
+        "staging.slice1",
+        "safetensors.slice1",
+    ]
     if args.device == "cpu":
         loaders += ["staging.numpy", "safetensors.numpy"]
     else:
@@ -174,10 +207,14 @@ def main() -> None:
         for name in loaders:
             # This VM hands idle memory back to its hypervisor; touching and freeing the
             # checkpoint's size first gives every loader the same memory (as stage-bench does).
-            subprocess.run([sys.executable, "-c", f"import numpy; numpy.ones({total}, dtype=numpy.uint8)"], check=True)
+            subprocess.run(
+                [sys.executable, "-c", f"import numpy; numpy.ones({total}, dtype=numpy.uint8)"],
+                check=True,
+            )
             out = subprocess.run(
                 [sys.executable, "-c", CHILD, name, str(args.checkpoint), args.device],
-                capture_output=True, text=True,
+                capture_output=True,
+                text=True,
             )
             if out.returncode != 0:
                 sys.exit(f"{name} failed:\n{out.stderr}")
@@ -186,7 +223,9 @@ def main() -> None:
     limit = None
     if "pinned-h2d" in runs:
         limit = statistics.median(r["bytes"] / r["seconds"] for r in runs["pinned-h2d"])
-    print(f"| loader ({args.device}) | GiB | GB/s, load call | GB/s, load + every page read | x safetensors (load + read) | spread (s) | bytes read (GiB) | peak RSS above imports (MiB) | device bytes held (MiB) |")
+    print(
+        f"| loader ({args.device}) | GiB | GB/s, load call | GB/s, load + every page read | x safetensors (load + read) | spread (s) | bytes read (GiB) | peak RSS above imports (MiB) | device bytes held (MiB) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in loaders:
         rs = runs[name]
@@ -195,9 +234,13 @@ def main() -> None:
         dev = max(r["device_bytes"] for r in rs) / (1 << 20)
         ready = statistics.median(r["bytes"] / r["touched"] for r in rs)
         ratio = ""
-        ref = {"staging.torch": "safetensors.torch", "staging.numpy": "safetensors.numpy",
-               "staging.safe_open": "safetensors.safe_open", "staging.slice0": "safetensors.slice0",
-               "staging.slice1": "safetensors.slice1"}.get(name)
+        ref = {
+            "staging.torch": "safetensors.torch",
+            "staging.numpy": "safetensors.numpy",
+            "staging.safe_open": "safetensors.safe_open",
+            "staging.slice0": "safetensors.slice0",
+            "staging.slice1": "safetensors.slice1",
+        }.get(name)
         if ref:
             ref_ready = statistics.median(r["bytes"] / r["touched"] for r in runs[ref])
             ratio = f"{ready / ref_ready:.2f}"
@@ -205,7 +248,9 @@ def main() -> None:
         spread = f"{min(r['touched'] for r in rs):.2f}-{max(r['touched'] for r in rs):.2f}"
         read = rs[0].get("bytes_read")
         read = f"{read / gib:.2f}" if read is not None else ""
-        print(f"| `{name}` | {rs[0]['bytes'] / gib:.2f} | {rate / 1e9:.2f}{of_limit} | {ready / 1e9:.2f} | {ratio} | {spread} | {read} | {rs_peak:.0f} | {dev:.0f} |")
+        print(
+            f"| `{name}` | {rs[0]['bytes'] / gib:.2f} | {rate / 1e9:.2f}{of_limit} | {ready / 1e9:.2f} | {ratio} | {spread} | {read} | {rs_peak:.0f} | {dev:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -27,8 +26,13 @@ def worker(rank: int, world: int, path: str, rounds: int, out: str) -> None:
 
     import safetensors_staging as st
 
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{out}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=600),
+    )
     results = []
     for _ in range(rounds):
         for mode in ("group", "alone"):
@@ -38,8 +42,15 @@ def worker(rank: int, world: int, path: str, rounds: int, out: str) -> None:
                 tensors = dict(it)
                 report = it.report()
             seconds = time.perf_counter() - start
-            results.append({"mode": mode, "seconds": seconds, "bytes_read": report["bytes_read"],
-                            "bytes_received": report.get("bytes_received", 0), "bytes": sum(t.nbytes for t in tensors.values())})
+            results.append(
+                {
+                    "mode": mode,
+                    "seconds": seconds,
+                    "bytes_read": report["bytes_read"],
+                    "bytes_received": report.get("bytes_received", 0),
+                    "bytes": sum(t.nbytes for t in tensors.values()),
+                }
+            )
             del tensors
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
@@ -49,7 +60,9 @@ def worker(rank: int, world: int, path: str, rounds: int, out: str) -> None:
 def main() -> None:
     import torch.multiprocessing as mp
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint")
     parser.add_argument("--ranks", default="1,2,3")
     parser.add_argument("--rounds", type=int, default=3)
@@ -58,19 +71,34 @@ def main() -> None:
         with open(f, "rb") as fh:
             while fh.read(64 << 20):
                 pass
-    print("| ranks | way | wall s, slowest rank (median) | GiB read per rank | GiB received per rank |")
+    print(
+        "| ranks | way | wall s, slowest rank (median) | GiB read per rank | GiB received per rank |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for n in map(int, args.ranks.split(",")):
         with tempfile.TemporaryDirectory() as out:
             mp.spawn(worker, args=(n, args.checkpoint, args.rounds, out), nprocs=n, join=True)
             ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(n)]
-        for mode, label in (("alone", "each rank `load_file` on its own"), ("group", "`load_file(..., process_group=...)`")):
-            walls = [max(r[i]["seconds"] for r in ranks) for i in range(len(ranks[0])) if ranks[0][i]["mode"] == mode]
-            read = [r[i]["bytes_read"] for r in ranks for i in range(len(r)) if r[i]["mode"] == mode]
-            received = [r[i]["bytes_received"] for r in ranks for i in range(len(r)) if r[i]["mode"] == mode]
+        for mode, label in (
+            ("alone", "each rank `load_file` on its own"),
+            ("group", "`load_file(..., process_group=...)`"),
+        ):
+            walls = [
+                max(r[i]["seconds"] for r in ranks)
+                for i in range(len(ranks[0]))
+                if ranks[0][i]["mode"] == mode
+            ]
+            read = [
+                r[i]["bytes_read"] for r in ranks for i in range(len(r)) if r[i]["mode"] == mode
+            ]
+            received = [
+                r[i]["bytes_received"] for r in ranks for i in range(len(r)) if r[i]["mode"] == mode
+            ]
             gib = 1 << 30
-            print(f"| {n} | {label} | {statistics.median(walls):.2f} | {min(read) / gib:.2f}-{max(read) / gib:.2f} | "
-                  f"{min(received) / gib:.2f}-{max(received) / gib:.2f} |")
+            print(
+                f"| {n} | {label} | {statistics.median(walls):.2f} | {min(read) / gib:.2f}-{max(read) / gib:.2f} | "
+                f"{min(received) / gib:.2f}-{max(received) / gib:.2f} |"
+            )
 
 
 if __name__ == "__main__":

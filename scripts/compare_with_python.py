@@ -55,7 +55,7 @@ def expected_bytes(file, name, info, rows):
     except (TypeError, ValueError):  # a dtype NumPy lacks (BF16, F8): cut the raw row bytes
         data = bytes(info["data"])
         row = len(data) // info["shape"][0] if info["shape"][0] else 0
-        return data[start * row:end * row]
+        return data[start * row : end * row]
 
 
 def main() -> int:
@@ -84,10 +84,14 @@ def main() -> int:
                 reference[name], file_of[name] = info, file
 
     problems = []
-    wanted = {n for n in reference if not selects or any(fnmatch.fnmatchcase(n, g) for g in selects)}
+    wanted = {
+        n for n in reference if not selects or any(fnmatch.fnmatchcase(n, g) for g in selects)
+    }
     if set(staged) != wanted:
-        problems.append(f"names differ: only staged {sorted(set(staged) - wanted)[:5]}, "
-                        f"only selected in files {sorted(wanted - set(staged))[:5]}")
+        problems.append(
+            f"names differ: only staged {sorted(set(staged) - wanted)[:5]}, "
+            f"only selected in files {sorted(wanted - set(staged))[:5]}"
+        )
     for name in sorted(set(staged) & set(reference)):
         s, r = staged[name], reference[name]
         rows = rows_for(name, r["shape"][0], row_rules) if r["shape"] else None
@@ -111,9 +115,11 @@ def main() -> int:
         print(f"FAIL: {len(problems)} differences over {len(staged)} tensors", file=sys.stderr)
         return 1
     narrowed = sum(1 for t in report["tensor_list"] if t.get("rows"))
-    print(f"OK: {len(staged)} tensors ({narrowed} row ranges), {report['bytes']} bytes, "
-          f"bytes_read {report['bytes_read']}, every SHA-256 equal to Python safetensors' "
-          f"(paths {paths}, backend {report['backend']})")
+    print(
+        f"OK: {len(staged)} tensors ({narrowed} row ranges), {report['bytes']} bytes, "
+        f"bytes_read {report['bytes_read']}, every SHA-256 equal to Python safetensors' "
+        f"(paths {paths}, backend {report['backend']})"
+    )
     return 0
 
 

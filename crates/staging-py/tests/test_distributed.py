@@ -35,13 +35,18 @@ def _reference(path: str) -> Dict[str, torch.Tensor]:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bytes(a.reshape(-1).view(torch.uint8).numpy()) == bytes(
-        b.reshape(-1).view(torch.uint8).numpy()
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bytes(a.reshape(-1).view(torch.uint8).numpy())
+        == bytes(b.reshape(-1).view(torch.uint8).numpy())
     )
 
 
 def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world, timeout=TIMEOUT)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world, timeout=TIMEOUT
+    )
     import safetensors_staging as st
 
     result: Dict[str, Any] = {"rank": rank}
@@ -49,13 +54,20 @@ def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) ->
     start = time.perf_counter()
     try:
         if scenario == "full":
-            with st.stage(path, process_group=dist.group.WORLD, relay_chunk=1 << 20, batch_bytes=4 << 20) as it:
+            with st.stage(
+                path, process_group=dist.group.WORLD, relay_chunk=1 << 20, batch_bytes=4 << 20
+            ) as it:
                 got = dict(it)
                 report = it.report()
             want = _reference(path)
             result["names"] = list(got)
             result["bad"] = [n for n in want if not _same(got[n], want[n])]
-            result.update({k: report[k] for k in ("bytes_read", "bytes_received", "pieces_owned", "plan_fingerprint")})
+            result.update(
+                {
+                    k: report[k]
+                    for k in ("bytes_read", "bytes_received", "pieces_owned", "plan_fingerprint")
+                }
+            )
         elif scenario == "select":
             want = _reference(path)
             names = sorted(want)
@@ -64,7 +76,9 @@ def _worker(rank: int, world: int, scenario: str, paths: List[str], out: str) ->
             else:
                 select = ["embeddings.word_embeddings.weight", names[-1]]
                 rows = {"embeddings.word_embeddings.weight": f"{rank}/{world}"}
-            got = st.load_file(path, process_group=dist.group.WORLD, select=select, rows=rows, relay_chunk=1 << 20)
+            got = st.load_file(
+                path, process_group=dist.group.WORLD, select=select, rows=rows, relay_chunk=1 << 20
+            )
             result["names"] = sorted(got)
             bad = []
             for n, t in got.items():
@@ -131,7 +145,9 @@ def sharded_with_a_big_tensor(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("which", ["minilm", "sharded"])
-def test_every_rank_gets_every_tensor_reading_its_share(world, which, minilm_dir, sharded_with_a_big_tensor, tmp_path):
+def test_every_rank_gets_every_tensor_reading_its_share(
+    world, which, minilm_dir, sharded_with_a_big_tensor, tmp_path
+):
     path = minilm_dir if which == "minilm" else sharded_with_a_big_tensor
     results = run_ranks(world, "full", [str(path)] * world, tmp_path)
     want = _reference(str(path))
@@ -186,7 +202,9 @@ def test_a_dtype_one_rank_cannot_hand_over_fails_every_rank_before_the_exchange(
 
     directory = tmp_path / "ckpt"
     directory.mkdir()
-    write_safetensors(directory / "model.safetensors", [("f6", "F6_E2M3", (4, 8)), ("x", "F32", (64,))])
+    write_safetensors(
+        directory / "model.safetensors", [("f6", "F6_E2M3", (4, 8)), ("x", "F32", (64,))]
+    )
     results = run_ranks(2, "dtype", [str(directory)] * 2, tmp_path)
     for r in results:
         assert r.get("error") == "UnsupportedDtypeError", r
@@ -209,9 +227,13 @@ def test_small_pieces_of_one_owner_travel_together():
 
     mib = 1 << 20
     batch = [
-        ("a", 0, 100, 0, None), ("b", 0, 200, 0, None), ("c", 0, 300, 1, None),  # owner changes
+        ("a", 0, 100, 0, None),
+        ("b", 0, 200, 0, None),
+        ("c", 0, 300, 1, None),  # owner changes
         ("d", 0, 8 * mib, 1, None),  # large: alone
-        ("e", 0, 100, 1, None), ("f", 0, 3 * mib, 1, None), ("h", 0, 0, 1, None),
+        ("e", 0, 100, 1, None),
+        ("f", 0, 3 * mib, 1, None),
+        ("h", 0, 0, 1, None),
     ]
     batch += [(f"s{i}", 0, 900 << 10, 1, None) for i in range(5)]  # 5 x 0.9 MiB: 4 fit in 4 MiB
     # relay_chunk 4 MiB: pieces under 1 MiB are packed, at most 4 MiB a run.
@@ -231,8 +253,13 @@ def _teardown_worker(rank: int, world: int, path: str, out: str, rounds: int) ->
     want = _reference(path)
     outcomes = []
     for round_ in range(rounds):
-        dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous-{round_}", rank=rank,
-                                world_size=world, timeout=TIMEOUT)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{out}/rendezvous-{round_}",
+            rank=rank,
+            world_size=world,
+            timeout=TIMEOUT,
+        )
         calls = {"n": 0}
 
         def failing(self):
@@ -258,7 +285,9 @@ def _teardown_worker(rank: int, world: int, path: str, out: str, rounds: int) ->
         del group
         gc.enable()
         st.Stage.__next__ = original
-        got = st.load_file(path, process_group=dist.group.WORLD, batch_bytes=1 << 20, relay_chunk=1 << 18)
+        got = st.load_file(
+            path, process_group=dist.group.WORLD, batch_bytes=1 << 20, relay_chunk=1 << 18
+        )
         bad = [n for n in want if not _same(got[n], want[n])]
         outcomes.append([first, len(got), bad, leaked])
         dist.destroy_process_group()
@@ -266,12 +295,19 @@ def _teardown_worker(rank: int, world: int, path: str, out: str, rounds: int) ->
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_failed_load_leaves_the_group_usable_and_its_teardown_clean(world, sharded_with_a_big_tensor, tmp_path):
+def test_a_failed_load_leaves_the_group_usable_and_its_teardown_clean(
+    world, sharded_with_a_big_tensor, tmp_path
+):
     rounds = 20
     out = tmp_path / f"teardown-{world}"
     out.mkdir()
     # join=True raises if any rank exits non-zero or is killed (SIGABRT from a C++ terminate).
-    mp.spawn(_teardown_worker, args=(world, str(sharded_with_a_big_tensor), str(out), rounds), nprocs=world, join=True)
+    mp.spawn(
+        _teardown_worker,
+        args=(world, str(sharded_with_a_big_tensor), str(out), rounds),
+        nprocs=world,
+        join=True,
+    )
     want = _reference(str(sharded_with_a_big_tensor))
     for r in range(world):
         outcomes = json.loads((out / f"rank{r}.json").read_text())

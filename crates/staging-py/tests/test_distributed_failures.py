@@ -48,15 +48,22 @@ def _inject(fault: str) -> Callable[[], None]:
 
 
 def _worker(rank: int, world: int, fault: str, path: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
-                            timeout=GROUP_TIMEOUT)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{out}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=GROUP_TIMEOUT,
+    )
     import safetensors_staging as st
 
     undo = _inject(fault) if rank == 1 else (lambda: None)
     result: Dict[str, Any] = {"rank": rank}
     start = time.perf_counter()
     try:
-        got = st.load_file(path, process_group=dist.group.WORLD, relay_chunk=1 << 18, batch_bytes=1 << 20)
+        got = st.load_file(
+            path, process_group=dist.group.WORLD, relay_chunk=1 << 18, batch_bytes=1 << 20
+        )
         result["finished"] = len(got)
     except Exception as e:  # noqa: BLE001 - every class is reported to the test
         result.update(error=type(e).__name__, message=str(e), kind=getattr(e, "kind", None))
@@ -68,9 +75,13 @@ def _worker(rank: int, world: int, fault: str, path: str, out: str) -> None:
         flag = torch.ones(1)
         dist.all_reduce(flag)
         result["all_reduce"] = flag.item()
-        again = st.load_file(path, process_group=dist.group.WORLD, relay_chunk=1 << 18, batch_bytes=1 << 20)
+        again = st.load_file(
+            path, process_group=dist.group.WORLD, relay_chunk=1 << 18, batch_bytes=1 << 20
+        )
         plain = st.load_file(path)
-        result["again"] = sorted(again) == sorted(plain) and all(torch.equal(again[n], plain[n]) for n in plain)
+        result["again"] = sorted(again) == sorted(plain) and all(
+            torch.equal(again[n], plain[n]) for n in plain
+        )
     except Exception as e:  # noqa: BLE001
         result["after"] = f"{type(e).__name__}: {e}"
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
@@ -91,13 +102,18 @@ def _run(fault: str, path: str, tmp_path: Path) -> List[Dict[str, Any]]:
         for p in context.processes:
             if p.is_alive():
                 p.kill()
-    results = [json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else {"rank": r} for r in range(2)]
+    results = [
+        json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else {"rank": r}
+        for r in range(2)
+    ]
     assert not hung, f"ranks still running after 90 s: {results}"
     return results
 
 
 @pytest.mark.parametrize("fault", ["allocation", "copy"])
-def test_a_rank_failing_mid_exchange_fails_every_rank_quickly(fault: str, minilm_dir: Path, tmp_path: Path) -> None:
+def test_a_rank_failing_mid_exchange_fails_every_rank_quickly(
+    fault: str, minilm_dir: Path, tmp_path: Path
+) -> None:
     results = _run(fault, str(minilm_dir), tmp_path)
     cause, cls, kind = {
         "allocation": (OOM, "OutOfMemoryError", "host-allocation"),

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import safetensors_staging as st
+
 from conftest import STALLING_SERVER, write_safetensors
 
 ZERO = {"device": 0, "host": 0, "caller": 0}
@@ -41,7 +42,9 @@ SERVER = STALLING_SERVER
 def run_child(script: str, *args: str) -> dict:
     """Runs `script` in a child Python; its last line of output, as JSON."""
     try:
-        out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the child hung (killed after 120 s)")
     assert out.returncode == 0, out.stderr
@@ -215,7 +218,9 @@ HAND_OFF = SERVER + textwrap.dedent(
 
 
 @pytest.mark.parametrize("via", ["executor", "asyncio"])
-def test_close_handed_to_another_thread_by_the_callback_ends_the_load(tmp_path: Path, via: str) -> None:
+def test_close_handed_to_another_thread_by_the_callback_ends_the_load(
+    tmp_path: Path, via: str
+) -> None:
     """The callback asked for "b" hands `close()` to another thread and waits for it: `close()`
     returns at once, the load ends before "b" is read, the iteration ends quietly, and once
     "a" (handed out before) is dropped nothing is held."""
@@ -233,7 +238,9 @@ def test_close_handed_to_another_thread_by_the_callback_ends_the_load(tmp_path: 
 
 
 @pytest.mark.parametrize("via", ["executor", "asyncio"])
-def test_next_handed_to_another_thread_by_the_callback_raises_at_once(tmp_path: Path, via: str) -> None:
+def test_next_handed_to_another_thread_by_the_callback_raises_at_once(
+    tmp_path: Path, via: str
+) -> None:
     """The callback hands `next()` of its own load to another thread and waits: that `next()`
     raises `StagingError` at once, saying why, and the load goes on unharmed."""
     expected = checkpoint(tmp_path)
@@ -423,7 +430,7 @@ def test_closing_a_url_handle_ends_its_stalled_read_ahead(tmp_path: Path) -> Non
     result = run_child(READ_AHEAD, str(tmp_path / "model.safetensors"), "close")
     assert not result.get("hung"), f"close() waited for the stalled read ahead: {result}"
     assert result["a"] == expected["a"], result
-    assert result["b_asked"], f"\"b\" was not read ahead: {result}"
+    assert result["b_asked"], f'"b" was not read ahead: {result}'
     assert result["close_s"] < 1.5, result
 
 
@@ -435,7 +442,7 @@ def test_a_read_ahead_ended_by_a_ctrl_c_elsewhere_is_read_again(tmp_path: Path) 
     result = run_child(READ_AHEAD, str(tmp_path / "model.safetensors"), "ctrl_c")
     assert not result.get("hung"), f"a read waited on the stalled GET: {result}"
     assert result["a"] == expected["a"], result
-    assert result["b_asked"], f"\"b\" was not read ahead: {result}"
+    assert result["b_asked"], f'"b" was not read ahead: {result}'
     assert result["elsewhere"] == "KeyboardInterrupt", result
     assert result["b"] == {"hex": expected["b"]}, result
     # The read ahead's GET (never answered) and get_tensor's own.
@@ -450,7 +457,9 @@ def test_a_bool_destination_is_refused_for_a_tensor_that_is_not_bool(tmp_path: P
     dtypes, before anything is read into it; a BOOL tensor goes into a bool destination; the
     load holds nothing after."""
     path = tmp_path / "model.safetensors"
-    contents = write_safetensors(path, [("mask", "BOOL", (64,)), ("w", "F32", (16,)), ("z", "U8", (8,))])
+    contents = write_safetensors(
+        path, [("mask", "BOOL", (64,)), ("w", "F32", (16,)), ("z", "U8", (8,))]
+    )
     given = {}
 
     def destination(name: str, info: st.TensorInfo):
@@ -479,13 +488,26 @@ def test_other_byte_sized_destinations_stay_accepted(tmp_path: Path) -> None:
     """What callers give today still works: uint8 buffers for any tensor, the tensor's own dtype
     (bool for BOOL), and a BOOL tensor's bytes into uint8 or int8."""
     path = tmp_path / "model.safetensors"
-    specs = [("m1", "BOOL", (32,)), ("m2", "BOOL", (16,)), ("m3", "BOOL", (8,)), ("w", "F32", (16,)),
-             ("h", "F16", (4, 4))]
+    specs = [
+        ("m1", "BOOL", (32,)),
+        ("m2", "BOOL", (16,)),
+        ("m3", "BOOL", (8,)),
+        ("w", "F32", (16,)),
+        ("h", "F16", (4, 4)),
+    ]
     contents = write_safetensors(path, specs)
-    dtypes = {"m1": torch.bool, "m2": torch.uint8, "m3": torch.int8, "w": torch.uint8, "h": torch.float16}
+    dtypes = {
+        "m1": torch.bool,
+        "m2": torch.uint8,
+        "m3": torch.int8,
+        "w": torch.uint8,
+        "h": torch.float16,
+    }
 
     def destination(name: str, info: st.TensorInfo):
-        return torch.empty(info.nbytes // torch.empty((), dtype=dtypes[name]).element_size(), dtype=dtypes[name])
+        return torch.empty(
+            info.nbytes // torch.empty((), dtype=dtypes[name]).element_size(), dtype=dtypes[name]
+        )
 
     with st.stage(path, backend="host", destination=destination, coalesce_below=0, threads=1) as it:
         got = dict(it)

@@ -53,18 +53,23 @@ def test_importing_the_module_imports_neither_sglang_nor_torch() -> None:
 
 
 def test_sglang_loads_the_model_through_the_class(sglang: Any, tmp_path: Path) -> None:
-    import safetensors_staging.sglang as plugin
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import get_model_loader
 
+    import safetensors_staging.sglang as plugin
+
     tensors = checkpoint(tmp_path / "model")
-    config = LoadConfig(load_format=plugin.StagingModelLoader,
-                        model_loader_extra_config={"backend": "host", "chunk_size": "4KiB"},
-                        ignore_patterns=["consolidated*"])
+    config = LoadConfig(
+        load_format=plugin.StagingModelLoader,
+        model_loader_extra_config={"backend": "host", "chunk_size": "4KiB"},
+        ignore_patterns=["consolidated*"],
+    )
     loader = get_model_loader(config)
     assert type(loader) is plugin.StagingModelLoader
     loader.download_model(ModelConfig(str(tmp_path / "model")))
-    model = loader.load_model(model_config=ModelConfig(str(tmp_path / "model")), device_config=DeviceConfig())
+    model = loader.load_model(
+        model_config=ModelConfig(str(tmp_path / "model")), device_config=DeviceConfig()
+    )
     assert not model.training
     for name, param in model.named_parameters():
         assert torch.equal(param, tensors[name]), name
@@ -76,35 +81,55 @@ def test_sglang_loads_the_model_through_the_class(sglang: Any, tmp_path: Path) -
 
 def test_weights_elsewhere_draft_layers_and_bad_keys(sglang: Any, tmp_path: Path) -> None:
     import safetensors.torch
+    from sglang.srt.configs.load_config import LoadConfig
 
     import safetensors_staging.sglang as plugin
-    from sglang.srt.configs.load_config import LoadConfig
 
     tensors = checkpoint(tmp_path / "weights")
     (tmp_path / "config-only").mkdir()
-    loader = plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader,
-                                                  model_loader_extra_config={"weights": str(tmp_path / "weights")}))
-    model = loader.load_model(model_config=ModelConfig(str(tmp_path / "config-only")), device_config=DeviceConfig())
+    loader = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format=plugin.StagingModelLoader,
+            model_loader_extra_config={"weights": str(tmp_path / "weights")},
+        )
+    )
+    model = loader.load_model(
+        model_config=ModelConfig(str(tmp_path / "config-only")), device_config=DeviceConfig()
+    )
     assert torch.equal(model.layer.weight, tensors["layer.weight"])
     # A draft model keeps its own MTP layer, renamed to layer 0, as SGLang's default loader does.
     mtp = tmp_path / "mtp"
     mtp.mkdir()
-    safetensors.torch.save_file({"model.mtp.layers.0.w": torch.zeros(2), "model.mtp.layers.1.w": torch.ones(2),
-                                 "model.norm": torch.full((2,), 3.0)}, mtp / "model.safetensors")
-    draft = plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader, draft_model_idx=1))
+    safetensors.torch.save_file(
+        {
+            "model.mtp.layers.0.w": torch.zeros(2),
+            "model.mtp.layers.1.w": torch.ones(2),
+            "model.norm": torch.full((2,), 3.0),
+        },
+        mtp / "model.safetensors",
+    )
+    draft = plugin.StagingModelLoader(
+        LoadConfig(load_format=plugin.StagingModelLoader, draft_model_idx=1)
+    )
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
     got = dict(draft._get_weights_iterator(DefaultModelLoader.Source(str(mtp), None, prefix="p.")))
     assert sorted(got) == ["p.model.mtp.layers.0.w", "p.model.norm"]
     assert torch.equal(got["p.model.mtp.layers.0.w"], torch.ones(2))
     with pytest.raises(ValueError, match=r"unknown key\(s\) 'num_threads'.*accepted: weights"):
-        plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader,
-                                             model_loader_extra_config={"num_threads": 4}))
+        plugin.StagingModelLoader(
+            LoadConfig(
+                load_format=plugin.StagingModelLoader, model_loader_extra_config={"num_threads": 4}
+            )
+        )
 
 
 def test_the_plugin_makes_load_format_staging_the_class(sglang: Any, tmp_path: Path) -> None:
-    (entry,) = [e for e in importlib.metadata.entry_points(group="sglang.srt.plugins")
-                if e.value.startswith("safetensors_staging.")]
+    (entry,) = [
+        e
+        for e in importlib.metadata.entry_points(group="sglang.srt.plugins")
+        if e.value.startswith("safetensors_staging.")
+    ]
     assert entry.value == "safetensors_staging.sglang:register"
     from sglang.srt.arg_groups.choices import LOAD_FORMAT_CHOICES
     from sglang.srt.configs.load_config import LoadConfig, LoadFormat
@@ -120,14 +145,22 @@ def test_the_plugin_makes_load_format_staging_the_class(sglang: Any, tmp_path: P
     import safetensors_staging.sglang as plugin
 
     assert LOAD_FORMAT_CHOICES.count("staging") == 1
-    assert len(HookRegistry._hooks["sglang.srt.configs.load_config.LoadConfig._verify_load_format"]) == 1
+    assert (
+        len(HookRegistry._hooks["sglang.srt.configs.load_config.LoadConfig._verify_load_format"])
+        == 1
+    )
     tensors = checkpoint(tmp_path / "model")
-    config = LoadConfig(load_format="Staging", model_loader_extra_config={"backend": "host"},
-                        ignore_patterns=["consolidated*"])
+    config = LoadConfig(
+        load_format="Staging",
+        model_loader_extra_config={"backend": "host"},
+        ignore_patterns=["consolidated*"],
+    )
     assert config.load_format is plugin.StagingModelLoader
     loader = get_model_loader(config)
     assert type(loader) is plugin.StagingModelLoader
-    model = loader.load_model(model_config=ModelConfig(str(tmp_path / "model")), device_config=DeviceConfig())
+    model = loader.load_model(
+        model_config=ModelConfig(str(tmp_path / "model")), device_config=DeviceConfig()
+    )
     for name, param in model.named_parameters():
         assert torch.equal(param, tensors[name]), name
     assert loader.last_report["bytes_read"] == sum(t.nbytes for t in tensors.values())
@@ -137,20 +170,44 @@ def test_the_plugin_makes_load_format_staging_the_class(sglang: Any, tmp_path: P
     with pytest.raises(ValueError, match="'stagingx' is not a valid LoadFormat"):
         LoadConfig(load_format="stagingx")
     with pytest.raises(ValueError, match=r"unknown key\(s\) 'num_threads'"):
-        get_model_loader(LoadConfig(load_format="staging", model_loader_extra_config={"num_threads": 4}))
+        get_model_loader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"num_threads": 4})
+        )
 
 
 USED = [
     ("sglang.srt.model_loader.loader", "BaseModelLoader.__init__", ["self", "load_config"]),
-    ("sglang.srt.model_loader.loader", "DefaultModelLoader._get_weights_iterator", ["self", "source"]),
-    ("sglang.srt.model_loader.loader", "DefaultModelLoader._get_all_weights", ["self", "model_config", "model"]),
-    ("sglang.srt.model_loader.loader", "DefaultModelLoader._filter_mtp_weights",
-     ["weights_iterator", "prefix", "draft_model_idx"]),
-    ("sglang.srt.model_loader.loader", "DefaultModelLoader.load_model", ["self", "model_config", "device_config"]),
-    ("sglang.srt.model_loader.loader", "DefaultModelLoader.Source", ["model_or_path", "revision", "prefix"]),
+    (
+        "sglang.srt.model_loader.loader",
+        "DefaultModelLoader._get_weights_iterator",
+        ["self", "source"],
+    ),
+    (
+        "sglang.srt.model_loader.loader",
+        "DefaultModelLoader._get_all_weights",
+        ["self", "model_config", "model"],
+    ),
+    (
+        "sglang.srt.model_loader.loader",
+        "DefaultModelLoader._filter_mtp_weights",
+        ["weights_iterator", "prefix", "draft_model_idx"],
+    ),
+    (
+        "sglang.srt.model_loader.loader",
+        "DefaultModelLoader.load_model",
+        ["self", "model_config", "device_config"],
+    ),
+    (
+        "sglang.srt.model_loader.loader",
+        "DefaultModelLoader.Source",
+        ["model_or_path", "revision", "prefix"],
+    ),
     ("sglang.srt.model_loader.loader", "get_model_loader", ["load_config"]),
-    ("sglang.srt.model_loader.weight_utils", "download_weights_from_hf",
-     ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"]),
+    (
+        "sglang.srt.model_loader.weight_utils",
+        "download_weights_from_hf",
+        ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"],
+    ),
     ("sglang.srt.distributed.parallel_state", "get_world_group", []),
     ("sglang.srt.plugins", "load_plugins", []),
     ("sglang.srt.plugins.hook_registry", "HookRegistry.register", ["target", "hook", "hook_type"]),
@@ -162,8 +219,17 @@ USED = [
 def _signatures() -> Dict[str, Any]:
     from sglang.srt.configs.load_config import LoadConfig
 
-    return signatures(USED, LoadConfig, {"load_format", "download_dir", "model_loader_extra_config",
-                                         "ignore_patterns", "draft_model_idx"})
+    return signatures(
+        USED,
+        LoadConfig,
+        {
+            "load_format",
+            "download_dir",
+            "model_loader_extra_config",
+            "ignore_patterns",
+            "draft_model_idx",
+        },
+    )
 
 
 def test_standins_use_what_the_loader_passes(sglang: Any) -> None:

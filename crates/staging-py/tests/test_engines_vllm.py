@@ -23,16 +23,23 @@ STANDINS = Path(__file__).parent / "standins"
 
 def real_importable(package: str) -> bool:
     """Whether the real `package` is installed (looked for without the stand-ins on the path)."""
-    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({package!r}) else 1)"
+    probe = (
+        f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({package!r}) else 1)"
+    )
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 def use_standin(monkeypatch: pytest.MonkeyPatch, package: str) -> Iterable[Any]:
     """The stand-in `package` on the path and a fresh `safetensors_staging.<package>`, for the
     length of a test."""
+
     def forget() -> None:
         for name in list(sys.modules):
-            if name == package or name.startswith(package + ".") or name == f"safetensors_staging.{package}":
+            if (
+                name == package
+                or name.startswith(package + ".")
+                or name == f"safetensors_staging.{package}"
+            ):
                 del sys.modules[name]
 
     forget()
@@ -43,7 +50,9 @@ def use_standin(monkeypatch: pytest.MonkeyPatch, package: str) -> Iterable[Any]:
     forget()
 
 
-def signatures(used: List[Tuple[str, str, List[str]]], load_config: Any, fields: Set[str]) -> Dict[str, Any]:
+def signatures(
+    used: List[Tuple[str, str, List[str]]], load_config: Any, fields: Set[str]
+) -> Dict[str, Any]:
     """The parameter names of each symbol `used`, and which of `fields` `load_config` has."""
     out: Dict[str, Any] = {}
     for module, name, _ in used:
@@ -51,7 +60,9 @@ def signatures(used: List[Tuple[str, str, List[str]]], load_config: Any, fields:
         for part in name.split("."):
             obj = getattr(obj, part)
         out[f"{module}:{name}"] = list(inspect.signature(obj).parameters)
-    known = getattr(load_config, "__dataclass_fields__", None) or getattr(load_config, "model_fields", {})
+    known = getattr(load_config, "__dataclass_fields__", None) or getattr(
+        load_config, "model_fields", {}
+    )
     out["LoadConfig"] = sorted(set(known) & fields)
     return out
 
@@ -59,18 +70,26 @@ def signatures(used: List[Tuple[str, str, List[str]]], load_config: Any, fields:
 def compare_with_real(test_module: str, used: List[Tuple[str, str, List[str]]]) -> None:
     """`test_module._signatures()` with the real engine and with the stand-ins: the parameters the
     loader passes are there in both, in the same order, and the config fields agree."""
-    code = ("import json, sys; sys.path.insert(0, %r); from %s import _signatures; "
-            "print(json.dumps(_signatures()))") % (str(Path(__file__).parent), test_module)
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"from {test_module} import _signatures; print(json.dumps(_signatures()))"
+    )
     real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert real.returncode == 0, real.stderr[-2000:]
     env = dict(os.environ, PYTHONPATH=str(STANDINS))
-    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    ours = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+    )
     assert ours.returncode == 0, ours.stderr[-2000:]
     real_sigs = json.loads(real.stdout.strip().splitlines()[-1])
     stand_in = json.loads(ours.stdout.strip().splitlines()[-1])
     for module, name, params in used:
         key = f"{module}:{name}"
-        assert takes(real_sigs[key], params) and takes(stand_in[key], params), (key, real_sigs[key], stand_in[key])
+        assert takes(real_sigs[key], params) and takes(stand_in[key], params), (
+            key,
+            real_sigs[key],
+            stand_in[key],
+        )
     assert real_sigs["LoadConfig"] == stand_in["LoadConfig"]
 
 
@@ -84,10 +103,14 @@ def takes(parameters: List[str], passed: List[str]) -> bool:
 
 def imports_nothing_early(module: str, engine: str) -> None:
     """Importing `module` imports neither `engine` nor torch."""
-    code = (f"import sys; import {module}; "
-            f"assert {engine!r} not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); print('ok')")
+    code = (
+        f"import sys; import {module}; "
+        f"assert {engine!r} not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); print('ok')"
+    )
     env = dict(os.environ, PYTHONPATH=str(STANDINS))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
@@ -102,18 +125,37 @@ def checkpoint(directory: Path) -> Dict[str, torch.Tensor]:
     import safetensors.torch
 
     g = torch.Generator().manual_seed(5)
-    tensors = {"embed.weight": torch.randn(64, 16, generator=g), "layer.weight": torch.randn(16, 16, generator=g),
-               "layer.bias": torch.randn(16, generator=g).to(torch.bfloat16)}
+    tensors = {
+        "embed.weight": torch.randn(64, 16, generator=g),
+        "layer.weight": torch.randn(16, 16, generator=g),
+        "layer.bias": torch.randn(16, generator=g).to(torch.bfloat16),
+    }
     directory.mkdir(parents=True)
-    safetensors.torch.save_file({"embed.weight": tensors["embed.weight"]}, directory / "model-00001-of-00002.safetensors")
-    safetensors.torch.save_file({k: tensors[k] for k in ("layer.weight", "layer.bias")},
-                                directory / "model-00002-of-00002.safetensors")
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "embed.weight": "model-00001-of-00002.safetensors", "layer.weight": "model-00002-of-00002.safetensors",
-        "layer.bias": "model-00002-of-00002.safetensors"}}))
-    safetensors.torch.save_file({k: torch.zeros_like(v) for k, v in tensors.items()}, directory / "consolidated.safetensors")
+    safetensors.torch.save_file(
+        {"embed.weight": tensors["embed.weight"]}, directory / "model-00001-of-00002.safetensors"
+    )
+    safetensors.torch.save_file(
+        {k: tensors[k] for k in ("layer.weight", "layer.bias")},
+        directory / "model-00002-of-00002.safetensors",
+    )
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    "embed.weight": "model-00001-of-00002.safetensors",
+                    "layer.weight": "model-00002-of-00002.safetensors",
+                    "layer.bias": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
+    safetensors.torch.save_file(
+        {k: torch.zeros_like(v) for k, v in tensors.items()}, directory / "consolidated.safetensors"
+    )
     (directory / "original").mkdir()
-    safetensors.torch.save_file({"stray": torch.ones(1)}, directory / "original" / "model.safetensors")
+    safetensors.torch.save_file(
+        {"stray": torch.ones(1)}, directory / "original" / "model.safetensors"
+    )
     return tensors
 
 
@@ -150,8 +192,11 @@ def test_importing_the_plugin_imports_neither_vllm_nor_torch() -> None:
 
 
 def test_entry_point_registers_the_loader_once(vllm: Any) -> None:
-    (entry,) = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins")
-                if e.value.startswith("safetensors_staging.")]
+    (entry,) = [
+        e
+        for e in importlib.metadata.entry_points(group="vllm.general_plugins")
+        if e.value.startswith("safetensors_staging.")
+    ]
     assert entry.value == "safetensors_staging.vllm:register"
     from vllm.config.load import LoadConfig
     from vllm.model_executor.model_loader import REGISTRATIONS, get_model_loader
@@ -161,17 +206,28 @@ def test_entry_point_registers_the_loader_once(vllm: Any) -> None:
     import safetensors_staging.vllm as plugin
 
     assert REGISTRATIONS == [("staging", plugin.StagingModelLoader)]
-    loader = get_model_loader(LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"}))
+    loader = get_model_loader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"})
+    )
     assert type(loader) is plugin.StagingModelLoader and loader.options == {"backend": "host"}
 
 
-def test_load_weights_reads_the_indexed_shards_into_owned_tensors(vllm: Any, tmp_path: Path) -> None:
-    import safetensors_staging.vllm as plugin
+def test_load_weights_reads_the_indexed_shards_into_owned_tensors(
+    vllm: Any, tmp_path: Path
+) -> None:
     from vllm.config.load import LoadConfig
 
+    import safetensors_staging.vllm as plugin
+
     tensors = checkpoint(tmp_path / "model")
-    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config=json.dumps(
-        {"backend": "host", "device_memory": "1GiB", "chunk_size": "4KiB", "threads": 2})))
+    loader = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format="staging",
+            model_loader_extra_config=json.dumps(
+                {"backend": "host", "device_memory": "1GiB", "chunk_size": "4KiB", "threads": 2}
+            ),
+        )
+    )
     model = Model()
     loader.download_model(ModelConfig(str(tmp_path / "model")))
     loader.load_weights(model, ModelConfig(str(tmp_path / "model")))
@@ -187,17 +243,23 @@ def test_load_weights_reads_the_indexed_shards_into_owned_tensors(vllm: Any, tmp
     assert len(set(pointers)) == len(pointers), "no buffer shared between two tensors"
     report = loader.last_report
     assert report["tensors"] == 3 and report["backend"] == "host"
-    assert report["bytes_read"] == sum(t.nbytes for t in tensors.values()), "the shards, once; no other file"
+    assert report["bytes_read"] == sum(t.nbytes for t in tensors.values()), (
+        "the shards, once; no other file"
+    )
 
 
 def test_weights_elsewhere_and_ignore_patterns(vllm: Any, tmp_path: Path) -> None:
-    import safetensors_staging.vllm as plugin
     from vllm.config.load import LoadConfig
+
+    import safetensors_staging.vllm as plugin
 
     tensors = checkpoint(tmp_path / "weights")
     (tmp_path / "config-only").mkdir()
-    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging",
-                                                  model_loader_extra_config={"weights": str(tmp_path / "weights")}))
+    loader = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format="staging", model_loader_extra_config={"weights": str(tmp_path / "weights")}
+        )
+    )
     model = Model()
     loader.load_weights(model, ModelConfig(str(tmp_path / "config-only")))
     assert torch.equal(model.embed.weight, tensors["embed.weight"])
@@ -209,41 +271,61 @@ def test_weights_elsewhere_and_ignore_patterns(vllm: Any, tmp_path: Path) -> Non
         plugin.weight_files(str(tmp_path / "config-only"))
 
 
-def test_unknown_extra_config_keys_and_missing_weights_are_errors(vllm: Any, tmp_path: Path) -> None:
-    import safetensors_staging.vllm as plugin
+def test_unknown_extra_config_keys_and_missing_weights_are_errors(
+    vllm: Any, tmp_path: Path
+) -> None:
     from vllm.config.load import LoadConfig
 
-    with pytest.raises(ValueError, match=r"unknown key\(s\) 'memory' .* accepted: weights, share_reads, backend, device_memory"):
-        plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"memory": "1GiB"}))
+    import safetensors_staging.vllm as plugin
+
+    with pytest.raises(
+        ValueError,
+        match=r"unknown key\(s\) 'memory' .* accepted: weights, share_reads, backend, device_memory",
+    ):
+        plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"memory": "1GiB"})
+        )
     with pytest.raises(ValueError, match="share_reads' must be true or false"):
-        plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": "yes"}))
+        plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": "yes"})
+        )
     import safetensors.torch
 
     (tmp_path / "partial").mkdir()
-    safetensors.torch.save_file({"embed.weight": torch.zeros(64, 16)}, tmp_path / "partial" / "model.safetensors")
+    safetensors.torch.save_file(
+        {"embed.weight": torch.zeros(64, 16)}, tmp_path / "partial" / "model.safetensors"
+    )
     loader = plugin.StagingModelLoader(LoadConfig(load_format="staging"))
-    with pytest.raises(ValueError, match=r"not initialized from checkpoint: \['layer.bias', 'layer.weight'\]"):
+    with pytest.raises(
+        ValueError, match=r"not initialized from checkpoint: \['layer.bias', 'layer.weight'\]"
+    ):
         loader.load_weights(Model(), ModelConfig(str(tmp_path / "partial")))
     # A quantized model may leave parameters to its own post-processing.
     loader.load_weights(Model(), ModelConfig(str(tmp_path / "partial"), quantization="fp8"))
     # A bad option of this library is this library's error.
     import safetensors_staging as st
 
-    bad = plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"threads": 0}))
+    bad = plugin.StagingModelLoader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"threads": 0})
+    )
     with pytest.raises(st.InvalidOptionError):
         bad.load_weights(Model(), ModelConfig(str(tmp_path / "partial")))
 
 
 def test_share_reads_goes_through_the_world_group(vllm: Any, tmp_path: Path) -> None:
     import torch.distributed as dist
-
-    import safetensors_staging.vllm as plugin
     from vllm.config.load import LoadConfig
 
+    import safetensors_staging.vllm as plugin
+
     tensors = checkpoint(tmp_path / "model")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1
+    )
     try:
-        loader = plugin.StagingModelLoader(LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": True}))
+        loader = plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": True})
+        )
         model = Model()
         loader.load_weights(model, ModelConfig(str(tmp_path / "model")))
     finally:
@@ -257,11 +339,26 @@ def test_share_reads_goes_through_the_world_group(vllm: Any, tmp_path: Path) -> 
 USED = [
     ("vllm.model_executor.model_loader", "register_model_loader", ["load_format"]),
     ("vllm.model_executor.model_loader", "get_model_loader", ["load_config"]),
-    ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.__init__", ["self", "load_config"]),
-    ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.download_model", ["self", "model_config"]),
-    ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.load_weights", ["self", "model", "model_config"]),
-    ("vllm.model_executor.model_loader.weight_utils", "download_weights_from_hf",
-     ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"]),
+    (
+        "vllm.model_executor.model_loader.base_loader",
+        "BaseModelLoader.__init__",
+        ["self", "load_config"],
+    ),
+    (
+        "vllm.model_executor.model_loader.base_loader",
+        "BaseModelLoader.download_model",
+        ["self", "model_config"],
+    ),
+    (
+        "vllm.model_executor.model_loader.base_loader",
+        "BaseModelLoader.load_weights",
+        ["self", "model", "model_config"],
+    ),
+    (
+        "vllm.model_executor.model_loader.weight_utils",
+        "download_weights_from_hf",
+        ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"],
+    ),
     ("vllm.distributed.parallel_state", "get_world_group", []),
 ]
 
@@ -269,16 +366,28 @@ USED = [
 def _signatures() -> Dict[str, Any]:
     from vllm.config.load import LoadConfig
 
-    return signatures(USED, LoadConfig, {"load_format", "download_dir", "model_loader_extra_config", "ignore_patterns"})
+    return signatures(
+        USED,
+        LoadConfig,
+        {"load_format", "download_dir", "model_loader_extra_config", "ignore_patterns"},
+    )
 
 
 def test_standins_use_what_the_plugin_passes(vllm: Any) -> None:
     got = _signatures()
     for module, name, params in USED:
         assert takes(got[f"{module}:{name}"], params), (module, name)
-    assert got["LoadConfig"] == ["download_dir", "ignore_patterns", "load_format", "model_loader_extra_config"]
+    assert got["LoadConfig"] == [
+        "download_dir",
+        "ignore_patterns",
+        "load_format",
+        "model_loader_extra_config",
+    ]
 
 
-@pytest.mark.skipif(not real_importable("vllm"), reason="the real vLLM is not installed here (scripts/check-vllm.sh installs it)")
+@pytest.mark.skipif(
+    not real_importable("vllm"),
+    reason="the real vLLM is not installed here (scripts/check-vllm.sh installs it)",
+)
 def test_standins_have_the_real_signatures() -> None:
     compare_with_real("test_engines_vllm", USED)

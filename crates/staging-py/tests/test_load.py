@@ -15,17 +15,31 @@ import safetensors.torch
 import torch
 
 import safetensors_staging as st
-from safetensors_staging import _native
 import safetensors_staging.numpy as stn
+from safetensors_staging import _native
+
 from conftest import BITS, every_dtype_specs, write_safetensors, write_sharded
 
 TORCH_DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_E5M2": torch.float8_e5m2,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
-    "I16": torch.int16, "U16": torch.uint16, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I32": torch.int32, "U32": torch.uint32, "F32": torch.float32, "C64": torch.complex64,
-    "F64": torch.float64, "I64": torch.int64, "U64": torch.uint64,
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "F32": torch.float32,
+    "C64": torch.complex64,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "U64": torch.uint64,
     "F4": torch.float4_e2m1fn_x2,
 }
 
@@ -54,7 +68,9 @@ def assert_same_tensors(got: dict, want: dict) -> None:
         ({"threads": 1, "suballocate": False, "chunk_size": 1 << 20}, "device"),
     ],
 )
-def test_minilm_byte_exact_against_safetensors_torch(minilm_dir: Path, options: dict, path: str) -> None:
+def test_minilm_byte_exact_against_safetensors_torch(
+    minilm_dir: Path, options: dict, path: str
+) -> None:
     want = safetensors.torch.load_file(minilm_dir / "model.safetensors")
     with st.stage(minilm_dir, **options) as it:
         got = dict(it)
@@ -89,9 +105,10 @@ def test_minilm_numpy_byte_exact(minilm_dir: Path) -> None:
 
 @pytest.mark.parametrize("memory_cap", [None, 1 << 20])
 def test_every_dtype_torch(tmp_path: Path, memory_cap: int | None) -> None:
-    """Every dtype of the format, on the device path and (a 1 MiB cap, under the 256 MiB headroom) the host path: the bytes
-    written, under the torch dtype safetensors maps it to; F6 and an F4 tensor whose last
-    dimension is not whole bytes come as uint8 when asked, and raise otherwise."""
+    """Every dtype of the format, on the device path and (a 1 MiB cap, under the 256 MiB
+    headroom) the host path: the bytes written, under the torch dtype safetensors maps it to; F6
+    and an F4 tensor whose last dimension is not whole bytes come as uint8 when asked, and raise
+    otherwise."""
     contents = write_safetensors(tmp_path / "model.safetensors", every_dtype_specs(), seed=3)
     with pytest.raises(st.UnsupportedDtypeError, match="F6_E2M3"):
         st.load_file(tmp_path, memory_cap=memory_cap)
@@ -120,7 +137,9 @@ def test_every_dtype_against_safetensors(tmp_path: Path) -> None:
     """The dtypes `safetensors` itself loads, compared with it, through torch and NumPy."""
     specs = [s for s in every_dtype_specs() if s[1] in safetensors.torch._TYPES]
     write_safetensors(tmp_path / "model.safetensors", specs, seed=5)
-    assert_same_tensors(st.load_file(tmp_path), safetensors.torch.load_file(tmp_path / "model.safetensors"))
+    assert_same_tensors(
+        st.load_file(tmp_path), safetensors.torch.load_file(tmp_path / "model.safetensors")
+    )
     specs = [s for s in specs if s[1] in safetensors.numpy._TYPES]
     write_safetensors(tmp_path / "model.safetensors", specs, seed=6)
     want = safetensors.numpy.load_file(str(tmp_path / "model.safetensors"))
@@ -132,7 +151,8 @@ def test_every_dtype_against_safetensors(tmp_path: Path) -> None:
 
 def test_numpy_dtypes_it_lacks(tmp_path: Path) -> None:
     contents = write_safetensors(
-        tmp_path / "model.safetensors", [("b", "BF16", (2, 3)), ("f", "F8_E4M3", (4,)), ("s", "F32", (2,))]
+        tmp_path / "model.safetensors",
+        [("b", "BF16", (2, 3)), ("f", "F8_E4M3", (4,)), ("s", "F32", (2,))],
     )
     with pytest.raises(st.UnsupportedDtypeError, match="BF16"):
         stn.load_file(tmp_path)
@@ -159,8 +179,15 @@ def test_sharded_and_hub_cache(tmp_path: Path) -> None:
     for name, data in contents.items():
         assert torch_bytes(got[name]) == data
     one = subprocess.run(
-        [sys.executable, "-c", "import sys, safetensors_staging as s; print(len(s.load_file(sys.argv[1])))", str(snapshot)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, safetensors_staging as s; print(len(s.load_file(sys.argv[1])))",
+            str(snapshot),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert one.stdout.strip() == "3"
 
@@ -178,14 +205,20 @@ def test_selection_and_rows(minilm_dir: Path) -> None:
     assert set(got) == {n for n in want if n.endswith(".bias")}
 
     word = "embeddings.word_embeddings.weight"
-    rows = {word: (100, 200), "encoder.layer.0.attention.self.query.weight": "1/3", "pooler.dense.weight": "5:9"}
+    rows = {
+        word: (100, 200),
+        "encoder.layer.0.attention.self.query.weight": "1/3",
+        "pooler.dense.weight": "5:9",
+    }
     with st.stage(minilm_dir, select=list(rows), rows=rows) as it:
         got = dict(it)
         report = it.report()
     assert torch.equal(got[word], want[word][100:200])
     query = want["encoder.layer.0.attention.self.query.weight"]
     part = np.array_split(np.arange(query.shape[0]), 3)[1]
-    assert torch.equal(got["encoder.layer.0.attention.self.query.weight"], query[part[0] : part[-1] + 1])
+    assert torch.equal(
+        got["encoder.layer.0.attention.self.query.weight"], query[part[0] : part[-1] + 1]
+    )
     assert torch.equal(got["pooler.dense.weight"], want["pooler.dense.weight"][5:9])
     assert report["bytes_read"] == sum(t.nbytes for t in got.values())
     assert {e["name"]: e["rows"] for e in report["tensor_list"]}[word] == [100, 200]
@@ -249,9 +282,17 @@ def test_destination_errors(minilm_dir: Path) -> None:
         st.load_file(minilm_dir, select=[name], destination=lambda n, i: frozen)
     assert not frozen.any(), "nothing was written into it"
     with pytest.raises(st.DestinationError, match="does not export DLPack"):
-        st.load_file(minilm_dir, select=[name], destination=lambda n, i: (frozen.ctypes.data, frozen.nbytes, frozen))
+        st.load_file(
+            minilm_dir,
+            select=[name],
+            destination=lambda n, i: (frozen.ctypes.data, frozen.nbytes, frozen),
+        )
     with pytest.raises(st.DestinationError, match="does not export DLPack"):
-        list(_native._stage([str(minilm_dir)], select=[name], destination=lambda n, i: frozen.ctypes.data))
+        list(
+            _native._stage(
+                [str(minilm_dir)], select=[name], destination=lambda n, i: frozen.ctypes.data
+            )
+        )
 
     def fails(n, i):
         raise ValueError("no room")
@@ -263,7 +304,11 @@ def test_destination_errors(minilm_dir: Path) -> None:
 
 def test_report_has_the_keys_of_stage_json(minilm_dir: Path, stage_bin: Path) -> None:
     cli = json.loads(
-        subprocess.run([str(stage_bin), str(minilm_dir), "--backend", "host", "--json"], capture_output=True, check=True).stdout
+        subprocess.run(
+            [str(stage_bin), str(minilm_dir), "--backend", "host", "--json"],
+            capture_output=True,
+            check=True,
+        ).stdout
     )
     with st.stage(minilm_dir) as it:
         for _ in it:
@@ -272,7 +317,9 @@ def test_report_has_the_keys_of_stage_json(minilm_dir: Path, stage_bin: Path) ->
     assert sorted(report) == sorted(cli)
     assert sorted(report["tensor_list"][0]) == sorted(cli["tensor_list"][0])
     assert [e["name"] for e in report["tensor_list"]] == [e["name"] for e in cli["tensor_list"]]
-    assert report["bytes_read"] == cli["bytes_read"] and report["backend"] == cli["backend"] == "host"
+    assert (
+        report["bytes_read"] == cli["bytes_read"] and report["backend"] == cli["backend"] == "host"
+    )
 
 
 def test_open_metadata_without_loading(minilm_dir: Path, tmp_path: Path) -> None:

@@ -87,9 +87,12 @@ CHILD = textwrap.dedent(
         "parse a huge header": lambda: _native._parse((1 << 62).to_bytes(8, "little") + b"{}"),
         "torch load junk": lambda: __import__("safetensors_staging.torch").torch.load(b"\x08" + b"\x00" * 7 + b"{}"),
         "numpy load junk": lambda: __import__("safetensors_staging.numpy").numpy.load(b"junk"),
-        "serialize a bad dtype": lambda: _native._serialize([("a", "Q9", [1], __import__("numpy").zeros(4, "uint8"))], None),
-        "serialize too few bytes": lambda: _native._serialize([("a", "F32", [4], __import__("numpy").zeros(3, "uint8"))], None),
-        "serialize a huge shape": lambda: _native._serialize([("a", "F32", [1 << 62, 1 << 62], __import__("numpy").zeros(4, "uint8"))], None),
+        "serialize a bad dtype": lambda: _native._serialize(
+            [("a", "Q9", [1], __import__("numpy").zeros(4, "uint8"))], None),
+        "serialize too few bytes": lambda: _native._serialize(
+            [("a", "F32", [4], __import__("numpy").zeros(3, "uint8"))], None),
+        "serialize a huge shape": lambda: _native._serialize(
+            [("a", "F32", [1 << 62, 1 << 62], __import__("numpy").zeros(4, "uint8"))], None),
         "serialize into a directory": lambda: _native._serialize([], None, directory),
         "serialize metadata junk": lambda: _native._serialize([], {1: 2}),
     }
@@ -106,22 +109,35 @@ CHILD = textwrap.dedent(
 
 # Python's own, for a wrong type, a missing key, a negative where an unsigned goes, and what the
 # caller's own function raised.
-ALLOWED = {"TypeError", "ValueError", "KeyError", "OverflowError", "ZeroDivisionError",
-           # A bad index, raised by the framework's own indexing (as safetensors' slices raise it).
-           "IndexError"}
+ALLOWED = {
+    "TypeError",
+    "ValueError",
+    "KeyError",
+    "OverflowError",
+    "ZeroDivisionError",
+    # A bad index, raised by the framework's own indexing (as safetensors' slices raise it).
+    "IndexError",
+}
 
 
 def test_bad_input_never_panics(tmp_path: Path) -> None:
     good = tmp_path / "model.safetensors"
     write_safetensors(good, [("w", "F32", (4, 4)), ("s", "F32", ())])
-    out = subprocess.run([sys.executable, "-c", CHILD, str(good), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(good), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout)
     assert len(results) > 40
     for name, result in results.items():
         # dict() takes a list of pairs, as Python users expect of a mapping argument.
-        assert result != "returned" or name in {"rows a list", "store options not a dict"}, (name, result)
+        assert result != "returned" or name in {"rows a list", "store options not a dict"}, (
+            name,
+            result,
+        )
         if result == "returned":
             continue
         module, cls, message = result

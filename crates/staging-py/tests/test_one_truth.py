@@ -39,8 +39,14 @@ def layered(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (f"model.layers.{i}.mlp.up_proj.weight", "F16", (47, 16)),
         (f"model.layers.{i}.input_layernorm.weight", "F32", (16,)),
     ]
-    write_sharded(directory, [[("model.embed_tokens.weight", "F32", (64, 16)), *layer(0)],
-                              [*layer(1), ("lm_head.weight", "F32", (64, 16))]], seed=21)
+    write_sharded(
+        directory,
+        [
+            [("model.embed_tokens.weight", "F32", (64, 16)), *layer(0)],
+            [*layer(1), ("lm_head.weight", "F32", (64, 16))],
+        ],
+        seed=21,
+    )
     return directory
 
 
@@ -57,21 +63,28 @@ def _described(tensors: Dict[str, torch.Tensor]) -> Dict[str, Any]:
 
 
 def _group_worker(rank: int, world: int, path: str, store_options: Any, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
-                            timeout=TIMEOUT)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world, timeout=TIMEOUT
+    )
     result: Dict[str, Any] = {}
     # Each door given the same keywords; the process group's load must equal the plain one.
     cases = {
         "globs and row rules": {"select": SELECT, "rows": ROWS},
         "one glob": {"select": "model.layers.1.*"},
-        "a function and a row rule": {"select": lambda n: n.endswith("proj.weight"), "rows": {"*": "0/3"}},
+        "a function and a row rule": {
+            "select": lambda n: n.endswith("proj.weight"),
+            "rows": {"*": "0/3"},
+        },
     }
     remote = {} if store_options is None else {"store_options": store_options, "retries": 0}
     for case, keywords in cases.items():
         try:
             plain = _described(st.load_file(path, **keywords, **remote))
-            group = _described(st.load_file(path, process_group=dist.group.WORLD, relay_chunk=1 << 12, **keywords,
-                                            **remote))
+            group = _described(
+                st.load_file(
+                    path, process_group=dist.group.WORLD, relay_chunk=1 << 12, **keywords, **remote
+                )
+            )
             result[case] = {"plain": plain, "group": group}
         except Exception as e:  # noqa: BLE001 - reported to the test
             result[case] = {"error": f"{type(e).__name__}: {e}"}
@@ -91,7 +104,12 @@ def _check_group_equals_plain(results: List[Dict[str, Any]]) -> None:
     for rank, result in enumerate(results):
         for case, got in result.items():
             assert "error" not in got, (rank, case, got.get("error"))
-            assert list(got["group"]) == list(got["plain"]), (rank, case, list(got["group"]), list(got["plain"]))
+            assert list(got["group"]) == list(got["plain"]), (
+                rank,
+                case,
+                list(got["group"]),
+                list(got["plain"]),
+            )
             assert got["group"] == got["plain"], (rank, case)
             assert got["plain"], (rank, case, "selected nothing")
 
@@ -100,8 +118,12 @@ def test_a_group_load_keeps_what_a_plain_load_keeps(layered: Path, tmp_path: Pat
     results = _run_group(str(layered), tmp_path)
     _check_group_equals_plain(results)
     kept = results[0]["globs and row rules"]["plain"]
-    assert list(kept) == ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight",
-                          "model.layers.0.input_layernorm.weight", "lm_head.weight"]
+    assert list(kept) == [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "lm_head.weight",
+    ]
     assert kept["model.layers.0.mlp.up_proj.weight"][1] == [23, 16]  # part 1 of 2 of 47 rows
     assert kept["lm_head.weight"][1] == [16, 16]
 
@@ -137,13 +159,27 @@ def test_safe_open_reads_the_rows_a_plain_load_keeps(layered: Path) -> None:
 
 # URLs of every scheme the remote backend reads (as `Scheme::of` spells them), and the store.
 READ_URLS = {
-    "s3://bucket/model": "s3", "s3a://bucket/model": "s3", "S3A://bucket/model": "s3", "gs://bucket/model": "gcs",
-    "az://container/model": "azure", "abfs://container/model": "azure", "abfss://container@account/model": "azure",
-    "azure://container/model": "azure", "http://host:8080/model": "http", "https://host/model": "http",
+    "s3://bucket/model": "s3",
+    "s3a://bucket/model": "s3",
+    "S3A://bucket/model": "s3",
+    "gs://bucket/model": "gcs",
+    "az://container/model": "azure",
+    "abfs://container/model": "azure",
+    "abfss://container@account/model": "azure",
+    "azure://container/model": "azure",
+    "http://host:8080/model": "http",
+    "https://host/model": "http",
 }
 # A URL, but of a scheme nothing reads: the library's error, not a local directory.
 UNREAD_URLS = ["ftp://host/model", "hf://org/model"]
-NOT_URLS = ["model_dir", "/abs/model", "./s3:/bucket", "C:\\models", "3s://bucket/model", "s3:/bucket/model"]
+NOT_URLS = [
+    "model_dir",
+    "/abs/model",
+    "./s3:/bucket",
+    "C:\\models",
+    "3s://bucket/model",
+    "s3:/bucket/model",
+]
 
 
 def test_the_library_tells_urls_from_paths() -> None:
@@ -161,11 +197,11 @@ class _Recorded:
     def __init__(self, sources: List[Any]) -> None:
         self.sources = sources
 
-    def __call__(self, source: Any, device: Any = "cpu", **options: Any) -> "_Recorded":
+    def __call__(self, source: Any, device: Any = "cpu", **options: Any) -> _Recorded:
         self.sources.append(source)
         return self
 
-    def __enter__(self) -> "_Recorded":
+    def __enter__(self) -> _Recorded:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -193,8 +229,9 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Tuple[Any, Any]]:
         next(standin, None)
 
 
-def test_the_engines_hand_every_url_to_the_library(engines: Tuple[Any, Any], tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engines_hand_every_url_to_the_library(
+    engines: Tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     vllm_plugin, sglang_plugin = engines
     from sglang.srt.configs.load_config import LoadConfig as SglangLoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
@@ -217,26 +254,38 @@ def test_the_engines_hand_every_url_to_the_library(engines: Tuple[Any, Any], tmp
         if weights in UNREAD_URLS:
             # Refused when the loader is made: the library reads no such scheme.
             with pytest.raises(ValueError, match="a URL of a scheme this library does not read"):
-                vllm_plugin.StagingModelLoader(VllmLoadConfig(load_format="staging",
-                                                              model_loader_extra_config={"weights": weights}))
+                vllm_plugin.StagingModelLoader(
+                    VllmLoadConfig(
+                        load_format="staging", model_loader_extra_config={"weights": weights}
+                    )
+                )
             continue
-        vllm = vllm_plugin.StagingModelLoader(VllmLoadConfig(load_format="staging",
-                                                             model_loader_extra_config={"weights": weights}))
+        vllm = vllm_plugin.StagingModelLoader(
+            VllmLoadConfig(load_format="staging", model_loader_extra_config={"weights": weights})
+        )
         vllm.download_model(ModelConfig())  # a URL is nothing to download
         del sources[:]
         list(vllm.weights_iterator(ModelConfig()))
         assert sources == [expected], ("vllm", weights, sources)
 
-        sglang = sglang_plugin.StagingModelLoader(SglangLoadConfig(load_format=sglang_plugin.StagingModelLoader,
-                                                                   model_loader_extra_config={"weights": weights}))
+        sglang = sglang_plugin.StagingModelLoader(
+            SglangLoadConfig(
+                load_format=sglang_plugin.StagingModelLoader,
+                model_loader_extra_config={"weights": weights},
+            )
+        )
         sglang.download_model(ModelConfig())
         del sources[:]
         list(sglang._get_weights_iterator(DefaultModelLoader.Source(str(config_dir), None)))
         assert sources == [expected], ("sglang", weights, sources)
 
 
-def test_a_group_load_of_a_url_takes_the_remote_keywords(aws: str, layered: Path, tmp_path: Path,  # noqa: F811
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_group_load_of_a_url_takes_the_remote_keywords(
+    aws: str,  # noqa: F811
+    layered: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`s3a://` in a bucket whose endpoint only `store_options` names (the environment's is a
     closed port): the plain load and the process group's read the same tensors."""
     with socket.socket() as s:
@@ -252,8 +301,20 @@ def test_a_group_load_of_a_url_takes_the_remote_keywords(aws: str, layered: Path
 
 # -- devices ------------------------------------------------------------------------------------
 
-GOOD_DEVICES = ["cpu", "auto", "cuda", "cuda:0", "cuda:3", "3", 3, " cuda:1 ", "hip", "hip:2",
-                torch.device("cuda", 2), torch.device("cpu")]
+GOOD_DEVICES = [
+    "cpu",
+    "auto",
+    "cuda",
+    "cuda:0",
+    "cuda:3",
+    "3",
+    3,
+    " cuda:1 ",
+    "hip",
+    "hip:2",
+    torch.device("cuda", 2),
+    torch.device("cpu"),
+]
 BAD_DEVICES = ["cuda:", "cpu:0", "gpu", "cuda:x", "mps", "cuda:-1", "hip:one"]
 
 
@@ -268,14 +329,18 @@ def _library_device(spelled: Any) -> Tuple[str, Any]:
 
 
 def test_every_door_reads_a_device_as_the_library_does(layered: Path, tmp_path: Path) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1
+    )
     try:
         for spelled in BAD_DEVICES:
             with pytest.raises(st.InvalidOptionError) as library:
                 _native._options(device=spelled)
             doors = {
                 "load_file": lambda: st.load_file(layered, device=spelled),
-                "process_group": lambda: st.load_file(layered, device=spelled, process_group=dist.group.WORLD),
+                "process_group": lambda: st.load_file(
+                    layered, device=spelled, process_group=dist.group.WORLD
+                ),
                 "safe_open": lambda: st.safe_open(layered, framework="pt", device=spelled),
                 "native": lambda: _native._device(spelled),
             }
@@ -314,17 +379,27 @@ def test_one_dtype_table_from_the_library() -> None:
 # -- errors -------------------------------------------------------------------------------------
 
 CLASS_KINDS = {
-    "StagingError": "internal", "MalformedCheckpointError": "invalid-checkpoint", "ReadError": "read",
-    "PathNotFoundError": "not-found", "PathPermissionError": "permission-denied",
-    "BackendUnavailableError": "backend-unavailable", "DeviceError": "device", "InvalidOptionError": "invalid-option",
-    "OutOfMemoryError": "device-allocation", "SelectionError": "selection", "DestinationError": "destination",
+    "StagingError": "internal",
+    "MalformedCheckpointError": "invalid-checkpoint",
+    "ReadError": "read",
+    "PathNotFoundError": "not-found",
+    "PathPermissionError": "permission-denied",
+    "BackendUnavailableError": "backend-unavailable",
+    "DeviceError": "device",
+    "InvalidOptionError": "invalid-option",
+    "OutOfMemoryError": "device-allocation",
+    "SelectionError": "selection",
+    "DestinationError": "destination",
     "UnsupportedDtypeError": "unsupported-dtype",
 }
 
 
 def test_every_exception_class_has_its_kind() -> None:
-    classes = {name: getattr(st, name) for name in st.__all__
-               if isinstance(getattr(st, name), type) and issubclass(getattr(st, name), st.StagingError)}
+    classes = {
+        name: getattr(st, name)
+        for name in st.__all__
+        if isinstance(getattr(st, name), type) and issubclass(getattr(st, name), st.StagingError)
+    }
     assert set(classes) - {"SafetensorError"} == set(CLASS_KINDS)
     for name, kind in CLASS_KINDS.items():
         cls = classes[name]

@@ -22,16 +22,46 @@ from conftest import CLibrary, write_safetensors
 TABLE: List[Dict[str, Any]] = [
     {},
     {"backend": "host", "device": "cpu"},
-    {"backend": "cufile", "device": "cuda:1", "cufile_mode": "compat", "cufile_lib": "/opt/libcufile.so.0"},
-    {"backend": "hipfile", "device": "hip:2", "hipfile_mode": "posix", "hipfile_lib": "/x/libhipfile.so",
-     "hip_lib": "/x/libamdhip64.so"},
-    {"device": 3, "memory_cap": 1 << 30, "chunk_size": 4 << 20, "staging_size": 8 << 20,
-     "headroom_min": 1 << 28, "headroom_divisor": 8},
-    {"threads": 3, "staging_slots": 4, "coalesce_below": 0, "suballocate": False, "direct_io": True},
-    {"select": ["model.layers.0.*", "lm_head.weight"], "rows": {"*.q_proj.weight": "1/4", "embed": (0, 512)}},
-    {"concurrency": 4, "range_size": 16 << 20, "retries": 2, "bandwidth": 500_000_000,
-     "store_options": {"aws_region": "us-east-1", "allow_http": "true"},
-     "allow_redirect": ["cdn.example.com", "*.hf.co"]},
+    {
+        "backend": "cufile",
+        "device": "cuda:1",
+        "cufile_mode": "compat",
+        "cufile_lib": "/opt/libcufile.so.0",
+    },
+    {
+        "backend": "hipfile",
+        "device": "hip:2",
+        "hipfile_mode": "posix",
+        "hipfile_lib": "/x/libhipfile.so",
+        "hip_lib": "/x/libamdhip64.so",
+    },
+    {
+        "device": 3,
+        "memory_cap": 1 << 30,
+        "chunk_size": 4 << 20,
+        "staging_size": 8 << 20,
+        "headroom_min": 1 << 28,
+        "headroom_divisor": 8,
+    },
+    {
+        "threads": 3,
+        "staging_slots": 4,
+        "coalesce_below": 0,
+        "suballocate": False,
+        "direct_io": True,
+    },
+    {
+        "select": ["model.layers.0.*", "lm_head.weight"],
+        "rows": {"*.q_proj.weight": "1/4", "embed": (0, 512)},
+    },
+    {
+        "concurrency": 4,
+        "range_size": 16 << 20,
+        "retries": 2,
+        "bandwidth": 500_000_000,
+        "store_options": {"aws_region": "us-east-1", "allow_http": "true"},
+        "allow_redirect": ["cdn.example.com", "*.hf.co"],
+    },
 ]
 
 
@@ -42,7 +72,10 @@ def spelled(settings: Dict[str, Any]) -> List[Tuple[str, str]]:
         if key in ("select", "allow_redirect"):
             pairs += [(key, v) for v in value]
         elif key == "rows":
-            pairs += [("rows", f"{k}={v if isinstance(v, str) else f'{v[0]}:{v[1]}'}") for k, v in value.items()]
+            pairs += [
+                ("rows", f"{k}={v if isinstance(v, str) else f'{v[0]}:{v[1]}'}")
+                for k, v in value.items()
+            ]
         elif key == "store_options":
             pairs += [("store_option", f"{k}={v}") for k, v in value.items()]
         elif isinstance(value, bool):
@@ -74,7 +107,9 @@ def fields(description: str) -> Dict[str, str]:
 
 
 @pytest.mark.parametrize("settings", TABLE, ids=lambda s: ",".join(s) or "defaults")
-def test_every_door_gives_the_same_options(other_doors: Tuple[Path, Path], settings: Dict[str, Any]) -> None:
+def test_every_door_gives_the_same_options(
+    other_doors: Tuple[Path, Path], settings: Dict[str, Any]
+) -> None:
     stage, ffi = other_doors
     python = _native._options(**settings)
     assert python.startswith("LoadOptions {"), python
@@ -97,7 +132,9 @@ def test_python_spellings_reach_the_same_parser() -> None:
     # torch.device, PathLike, ints and bools are spelled as text for the library's parser.
     torch = pytest.importorskip("torch")
     assert _native._options(device=torch.device("cuda", 2)) == _native._options(device="cuda:2")
-    assert _native._options(cufile_lib=Path("/opt/x.so")) == _native._options(cufile_lib="/opt/x.so")
+    assert _native._options(cufile_lib=Path("/opt/x.so")) == _native._options(
+        cufile_lib="/opt/x.so"
+    )
     assert _native._options(memory_cap=1 << 20) == _native._options(memory_cap="1MiB")
     assert _native._options(direct_io=True) == _native._options(direct_io="yes")
     # A bad value is the library's error: a ValueError naming key and value.
@@ -139,14 +176,21 @@ def scenarios(tmp: Path) -> List[Tuple[str, str, Dict[str, Any], str]]:
         ("no checkpoint in a directory", str(empty), {}, "not-a-checkpoint"),
         ("unknown tensor", str(good), {"select": ["nope"]}, "selection"),
         ("rows past the end", str(good), {"rows": {"w": (2, 9)}}, "selection"),
-        ("host backend on a GPU", str(good), {"backend": "host", "device": "cuda:0"}, "invalid-option"),
+        (
+            "host backend on a GPU",
+            str(good),
+            {"backend": "host", "device": "cuda:0"},
+            "invalid-option",
+        ),
         ("zero threads", str(good), {"threads": 0}, "invalid-option"),
         ("cufile without a driver", str(good), {"backend": "cufile"}, "backend-unavailable"),
         ("a GPU asked for, none here", str(good), {"device": "cuda:0"}, "backend-unavailable"),
     ]
 
 
-def test_python_and_c_classify_every_failure_alike(other_doors: Tuple[Path, Path], tmp_path: Path) -> None:
+def test_python_and_c_classify_every_failure_alike(
+    other_doors: Tuple[Path, Path], tmp_path: Path
+) -> None:
     c = CLibrary(other_doors[1])
     seen = set()
     for name, path, settings, kind in scenarios(tmp_path):

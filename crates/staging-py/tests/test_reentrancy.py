@@ -81,7 +81,10 @@ def run(tmp_path: Path, method: str) -> dict:
     write_safetensors(path, SPECS)
     try:
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(path), method], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", CHILD, str(path), method],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{method}() from the destination callback hung the load (killed after 60 s)")

@@ -18,14 +18,12 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
+import boto3
 import pytest
 
 import safetensors_staging as st
-from safetensors_staging import _native
 
-from conftest import write_safetensors, write_sharded
-
-import boto3
+from conftest import write_sharded
 
 MIB = 1 << 20
 
@@ -39,11 +37,15 @@ def _free_port() -> int:
 def start_moto(**env: str) -> Tuple[subprocess.Popen, str]:
     """Starts a moto S3 server on loopback; returns it and its endpoint URL."""
     exe = Path(sys.executable).parent / "moto_server"
-    assert exe.is_file(), f"moto_server is not installed next to {sys.executable} (pip install 'moto[server]')"
+    assert exe.is_file(), (
+        f"moto_server is not installed next to {sys.executable} (pip install 'moto[server]')"
+    )
     port = _free_port()
     proc = subprocess.Popen(
         [str(exe), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
     )
     deadline = time.time() + 30
     while True:
@@ -53,7 +55,7 @@ def start_moto(**env: str) -> Tuple[subprocess.Popen, str]:
         except OSError:
             if time.time() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("moto_server did not start")
+                raise RuntimeError("moto_server did not start") from None
             time.sleep(0.1)
 
 
@@ -81,7 +83,11 @@ def aws(moto: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def s3(endpoint: str):
     return boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
 
 
@@ -94,7 +100,11 @@ def upload_dir(endpoint: str, bucket: str, prefix: str, directory: Path) -> None
     for path in sorted(directory.rglob("*")):
         if path.is_file() and not path.is_symlink():
             # One PUT per object (moto assembles multipart uploads slowly).
-            client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(directory).as_posix()}", Body=path.read_bytes())
+            client.put_object(
+                Bucket=bucket,
+                Key=f"{prefix}/{path.relative_to(directory).as_posix()}",
+                Body=path.read_bytes(),
+            )
 
 
 def sha256_by_safetensors(directory: Path) -> Dict[str, str]:
@@ -106,7 +116,9 @@ def sha256_by_safetensors(directory: Path) -> Dict[str, str]:
     for file in sorted(directory.glob("*.safetensors")):
         with safe_open(str(file), "pt") as f:
             for name in f.keys():
-                raw = f.get_tensor(name).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                raw = (
+                    f.get_tensor(name).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                )
                 out[name] = hashlib.sha256(raw).hexdigest()
     return out
 
@@ -143,7 +155,9 @@ def test_stage_cli_checksums_match_safetensors_for_minilm_and_shards(
     for prefix, local in (("minilm", minilm_dir), ("sharded", directory)):
         run = subprocess.run(
             [str(stage_bin), f"s3://models/{prefix}", "--backend", "host", "--json", "--checksums"],
-            capture_output=True, text=True, env=os.environ.copy(),
+            capture_output=True,
+            text=True,
+            env=os.environ.copy(),
         )
         assert run.returncode == 0, run.stderr
         report = json.loads(run.stdout)
@@ -154,7 +168,9 @@ def test_stage_cli_checksums_match_safetensors_for_minilm_and_shards(
         assert report["bytes_read"] == data_bytes(local)
 
 
-def test_load_file_from_s3_is_byte_exact(aws: str, minilm_dir: Path, sharded_dir: Tuple[Path, Dict[str, bytes]]) -> None:
+def test_load_file_from_s3_is_byte_exact(
+    aws: str, minilm_dir: Path, sharded_dir: Tuple[Path, Dict[str, bytes]]
+) -> None:
     import safetensors.torch
     import torch
 
@@ -164,16 +180,23 @@ def test_load_file_from_s3_is_byte_exact(aws: str, minilm_dir: Path, sharded_dir
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
         assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
-        assert torch.equal(got[name].view(torch.uint8) if got[name].dim() else got[name], tensor.view(torch.uint8) if tensor.dim() else tensor), name
+        assert torch.equal(
+            got[name].view(torch.uint8) if got[name].dim() else got[name],
+            tensor.view(torch.uint8) if tensor.dim() else tensor,
+        ), name
 
     directory, contents = sharded_dir
     upload_dir(aws, "models", "sharded", directory)
-    with st.stage("s3://models/sharded/model.safetensors.index.json", backend="host", memory_cap=MIB) as load:
+    with st.stage(
+        "s3://models/sharded/model.safetensors.index.json", backend="host", memory_cap=MIB
+    ) as load:
         seen = {name: bytes(t.contiguous().view(-1).view(torch.uint8).numpy()) for name, t in load}
         report = load.report()
         assert seen == contents
         assert report["mode"] == "remote"
-        assert report["paths"]["host"]["tensors"] > 0, "the 1 MiB cap sends big tensors through host assembly"
+        assert report["paths"]["host"]["tensors"] > 0, (
+            "the 1 MiB cap sends big tensors through host assembly"
+        )
     assert load.held() == {"device": 0, "host": 0, "caller": 0}
 
     info = st.open("s3://models/sharded")
@@ -191,20 +214,32 @@ def test_malformed_checkpoints_uploaded_as_objects_raise_like_local_ones(
     for case, paths in malformed.items():
         ckpt = root / case / "ckpt"
         upload_dir(aws, "malformed", case, ckpt)
-        urls = [f"s3://malformed/{case}/{Path(p).relative_to(ckpt).as_posix()}" if str(p).startswith(str(ckpt)) else f"s3://malformed/{case}/absent" for p in paths]
+        urls = [
+            f"s3://malformed/{case}/{Path(p).relative_to(ckpt).as_posix()}"
+            if str(p).startswith(str(ckpt))
+            else f"s3://malformed/{case}/absent"
+            for p in paths
+        ]
         with pytest.raises(st.StagingError) as local:
             st.load_file([str(p) for p in paths], backend="host")
         with pytest.raises(st.StagingError) as remote:
             st.load_file(urls, backend="host")
         message = str(remote.value)
         assert "s3://malformed/" in message, (case, message)
-        if isinstance(local.value, st.MalformedCheckpointError) and "fifo" not in case and "directory" not in case and "duplicate_tensor_in_directory" != case:
+        if (
+            isinstance(local.value, st.MalformedCheckpointError)
+            and "fifo" not in case
+            and "directory" not in case
+            and "duplicate_tensor_in_directory" != case
+        ):
             assert isinstance(remote.value, st.MalformedCheckpointError), (case, message)
         tried += 1
     assert tried == len(malformed)
 
 
-def test_wrong_credentials_and_a_missing_bucket_are_one_clear_error(aws: str, minilm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrong_credentials_and_a_missing_bucket_are_one_clear_error(
+    aws: str, minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     upload_dir(aws, "models", "minilm", minilm_dir)
     with pytest.raises(st.ReadError, match="s3://no-such-bucket/x") as missing:
         st.load_file("s3://no-such-bucket/x", retries=0)
@@ -220,32 +255,45 @@ def test_wrong_credentials_and_a_missing_bucket_are_one_clear_error(aws: str, mi
         with pytest.raises(st.StagingError, match="s3://models/minilm") as denied:
             st.load_file("s3://models/minilm", retries=3)
         assert time.time() - start < 20, "a denied request is not retried with backoff"
-        assert "InvalidAccessKeyId" in str(denied.value) or "403" in str(denied.value), str(denied.value)
+        assert "InvalidAccessKeyId" in str(denied.value) or "403" in str(denied.value), str(
+            denied.value
+        )
     finally:
         proc.terminate()
         proc.wait(10)
 
 
-def test_an_object_replaced_mid_load_is_an_error_naming_it(aws: str, sharded_dir: Tuple[Path, Dict[str, bytes]]) -> None:
+def test_an_object_replaced_mid_load_is_an_error_naming_it(
+    aws: str, sharded_dir: Tuple[Path, Dict[str, bytes]]
+) -> None:
     directory, contents = sharded_dir
     upload_dir(aws, "models", "replaced", directory)
-    load = st.stage("s3://models/replaced", backend="host", threads=1, concurrency=1)  # no read-ahead
+    load = st.stage(
+        "s3://models/replaced", backend="host", threads=1, concurrency=1
+    )  # no read-ahead
     with load:
         name, first = next(load)
-        assert bytes(first.contiguous().view(-1).view(__import__("torch").uint8).numpy()) == contents[name]
+        assert (
+            bytes(first.contiguous().view(-1).view(__import__("torch").uint8).numpy())
+            == contents[name]
+        )
         shard = "model-00001-of-00002.safetensors"
         # Same size, one byte different (an S3 ETag is the MD5 of the bytes: the same bytes put
         # again are the same version, and harmless).
         changed = bytearray((directory / shard).read_bytes())
         changed[-1] ^= 0xFF
         s3(aws).put_object(Bucket="models", Key=f"replaced/{shard}", Body=bytes(changed))
-        with pytest.raises(st.ReadError, match=f"s3://models/replaced/{shard} changed during the load"):
+        with pytest.raises(
+            st.ReadError, match=f"s3://models/replaced/{shard} changed during the load"
+        ):
             for _ in load:
                 pass
         assert load.held()["device"] == 0 and load.held()["host"] == 0
 
 
-def test_transient_failures_through_a_proxy_are_retried(aws: str, sharded_dir: Tuple[Path, Dict[str, bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transient_failures_through_a_proxy_are_retried(
+    aws: str, sharded_dir: Tuple[Path, Dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A proxy in front of moto answers the first GET of each byte range with 503."""
     import http.client
     import http.server
@@ -286,7 +334,10 @@ def test_transient_failures_through_a_proxy_are_retried(aws: str, sharded_dir: T
                 if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                     self.send_header(k, v)
             # A HEAD's length is the object's, not its (empty) body's.
-            self.send_header("Content-Length", resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
+            self.send_header(
+                "Content-Length",
+                resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)),
+            )
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
@@ -300,7 +351,9 @@ def test_transient_failures_through_a_proxy_are_retried(aws: str, sharded_dir: T
         import torch
 
         got = st.load_file("s3://models/retry", backend="host", range_size=MIB, retries=3)
-        assert {k: bytes(v.contiguous().view(-1).view(torch.uint8).numpy()) for k, v in got.items()} == contents
+        assert {
+            k: bytes(v.contiguous().view(-1).view(torch.uint8).numpy()) for k, v in got.items()
+        } == contents
         assert len(failed) > 0, "the proxy failed some requests"
         ranged = [k for k in seen if k[0] == "GET" and k[2]]
         assert len(failed) == len(ranged), "every range failed once and was asked for again"
@@ -341,19 +394,29 @@ print(json.dumps({"baseline": baseline, "peak": peak, "largest": largest, "seen"
 """
 
 
-def test_a_streamed_load_holds_bounded_memory_whatever_the_checkpoint_size(aws: str, big_checkpoint: Tuple[Path, int]) -> None:
+def test_a_streamed_load_holds_bounded_memory_whatever_the_checkpoint_size(
+    aws: str, big_checkpoint: Tuple[Path, int]
+) -> None:
     """1 GiB from the server through a consumer that keeps nothing: the process's peak RSS above
     its imports stays under the largest tensor plus the read-ahead window (256 MiB of batch, the
     policy's default) plus 128 MiB of slack; a load that held what it had read would need 1 GiB."""
     directory, total = big_checkpoint
     upload_dir(aws, "models", "big", directory)
-    run = subprocess.run([sys.executable, "-c", STREAM_AND_MEASURE, "s3://models/big"], capture_output=True, text=True, env=os.environ.copy())
+    run = subprocess.run(
+        [sys.executable, "-c", STREAM_AND_MEASURE, "s3://models/big"],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+    )
     assert run.returncode == 0, run.stderr
     m = json.loads(run.stdout.strip().splitlines()[-1])
     assert m["seen"] == total
     grown = m["peak"] - m["baseline"]
     bound = m["largest"] + (256 << 20) + (128 << 20)
-    print(f"\nstreamed {total / 2**30:.2f} GiB: peak RSS {grown / 2**20:.0f} MiB above imports (bound {bound / 2**20:.0f} MiB)")
+    print(
+        f"\nstreamed {total / 2**30:.2f} GiB: peak RSS {grown / 2**20:.0f} MiB above imports "
+        f"(bound {bound / 2**20:.0f} MiB)"
+    )
     assert grown < bound, m
     assert grown < total // 2, m
     assert grown >= m["largest"], f"the peak must at least hold one tensor: is it measured? {m}"

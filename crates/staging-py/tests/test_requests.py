@@ -21,7 +21,9 @@ from conftest import write_sharded
 
 @pytest.fixture()
 def served(tmp_path: Path) -> Iterator[Tuple[str, Dict[str, bytes], List[Tuple[str, str]]]]:
-    contents = write_sharded(tmp_path, [[(f"s{s}.w{i}", "F32", (64, 64)) for i in range(3)] for s in range(4)])
+    contents = write_sharded(
+        tmp_path, [[(f"s{s}.w{i}", "F32", (64, 64)) for i in range(3)] for s in range(4)]
+    )
     log: List[Tuple[str, str]] = []
     lock = threading.Lock()
 
@@ -63,7 +65,7 @@ def served(tmp_path: Path) -> Iterator[Tuple[str, Dict[str, bytes], List[Tuple[s
             a, b = self.headers["Range"].split("=")[1].split("-")
             a, b = int(a), min(int(b), len(data) - 1)
             self.head(206, b - a + 1, (("Content-Range", f"bytes {a}-{b}/{len(data)}"),))
-            self.wfile.write(data[a:b + 1])
+            self.wfile.write(data[a : b + 1])
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -74,10 +76,15 @@ def served(tmp_path: Path) -> Iterator[Tuple[str, Dict[str, bytes], List[Tuple[s
         server.shutdown()
 
 
-def test_a_url_load_heads_no_object_twice(served: Tuple[str, Dict[str, bytes], List[Tuple[str, str]]]) -> None:
+def test_a_url_load_heads_no_object_twice(
+    served: Tuple[str, Dict[str, bytes], List[Tuple[str, str]]],
+) -> None:
     base, contents, log = served
     got = st.load_file(f"{base}/model.safetensors.index.json", retries=0)
-    assert {n: bytes(t.contiguous().view(-1).view(__import__("torch").uint8).numpy()) for n, t in got.items()} == contents
+    assert {
+        n: bytes(t.contiguous().view(-1).view(__import__("torch").uint8).numpy())
+        for n, t in got.items()
+    } == contents
     heads = Counter(path for method, path in log if method == "HEAD")
     assert heads, log
     assert max(heads.values()) == 1, heads
@@ -88,10 +95,14 @@ def test_a_url_load_heads_no_object_twice(served: Tuple[str, Dict[str, bytes], L
 
 
 def test_a_selection_made_from_the_headers_reads_only_what_it_chose(
-    served: Tuple[str, Dict[str, bytes], List[Tuple[str, str]]]
+    served: Tuple[str, Dict[str, bytes], List[Tuple[str, str]]],
 ) -> None:
     base, contents, log = served
-    got = st.load_file(f"{base}/model.safetensors.index.json", select=lambda name: name.startswith("s2."), retries=0)
+    got = st.load_file(
+        f"{base}/model.safetensors.index.json",
+        select=lambda name: name.startswith("s2."),
+        retries=0,
+    )
     assert sorted(got) == ["s2.w0", "s2.w1", "s2.w2"]
     heads = Counter(path for method, path in log if method == "HEAD")
     assert max(heads.values()) == 1, heads

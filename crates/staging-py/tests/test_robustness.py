@@ -7,7 +7,6 @@ import json
 import os
 import pty
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,20 +19,27 @@ import torch
 
 import safetensors_staging as st
 from safetensors_staging import _native
+
 from conftest import STALLING_SERVER, write_safetensors
 
 ZERO = {"device": 0, "host": 0, "caller": 0}
 
 
-def test_malformed_raises_staging_error_with_the_cli_message(malformed: Dict[str, List[Path]], stage_bin: Path) -> None:
+def test_malformed_raises_staging_error_with_the_cli_message(
+    malformed: Dict[str, List[Path]], stage_bin: Path
+) -> None:
     """Every malformed checkpoint the Rust suite knows: one `StagingError` (never a crash, never
     a partial result), with the very line `stage` prints."""
     for case, paths in malformed.items():
         with pytest.raises(st.StagingError) as caught:
             st.load_file(paths, backend="host")
-        expected = st.PathNotFoundError if case == "nonexistent_path" else st.MalformedCheckpointError
+        expected = (
+            st.PathNotFoundError if case == "nonexistent_path" else st.MalformedCheckpointError
+        )
         assert type(caught.value) is expected, (case, caught.value)
-        cli = subprocess.run([str(stage_bin), "--backend", "host", *map(str, paths)], capture_output=True, text=True)
+        cli = subprocess.run(
+            [str(stage_bin), "--backend", "host", *map(str, paths)], capture_output=True, text=True
+        )
         assert cli.returncode == 1, case
         assert cli.stderr.strip() == f"stage: error: {caught.value}", case
 
@@ -42,7 +48,9 @@ def test_read_error_mid_load_hands_out_nothing_half_read(tmp_path: Path) -> None
     """A file cut short after its header was checked: a `ReadError` naming the file and what
     changed, before any tensor is handed out; nothing is held after. (Read errors from the
     reader itself, naming tensor and offset, are injected by the Rust suite.)"""
-    write_safetensors(tmp_path / "model.safetensors", [("a", "F32", (256,)), ("b", "F32", (1 << 16,))])
+    write_safetensors(
+        tmp_path / "model.safetensors", [("a", "F32", (256,)), ("b", "F32", (1 << 16,))]
+    )
     it = st.stage(tmp_path, backend="host", coalesce_below=0)
     size = (tmp_path / "model.safetensors").stat().st_size
     os.truncate(tmp_path / "model.safetensors", size - 100)
@@ -113,7 +121,9 @@ def test_ctrl_c_stops_between_tensors_and_frees_everything(big_checkpoint) -> No
     the load (its read-ahead and staging buffers freed), and once the caller drops the tensors
     it kept, the library holds nothing."""
     directory, _ = big_checkpoint
-    out = subprocess.run([sys.executable, "-c", CHILD, str(directory)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(directory)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout != "finished\n", "the load ran to its end"
     result = json.loads(out.stdout)
@@ -153,7 +163,9 @@ def test_gil_is_released_while_bytes_move(tmp_path: Path) -> None:
 def test_progress_bar_on_a_terminal(minilm_dir: Path) -> None:
     code = f"import safetensors_staging as st; st.load_file({str(minilm_dir)!r}, progress=True)"
     controller, terminal = pty.openpty()
-    child = subprocess.Popen([sys.executable, "-c", code], stderr=terminal, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stderr=terminal, stdout=subprocess.DEVNULL
+    )
     os.close(terminal)
     output = b""
     while True:
@@ -249,9 +261,16 @@ STALLED_GET = STALLING_SERVER + textwrap.dedent(
 def test_ctrl_c_ends_a_load_stalled_on_a_get_within_a_second(tmp_path: Path) -> None:
     """A server that stops answering mid-load: Ctrl-C raises `KeyboardInterrupt` within about a
     second (the request timeout is 300 s), and the load holds nothing after."""
-    write_safetensors(tmp_path / "model.safetensors", [("a", "F32", (64,)), ("b", "F32", (1 << 16,)), ("c", "F32", (8,))])
-    out = subprocess.run([sys.executable, "-c", STALLED_GET, str(tmp_path / "model.safetensors")],
-                         capture_output=True, text=True, timeout=120)
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        [("a", "F32", (64,)), ("b", "F32", (1 << 16,)), ("c", "F32", (8,))],
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", STALLED_GET, str(tmp_path / "model.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["outcome"] == "KeyboardInterrupt", result

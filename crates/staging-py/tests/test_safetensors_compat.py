@@ -30,17 +30,42 @@ def torch_tensors() -> Dict[str, torch.Tensor]:
     """Every dtype torch and safetensors share, plus scalars, empty and zero-length tensors."""
     g = torch.Generator().manual_seed(3)
     out: Dict[str, torch.Tensor] = {}
-    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
-                  torch.uint16, torch.uint32, torch.uint64):
-        raw = torch.randint(0, 256, (5, 6, 8 * torch.empty((), dtype=dtype).element_size()), generator=g,
-                            dtype=torch.uint8)
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    ):
+        raw = torch.randint(
+            0,
+            256,
+            (5, 6, 8 * torch.empty((), dtype=dtype).element_size()),
+            generator=g,
+            dtype=torch.uint8,
+        )
         value = raw.view(dtype)
         if dtype == torch.bool:
             value = (raw[..., :8] & 1).bool()
         out[f"w.{str(dtype).split('.')[-1]}"] = value
-    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2):
-        out[f"w.{str(dtype).split('.')[-1]}"] = torch.randint(0, 256, (4, 6), generator=g, dtype=torch.uint8).view(dtype)
+    for dtype in (
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float8_e8m0fnu,
+        torch.float4_e2m1fn_x2,
+    ):
+        out[f"w.{str(dtype).split('.')[-1]}"] = torch.randint(
+            0, 256, (4, 6), generator=g, dtype=torch.uint8
+        ).view(dtype)
     out["scalar"] = torch.tensor(1.25)
     out["empty"] = torch.zeros(0)
     out["zero_dim"] = torch.zeros(3, 0, 2, dtype=torch.bfloat16)
@@ -54,7 +79,10 @@ def same(a: Any, b: Any) -> None:
         assert isinstance(b, torch.Tensor)
         assert (a.dtype, tuple(a.shape), a.device) == (b.dtype, tuple(b.shape), b.device)
         if a.numel():
-            assert torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+            assert torch.equal(
+                a.contiguous().reshape(-1).view(torch.uint8),
+                b.contiguous().reshape(-1).view(torch.uint8),
+            )
     else:
         a, b = np.asarray(a), np.asarray(b)
         assert (a.dtype, a.shape) == (b.dtype, b.shape)
@@ -76,7 +104,10 @@ def pt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_safe_open_agrees_with_safetensors(pt_file: Path) -> None:
-    with safetensors.safe_open(pt_file, framework="pt") as theirs, st.safe_open(pt_file, framework="pt") as ours:
+    with (
+        safetensors.safe_open(pt_file, framework="pt") as theirs,
+        st.safe_open(pt_file, framework="pt") as ours,
+    ):
         assert ours.keys() == theirs.keys()
         assert ours.offset_keys() == theirs.offset_keys()
         assert ours.metadata() == theirs.metadata()
@@ -121,18 +152,44 @@ def test_get_tensor_in_file_order_reads_ahead_and_each_tensor_once(tmp_path: Pat
 
 
 SLICES: List[Any] = [
-    slice(None), 0, -1, slice(2, 5), slice(-3, None), slice(1, 7, 2), slice(6, 2), slice(-100, 100),
-    (slice(None), 1), (slice(None), slice(1, 3)), (1, slice(None, None, 2)), (Ellipsis, 2),
-    (Ellipsis, slice(1, 4)), Ellipsis, (), None, (None, 2), (2, None), (Ellipsis, Ellipsis), (0, 0),
+    slice(None),
+    0,
+    -1,
+    slice(2, 5),
+    slice(-3, None),
+    slice(1, 7, 2),
+    slice(6, 2),
+    slice(-100, 100),
+    (slice(None), 1),
+    (slice(None), slice(1, 3)),
+    (1, slice(None, None, 2)),
+    (Ellipsis, 2),
+    (Ellipsis, slice(1, 4)),
+    Ellipsis,
+    (),
+    None,
+    (None, 2),
+    (2, None),
+    (Ellipsis, Ellipsis),
+    (0, 0),
     (slice(1, 3), [0, 2]),
     # Errors: out of bounds, too many indices, a step that is not positive, a bad type.
-    8, -9, (0, 0, 0), slice(None, None, -1), slice(None, None, 0), 1.5, "x",
+    8,
+    -9,
+    (0, 0, 0),
+    slice(None, None, -1),
+    slice(None, None, 0),
+    1.5,
+    "x",
 ]
 
 
 @pytest.mark.parametrize("key", SLICES, ids=repr)
 def test_slices_agree_with_safetensors_and_read_only_their_rows(pt_file: Path, key: Any) -> None:
-    with safetensors.safe_open(pt_file, framework="pt") as theirs, st.safe_open(pt_file, framework="pt") as ours:
+    with (
+        safetensors.safe_open(pt_file, framework="pt") as theirs,
+        st.safe_open(pt_file, framework="pt") as ours,
+    ):
         want = outcome(lambda: theirs.get_slice("row")[key])
         before = ours.bytes_read
         got = outcome(lambda: ours.get_slice("row")[key])
@@ -178,7 +235,10 @@ def test_slicing_reads_the_rows_it_needs_of_a_big_tensor(tmp_path: Path) -> None
 def test_numpy_and_flax_frameworks_agree(pt_file: Path, framework: str) -> None:
     theirs_framework = {"numpy": "np", "jax": "flax"}.get(framework, framework)
     reference = safetensors.torch.load_file(pt_file)
-    with safetensors.safe_open(pt_file, framework=theirs_framework) as theirs, st.safe_open(pt_file, framework=framework) as ours:
+    with (
+        safetensors.safe_open(pt_file, framework=theirs_framework) as theirs,
+        st.safe_open(pt_file, framework=framework) as ours,
+    ):
         for name in theirs.keys():
             want = outcome(lambda: theirs.get_tensor(name))
             got = outcome(lambda: ours.get_tensor(name))
@@ -241,22 +301,31 @@ def test_errors_are_those_safetensors_code_catches(pt_file: Path, tmp_path: Path
 
 
 def test_safe_open_takes_a_directory_an_index_and_options(tmp_path: Path) -> None:
-    contents = write_sharded(tmp_path / "sharded", [[("a", "F32", (4, 2)), ("b", "I8", (3,))], [("c", "F16", (2, 2))]])
+    contents = write_sharded(
+        tmp_path / "sharded", [[("a", "F32", (4, 2)), ("b", "I8", (3,))], [("c", "F16", (2, 2))]]
+    )
     for path in (tmp_path / "sharded", tmp_path / "sharded" / "model.safetensors.index.json"):
         with st.safe_open(path, framework="pt", backend="mmap", chunk_size="1MiB") as f:
             assert f.keys() == ["a", "b", "c"] and f.backend == "host"
             for name, data in contents.items():
-                assert f.get_tensor(name).contiguous().view(torch.uint8).reshape(-1).numpy().tobytes() == data
+                assert (
+                    f.get_tensor(name).contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+                    == data
+                )
     with pytest.raises(st.InvalidOptionError):
-        st.safe_open(tmp_path / "sharded", framework="pt", select=["a"])  # a handle chooses by asking
+        st.safe_open(
+            tmp_path / "sharded", framework="pt", select=["a"]
+        )  # a handle chooses by asking
 
 
 def test_files_stay_open_and_a_replaced_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     safetensors.torch.save_file({"a": torch.ones(4), "b": torch.zeros(4)}, path)
     fd_dir = Path("/proc/self/fd")
+
     def open_fds() -> int:
         return sum(1 for p in fd_dir.iterdir() if os.path.realpath(p) == str(path))
+
     with st.safe_open(path, framework="pt") as f:
         f.get_tensor("a")
         f.get_tensor("b")
@@ -282,10 +351,31 @@ def test_saving_writes_what_safetensors_writes(tmp_path: Path) -> None:
     assert st.torch.save(tensors) == safetensors.torch.save(tensors)
     st.torch.save_file(tensors, tmp_path / "ours.safetensors", metadata)
     safetensors.torch.save_file(tensors, tmp_path / "theirs.safetensors", metadata)
-    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.safetensors", "theirs.safetensors"], "no temporary left"
-    arrays = {k: v.numpy() for k, v in tensors.items() if k.split(".")[-1] in (
-        "float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64", "uint16")}
+    assert (tmp_path / "ours.safetensors").read_bytes() == (
+        tmp_path / "theirs.safetensors"
+    ).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ours.safetensors",
+        "theirs.safetensors",
+    ], "no temporary left"
+    arrays = {
+        k: v.numpy()
+        for k, v in tensors.items()
+        if k.split(".")[-1]
+        in (
+            "float64",
+            "float32",
+            "float16",
+            "int64",
+            "int32",
+            "int16",
+            "int8",
+            "uint8",
+            "bool",
+            "complex64",
+            "uint16",
+        )
+    }
     arrays["be"] = np.arange(6, dtype=">i4").reshape(2, 3)
     assert st.numpy.save(arrays, metadata) == safetensors.numpy.save(arrays, metadata)
     # A non-contiguous array: safetensors' numpy `save` writes its raw memory; ours its values.
@@ -294,7 +384,9 @@ def test_saving_writes_what_safetensors_writes(tmp_path: Path) -> None:
 
 
 def test_loading_bytes_agrees_with_safetensors() -> None:
-    tensors = {k: v for k, v in torch_tensors().items() if "float8_e8m0" not in k and "float4" not in k}
+    tensors = {
+        k: v for k, v in torch_tensors().items() if "float8_e8m0" not in k and "float4" not in k
+    }
     data = safetensors.torch.save(tensors, {"k": "v"})
     ours, theirs = st.torch.load(data), safetensors.torch.load(data)
     assert ours.keys() == theirs.keys()
@@ -327,7 +419,16 @@ def test_loading_bytes_agrees_with_safetensors() -> None:
         ({"a": (y := torch.zeros(8))[:4], "b": y[2:]}, None, RuntimeError),  # overlapping views
         ({"t": torch.zeros(2, 2).to_sparse()}, None, ValueError),
     ],
-    ids=["noncontiguous", "not-a-dict", "not-a-tensor", "int-key", "int-metadata", "shared", "overlap", "sparse"],
+    ids=[
+        "noncontiguous",
+        "not-a-dict",
+        "not-a-tensor",
+        "int-key",
+        "int-metadata",
+        "shared",
+        "overlap",
+        "sparse",
+    ],
 )
 def test_saving_refuses_what_safetensors_refuses(tensors: Any, metadata: Any, error: type) -> None:
     with pytest.raises(error):
@@ -355,20 +456,26 @@ def test_save_model_and_load_model_agree_with_safetensors(tmp_path: Path) -> Non
     model = Tied()
     st.torch.save_model(model, tmp_path / "ours.safetensors")
     safetensors.torch.save_model(model, tmp_path / "theirs.safetensors")
-    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert (tmp_path / "ours.safetensors").read_bytes() == (
+        tmp_path / "theirs.safetensors"
+    ).read_bytes()
     fresh, reference = Tied(), Tied()
-    assert st.torch.load_model(fresh, tmp_path / "ours.safetensors") == safetensors.torch.load_model(
-        reference, tmp_path / "theirs.safetensors")
+    assert st.torch.load_model(
+        fresh, tmp_path / "ours.safetensors"
+    ) == safetensors.torch.load_model(reference, tmp_path / "theirs.safetensors")
     assert torch.equal(fresh.head.weight, model.head.weight)
     assert fresh.head.weight.data_ptr() == fresh.embed.weight.data_ptr(), "still tied"
     # A file missing a weight: strict raises what safetensors raises; not strict returns it.
-    st.torch.save_file({"embed.weight": torch.zeros(3, 4)[:0].contiguous()}, tmp_path / "wrong.safetensors")
+    st.torch.save_file(
+        {"embed.weight": torch.zeros(3, 4)[:0].contiguous()}, tmp_path / "wrong.safetensors"
+    )
     safetensors.torch.save_file({"other": torch.zeros(1)}, tmp_path / "other.safetensors")
     for module in (safetensors.torch, st.torch):
         with pytest.raises(RuntimeError, match="Unexpected key"):
             module.load_model(Tied(), tmp_path / "other.safetensors")
-    assert st.torch.load_model(Tied(), tmp_path / "other.safetensors", strict=False) == \
-        safetensors.torch.load_model(Tied(), tmp_path / "other.safetensors", strict=False)
+    assert st.torch.load_model(
+        Tied(), tmp_path / "other.safetensors", strict=False
+    ) == safetensors.torch.load_model(Tied(), tmp_path / "other.safetensors", strict=False)
 
 
 def test_flax_module_agrees_with_safetensors(tmp_path: Path) -> None:
@@ -377,8 +484,11 @@ def test_flax_module_agrees_with_safetensors(tmp_path: Path) -> None:
 
     import safetensors_staging.flax
 
-    arrays = {"a": jnp.arange(12, dtype=jnp.float32).reshape(3, 4), "b": jnp.ones((2, 2), dtype=jnp.bfloat16),
-              "s": jnp.asarray(3, dtype=jnp.int32)}
+    arrays = {
+        "a": jnp.arange(12, dtype=jnp.float32).reshape(3, 4),
+        "b": jnp.ones((2, 2), dtype=jnp.bfloat16),
+        "s": jnp.asarray(3, dtype=jnp.int32),
+    }
     data = safetensors.flax.save(dict(arrays))
     assert safetensors_staging.flax.save(dict(arrays)) == data
     safetensors_staging.flax.save_file(dict(arrays), tmp_path / "f.safetensors")
@@ -388,7 +498,10 @@ def test_flax_module_agrees_with_safetensors(tmp_path: Path) -> None:
     with pytest.raises(KeyError):
         safetensors.flax.load(data)
     want = safetensors.flax.load_file(tmp_path / "f.safetensors")
-    for loaded in (safetensors_staging.flax.load(data), safetensors_staging.flax.load_file(tmp_path / "f.safetensors")):
+    for loaded in (
+        safetensors_staging.flax.load(data),
+        safetensors_staging.flax.load_file(tmp_path / "f.safetensors"),
+    ):
         assert loaded.keys() == want.keys()
         for name in want:
             assert type(loaded[name]) is type(want[name])
@@ -408,14 +521,18 @@ def test_save_file_is_atomic_for_a_reader_of_the_old_file(tmp_path: Path) -> Non
     before = path.read_bytes()
     with pytest.raises(ValueError):
         st.torch.save_file({"w": torch.zeros(4, 4).T}, path)
-    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [
+        "model.safetensors"
+    ]
 
 
 def test_loads_of_every_dtype_file_agree(tmp_path: Path) -> None:
     """Files written independently of both packages (the suite's own writer)."""
     path = tmp_path / "every.safetensors"
     # Torch has no dtype for F6, nor for an F4 tensor with an odd last dimension.
-    specs = [s for s in every_dtype_specs() if s[1] not in ("F6_E2M3", "F6_E3M2") and s[0] != "odd.F4"]
+    specs = [
+        s for s in every_dtype_specs() if s[1] not in ("F6_E2M3", "F6_E3M2") and s[0] != "odd.F4"
+    ]
     write_safetensors(path, specs)
     theirs = safetensors.torch.load_file(path)
     ours = st.torch.load_file(path, backend="mmap")
@@ -428,12 +545,14 @@ def test_threads_share_one_handle(pt_file: Path) -> None:
     want = safetensors.torch.load_file(pt_file)
     errors: List[BaseException] = []
     with st.safe_open(pt_file, framework="pt") as f:
+
         def read() -> None:
             try:
                 for name in f.keys():
                     same(f.get_tensor(name), want[name])
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
+
         threads = [threading.Thread(target=read) for _ in range(4)]
         for t in threads:
             t.start()
@@ -442,7 +561,9 @@ def test_threads_share_one_handle(pt_file: Path) -> None:
     assert not errors, errors
 
 
-def test_transformers_loads_through_safe_open(minilm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transformers_loads_through_safe_open(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`transformers.modeling_utils.safe_open` swapped for ours: from_pretrained's own path
     (get_slice per key, `[...]` to materialize) gives bit-equal embeddings."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -25,8 +25,15 @@ def small_causal_lm(kind: str, directory: Path) -> Path:
     """A small model of architecture `kind`, random weights, saved in shards of about 200 kB."""
     import transformers
 
-    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     if kind == "qwen2":
         config = transformers.Qwen2Config(**common, tie_word_embeddings=False)
         model_class = transformers.Qwen2ForCausalLM
@@ -71,7 +78,9 @@ def test_causal_lm_logits_and_generation_are_bit_equal(kind: str, tmp_path: Path
     assert type(ours) is type(reference)
     same_state(ours, reference)
     if kind == "llama":
-        assert ours.lm_head.weight.data_ptr() == ours.model.embed_tokens.weight.data_ptr(), "still tied"
+        assert ours.lm_head.weight.data_ptr() == ours.model.embed_tokens.weight.data_ptr(), (
+            "still tied"
+        )
     prompt = torch.tensor([[1, 17, 42, 99, 3, 250]])
     with torch.no_grad():
         assert torch.equal(ours(prompt).logits, reference(prompt).logits)
@@ -101,11 +110,16 @@ def test_each_weight_is_read_once_and_options_reach_the_loader(tmp_path: Path) -
 
     helper.safe_open = Recording
     try:
-        model = from_pretrained(path, AutoModelForCausalLM, chunk_size="64KiB", model_kwargs={"dtype": torch.float32})
+        model = from_pretrained(
+            path, AutoModelForCausalLM, chunk_size="64KiB", model_kwargs={"dtype": torch.float32}
+        )
     finally:
         helper.safe_open = original
-    (handle, kwargs), = seen
-    assert kwargs == {"framework": "pt", "device": "cpu", "chunk_size": "64KiB"} and handle.backend == "host"
+    ((handle, kwargs),) = seen
+    assert (
+        kwargs == {"framework": "pt", "device": "cpu", "chunk_size": "64KiB"}
+        and handle.backend == "host"
+    )
     report = handle.final
     headers = total - report["bytes_read"]
     assert report["tensors"] == len(model.state_dict()), "each weight read once"
@@ -115,7 +129,9 @@ def test_each_weight_is_read_once_and_options_reach_the_loader(tmp_path: Path) -
 def test_a_wrong_model_class_is_refused(minilm_dir: Path) -> None:
     from transformers import AutoModelForImageClassification
 
-    with pytest.raises(ValueError, match="AutoModelForImageClassification has no model class for BertConfig"):
+    with pytest.raises(
+        ValueError, match="AutoModelForImageClassification has no model class for BertConfig"
+    ):
         from_pretrained(minilm_dir, AutoModelForImageClassification)
 
 
@@ -131,8 +147,13 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
     import safetensors_staging.transformers as helper
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{out}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
     result: dict = {"rank": rank}
     try:
         handles: list = []
@@ -145,7 +166,9 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
 
         helper.safe_open = Recording
         try:
-            ours = from_pretrained(path, AutoModelForCausalLM, model_kwargs={"tp_plan": "auto"}).eval()
+            ours = from_pretrained(
+                path, AutoModelForCausalLM, model_kwargs={"tp_plan": "auto"}
+            ).eval()
         finally:
             helper.safe_open = original
         reference = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
@@ -155,7 +178,8 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
             want = theirs[name]
             local = param.to_local() if isinstance(param, DTensor) else param.data
             if isinstance(param, DTensor) != isinstance(want, DTensor) or not torch.equal(
-                    local, want.to_local() if isinstance(want, DTensor) else want.data):
+                local, want.to_local() if isinstance(want, DTensor) else want.data
+            ):
                 bad.append(name)
             # What this rank must read: the rows of its share of a tensor split along dimension 0;
             # every row of one split along dimension 1 (a column block spans them) or replicated.
@@ -169,8 +193,13 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
         with torch.no_grad():
             same_logits = torch.equal(ours(prompt).logits, reference(prompt).logits)
         (report,) = handles
-        result.update(bad=bad, row_shares=row_shares, expected=expected, bytes_read=report["bytes_read"],
-                      same_logits=same_logits)
+        result.update(
+            bad=bad,
+            row_shares=row_shares,
+            expected=expected,
+            bytes_read=report["bytes_read"],
+            same_logits=same_logits,
+        )
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
     finally:
@@ -178,7 +207,9 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_tensor_parallel_ranks_read_their_share_and_compute_as_transformers_does(tmp_path: Path) -> None:
+def test_tensor_parallel_ranks_read_their_share_and_compute_as_transformers_does(
+    tmp_path: Path,
+) -> None:
     """`model_kwargs={"tp_plan": "auto"}` on 2 gloo ranks: `transformers` shards the model as
     DTensors and indexes our lazy slices, so each rank reads the rows of its dimension-0 shares
     only; its local shards and the logits equal `transformers`' own tensor-parallel load."""
@@ -188,12 +219,19 @@ def test_tensor_parallel_ranks_read_their_share_and_compute_as_transformers_does
     total = sum(p.stat().st_size for p in path.glob("*.safetensors"))
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(_tensor_parallel_worker, args=(2, str(path), str(out)), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _tensor_parallel_worker,
+        args=(2, str(path), str(out)),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert "error" not in r, r
         assert r["bad"] == [] and r["same_logits"], r
-        assert r["row_shares"] >= 20, "q/k/v/gate/up projections, embeddings and lm_head split by rows"
+        assert r["row_shares"] >= 20, (
+            "q/k/v/gate/up projections, embeddings and lm_head split by rows"
+        )
         assert r["bytes_read"] == r["expected"], r
         assert r["bytes_read"] < 0.65 * total, r

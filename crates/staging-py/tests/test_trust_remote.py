@@ -129,7 +129,9 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("shard", HOSTILE)
-def test_an_index_never_reaches_outside_its_prefix_over_http(server: Hostile, tmp_path: Path, shard: str) -> None:
+def test_an_index_never_reaches_outside_its_prefix_over_http(
+    server: Hostile, tmp_path: Path, shard: str
+) -> None:
     server.objects["/secret/model.safetensors"], _ = checkpoint_bytes(tmp_path, 1)
     server.objects["/models/a/model.safetensors.index.json"] = hostile_index(shard)
     with pytest.raises(st.MalformedCheckpointError, match="shard path") as raised:
@@ -139,7 +141,9 @@ def test_an_index_never_reaches_outside_its_prefix_over_http(server: Hostile, tm
 
 
 @pytest.mark.parametrize("shard", HOSTILE)
-def test_an_index_never_reaches_outside_its_prefix_in_s3(server: Hostile, tmp_path: Path, shard: str) -> None:
+def test_an_index_never_reaches_outside_its_prefix_in_s3(
+    server: Hostile, tmp_path: Path, shard: str
+) -> None:
     # S3's path-style API against the logging server: the request a hostile index would make
     # for s3://bkt/secret/... carries the caller's signature.
     server.objects["/bkt/secret/model.safetensors"], _ = checkpoint_bytes(tmp_path, 1)
@@ -151,7 +155,9 @@ def test_an_index_never_reaches_outside_its_prefix_in_s3(server: Hostile, tmp_pa
         "aws_region": "us-east-1",
     }
     with pytest.raises(st.MalformedCheckpointError, match="shard path") as raised:
-        st.load_file("s3://bkt/models/a/model.safetensors.index.json", store_options=options, retries=0)
+        st.load_file(
+            "s3://bkt/models/a/model.safetensors.index.json", store_options=options, retries=0
+        )
     assert "not-shown-anywhere" not in str(raised.value)
     assert server.log, "the index was never asked for"
     assert all(path.startswith("/bkt/models/a/") for _, path, _ in server.log), server.log
@@ -170,14 +176,21 @@ def test_a_redirect_to_another_host_is_refused_unless_allowed_and_then_reported(
     assert server.authority in str(raised.value) and other_host.authority in str(raised.value)
     assert other_host.log == []
 
-    with st.stage(url, "cpu", retries=0, allow_redirect=["cdn.example.com", other_host.server.server_address[0]]) as load:
+    with st.stage(
+        url,
+        "cpu",
+        retries=0,
+        allow_redirect=["cdn.example.com", other_host.server.server_address[0]],
+    ) as load:
         got = {name: t.numpy().tobytes() for name, t in load}
         report = load.report()
     assert got == contents
     assert report["redirects"] == [f"{url} -> {other_host.authority}"]
 
 
-def test_no_login_or_secret_in_any_output_of_the_python_door(server: Hostile, tmp_path: Path) -> None:
+def test_no_login_or_secret_in_any_output_of_the_python_door(
+    server: Hostile, tmp_path: Path
+) -> None:
     data, contents = checkpoint_bytes(tmp_path, 3)
     server.objects["/private/model.safetensors"] = data
     url = server.url("/private/model.safetensors").replace("http://", "http://alice:SECRET-PW@")

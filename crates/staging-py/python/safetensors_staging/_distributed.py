@@ -36,7 +36,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _native, _torch_device
+from . import _native
+from ._device import torch_device
 from ._native import InvalidOptionError, OutOfMemoryError, StagingError
 
 _MESSAGE_BYTES = 4096
@@ -52,7 +53,11 @@ class _Agreement:
 
     def __call__(self, error: Optional[BaseException]) -> None:
         torch, dist = self.torch, self.dist
-        flag = torch.tensor([self.world - self.rank if error is not None else 0], dtype=torch.int64, device=self.device)
+        flag = torch.tensor(
+            [self.world - self.rank if error is not None else 0],
+            dtype=torch.int64,
+            device=self.device,
+        )
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         worst = int(flag.item())
         if worst == 0:
@@ -84,7 +89,10 @@ class _Agreement:
         if isinstance(error, StagingError):
             return type(error), error.kind
         if isinstance(error, (MemoryError, getattr(self.torch, "OutOfMemoryError", ()))):
-            return OutOfMemoryError, "host-allocation" if self.device.type == "cpu" else "device-allocation"
+            return (
+                OutOfMemoryError,
+                "host-allocation" if self.device.type == "cpu" else "device-allocation",
+            )
         return StagingError, StagingError.kind
 
 
@@ -130,16 +138,17 @@ def _without_frames(error: BaseException) -> BaseException:
 
 
 class GroupStage:
-    """A load across a process group: an iterator of `(name, tensor)` (the tensors this rank
-    keeps, in file order), with `report()` (this rank's own load's keys plus `rank`, `world`,
-    `bytes_received`, `pieces_owned`, `plan_fingerprint`). Every rank must iterate it to the end
-    (as `load_file` does): the exchange is collective."""
+    """A load across a process group: an iterator of `(name, tensor)`.
+
+    The tensors this rank keeps, in file order. Every rank must iterate it to the end (as
+    `load_file` does): the exchange is collective. It has the methods of `Stage`.
+    """
 
     def __init__(self, generator: Iterator[Tuple[str, Any]], state: Dict[str, Any]) -> None:
         self._generator = generator
         self._state = state
 
-    def __iter__(self) -> "GroupStage":
+    def __iter__(self) -> GroupStage:
         return self
 
     def __next__(self) -> Tuple[str, Any]:
@@ -149,22 +158,26 @@ class GroupStage:
             raise
         except BaseException as error:
             self.close()
-            # `error` is cleared when this block ends, so no frame here keeps it either.
-            raise _without_frames(error)
+            # `error` is cleared when this block ends, so no frame here keeps it either. Not
+            # `from`: the error is re-raised as it is, its own cause kept.
+            raise _without_frames(error)  # noqa: B904
 
-    def __enter__(self) -> "GroupStage":
+    def __enter__(self) -> GroupStage:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def close(self) -> None:
+        """Ends the load; tensors already handed out stay valid."""
         self._generator.close()
         own = self._state.get("own")
         if own is not None:
             own.close()
 
     def report(self) -> Dict[str, Any]:
+        """This rank's own load's report (as `Stage.report`) plus `rank`, `world`,
+        `bytes_received`, `pieces_owned` and `plan_fingerprint`."""
         own = self._state.get("own")
         report = own.report() if own is not None else {}
         report.update(
@@ -177,6 +190,7 @@ class GroupStage:
         return report
 
     def held(self) -> Dict[str, int]:
+        """Bytes this rank's own load holds now, as `Stage.held`."""
         own = self._state.get("own")
         return own.held() if own is not None else {"device": 0, "host": 0, "caller": 0}
 
@@ -198,9 +212,9 @@ def stage_group(
 
     if group is None or group is True:
         group = dist.group.WORLD
-    device = _torch_device(gpu)
+    device = torch_device(gpu)
     if dist.get_backend(group) == "nccl" and gpu is None:
-        raise InvalidOptionError("an NCCL process group moves CUDA tensors: pass device=\"cuda:N\"")
+        raise InvalidOptionError('an NCCL process group moves CUDA tensors: pass device="cuda:N"')
     if relay_chunk <= 0 or batch_bytes <= 0:
         raise InvalidOptionError("relay_chunk and batch_bytes must be positive")
     agree = _Agreement(dist, torch, group, device)
@@ -212,8 +226,20 @@ def stage_group(
         "fingerprint": None,
         "own": None,
     }
-    generator = _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_torch, check,
-                          relay_chunk, batch_bytes)
+    generator = _exchange(
+        torch,
+        dist,
+        group,
+        agree,
+        device,
+        state,
+        open_kept,
+        open_own,
+        to_torch,
+        check,
+        relay_chunk,
+        batch_bytes,
+    )
     return GroupStage(generator, state)
 
 
@@ -246,8 +272,20 @@ def _batches(pieces: List[Piece], batch_bytes: int) -> List[List[Piece]]:
     return batches
 
 
-def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_torch, check, relay_chunk,
-              batch_bytes):
+def _exchange(
+    torch,
+    dist,
+    group,
+    agree,
+    device,
+    state,
+    open_kept,
+    open_own,
+    to_torch,
+    check,
+    relay_chunk,
+    batch_bytes,
+):
     rank = agree.rank
     error: Optional[BaseException] = None
     try:
@@ -268,8 +306,12 @@ def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_
     dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
     dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
     if low.item() != high.item():
-        agree(StagingError(f"the ranks planned differently (fingerprint {fingerprint:#x}): "
-                           "they do not see the same checkpoint"))
+        agree(
+            StagingError(
+                f"the ranks planned differently (fingerprint {fingerprint:#x}): "
+                "they do not see the same checkpoint"
+            )
+        )
     mine = [p for p in pieces if p[3] == rank]
     state["pieces_owned"] = len(mine)
     batches = _batches(pieces, batch_bytes)
@@ -287,7 +329,9 @@ def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_
         state["own"] = own
         # What passes through this rank without being kept, and a run of small pieces packed
         # for one broadcast, go through this one buffer, allocated here and not in the exchange.
-        scratch = torch.empty(_scratch_bytes(batches, units, relay_chunk), dtype=torch.uint8, device=device)
+        scratch = torch.empty(
+            _scratch_bytes(batches, units, relay_chunk), dtype=torch.uint8, device=device
+        )
     except Exception as e:  # noqa: BLE001
         error = e
     agree(error)
@@ -300,12 +344,14 @@ def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_
         loaded: Dict[int, Any] = {}
         error = None
         try:
-            for i, (name, _, length, owner, _) in enumerate(batch):
+            for i, (name, _, _length, owner, _) in enumerate(batch):
                 if owner != rank:
                     continue
                 got, staged = next(own)
                 if got != name:
-                    raise StagingError(f"internal error: rank {rank} loaded {got!r} where the plan says {name!r}")
+                    raise StagingError(
+                        f"internal error: rank {rank} loaded {got!r} where the plan says {name!r}"
+                    )
                 flat = torch.from_dlpack(staged.as_bytes()).reshape(-1)
                 if flat.device != device:
                     flat = flat.to(device)  # a piece the policy assembled in host memory
@@ -344,7 +390,9 @@ def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_
                     keep = kept.get(name)
                     if keep is not None and buffers[name] is not loaded.get(i):
                         piece = packed[at : at + length]
-                        local.run(_copy_overlap, buffers[name], keep, piece, offset, offset + length)
+                        local.run(
+                            _copy_overlap, buffers[name], keep, piece, offset, offset + length
+                        )
                     at += length
             else:
                 (i,) = unit
@@ -360,7 +408,9 @@ def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_
                             local.run(_copy_overlap, buffers[name], keep, chunk, c0, c1)
                         continue
                     if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
-                        dist.broadcast(buffers[name][c0 - keep[0] : c1 - keep[0]], src=source_rank, group=group)
+                        dist.broadcast(
+                            buffers[name][c0 - keep[0] : c1 - keep[0]], src=source_rank, group=group
+                        )
                     else:
                         chunk = scratch[: c1 - c0]
                         dist.broadcast(chunk, src=source_rank, group=group)
@@ -373,7 +423,9 @@ def _exchange(torch, dist, group, agree, device, state, open_kept, open_own, to_
                 pieces_left[name] -= 1
                 keep = kept.get(name)
                 if pieces_left[name] == 0 and keep is not None:
-                    tensor = local.run(to_torch, buffers.pop(name), infos[name].dtype, keep[2], name)
+                    tensor = local.run(
+                        to_torch, buffers.pop(name), infos[name].dtype, keep[2], name
+                    )
                     finished.append((name, tensor))
         agree(local.error)
         yield from finished
@@ -397,7 +449,12 @@ def _units(batch: List[Piece], relay_chunk: int) -> List[List[int]]:
     run: List[int] = []
     run_bytes = 0
     for i, (_, _, length, owner, _) in enumerate(batch):
-        if length < small and run and batch[run[0]][3] == owner and run_bytes + length <= relay_chunk:
+        if (
+            length < small
+            and run
+            and batch[run[0]][3] == owner
+            and run_bytes + length <= relay_chunk
+        ):
             run.append(i)
             run_bytes += length
             continue
@@ -411,7 +468,9 @@ def _units(batch: List[Piece], relay_chunk: int) -> List[List[int]]:
     return units
 
 
-def _scratch_bytes(batches: List[List[Piece]], units: List[List[List[int]]], relay_chunk: int) -> int:
+def _scratch_bytes(
+    batches: List[List[Piece]], units: List[List[List[int]]], relay_chunk: int
+) -> int:
     """The most any exchange unit puts through the scratch buffer: a packed run, or one chunk."""
     most = 0
     for batch, batch_units in zip(batches, units):
@@ -429,7 +488,9 @@ def _pack(packed: Any, pieces: List[Any]) -> None:
         at += piece.numel()
 
 
-def _copy_overlap(buffer: Any, keep: Tuple[int, int, List[int]], chunk: Any, c0: int, c1: int) -> None:
+def _copy_overlap(
+    buffer: Any, keep: Tuple[int, int, List[int]], chunk: Any, c0: int, c1: int
+) -> None:
     """Copies the part of `chunk` (tensor bytes `c0..c1`) inside the kept bytes into `buffer`."""
     lo, hi = max(c0, keep[0]), min(c1, keep[1])
     if lo < hi:

@@ -1,5 +1,6 @@
-"""What the engine plugins share: the keys of a loader's extra config and the files a model
-directory's weights are in, as vLLM's and SGLang's default loaders choose them."""
+"""What the engine plugins share: the keys of a loader's extra config, the files a model
+directory's weights are in (as vLLM's and SGLang's default loaders choose them), and the loader
+plumbing itself (`EngineLoaderMixin`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
+
+# The load format both engines know this library's loader by.
+LOAD_FORMAT = "staging"
 
 # Extra-config key -> this library's keyword.
 _OPTIONS = {
@@ -36,14 +40,23 @@ def is_url(weights: Optional[str]) -> bool:
 
 
 def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], bool, Dict[str, Any]]:
-    """`(weights, share_reads, options)` from `model_loader_extra_config` (a dict, or JSON
-    text); an unknown key or a value of the wrong kind is a `ValueError`."""
+    """`(weights, share_reads, options)` from `model_loader_extra_config`.
+
+    Args:
+        extra: the extra config: a dict, JSON text, or None.
+        load_format: the load format named in errors.
+
+    Raises:
+        ValueError: an unknown key, or a value of the wrong kind.
+    """
     if extra is None or extra == "":
         extra = {}
     if isinstance(extra, str):
         extra = json.loads(extra)
     if not isinstance(extra, dict):
-        raise ValueError(f"model_loader_extra_config for load format {load_format!r} must be a mapping, not {extra!r}")
+        raise ValueError(
+            f"model_loader_extra_config for load format {load_format!r} must be a mapping, not {extra!r}"
+        )
     unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
     if unknown:
         raise ValueError(
@@ -52,35 +65,66 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
         )
     weights = extra.get("weights")
     if weights is not None and not isinstance(weights, str):
-        raise ValueError(f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}")
+        raise ValueError(
+            f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}"
+        )
     if is_url(weights) and _native._url_store(weights) is None:
         raise ValueError(
             f"model_loader_extra_config 'weights' {_native._redacted(weights)!r} is a URL of a scheme this "
-            "library does not read")
+            "library does not read"
+        )
     share_reads = extra.get("share_reads", False)
     if not isinstance(share_reads, bool):
-        raise ValueError(f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}")
+        raise ValueError(
+            f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}"
+        )
     options = {_OPTIONS[key]: value for key, value in extra.items() if key in _OPTIONS}
     return weights, share_reads, options
 
 
-def weight_files(directory: str, ignore_patterns: Any = None, load_format: str = "staging") -> List[str]:
-    """The safetensors files vLLM's default loader would read from a local directory: its
-    top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
+def weight_files(
+    directory: str, ignore_patterns: Any = None, load_format: str = "staging"
+) -> List[str]:
+    """The safetensors files vLLM's default loader would read from a local directory.
+
+    Its top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
     there, only the files it names (a repository with a consolidated copy beside the shards
-    reads the shards once)."""
+    reads the shards once).
+
+    Args:
+        directory: a local model directory.
+        ignore_patterns: a glob or a list of globs of file names to leave out.
+        load_format: the load format named in the error.
+
+    Returns:
+        The files' paths, sorted.
+
+    Raises:
+        ValueError: no safetensors file is left.
+    """
     if isinstance(ignore_patterns, str):
         ignore_patterns = [ignore_patterns]
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-    files = [f for f in files if not any(
-        fnmatch.fnmatch(os.path.relpath(f, directory), pattern) for pattern in (ignore_patterns or []))]
+    files = [
+        f
+        for f in files
+        if not any(
+            fnmatch.fnmatch(os.path.relpath(f, directory), pattern)
+            for pattern in (ignore_patterns or [])
+        )
+    ]
     index = os.path.join(directory, _INDEX)
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
-            named = {os.path.join(directory, name) for name in json.load(f).get("weight_map", {}).values()}
+            named = {
+                os.path.join(directory, name)
+                for name in json.load(f).get("weight_map", {}).values()
+            }
         files = [f for f in files if f in named]
     if not files:
-        raise ValueError(f"no safetensors weights in {directory} (load format {load_format!r} reads safetensors only)")
+        raise ValueError(
+            f"no safetensors weights in {directory} (load format {load_format!r} reads safetensors only)"
+        )
     return files
 
 
@@ -92,8 +136,13 @@ def current_device() -> str:
     return "cpu"
 
 
-def stream(source: Any, device: str, options: Dict[str, Any], process_group: Any,
-           on_report: Callable[[Dict[str, Any]], None]) -> Iterator[Tuple[str, Any]]:
+def stream(
+    source: Any,
+    device: str,
+    options: Dict[str, Any],
+    process_group: Any,
+    on_report: Callable[[Dict[str, Any]], None],
+) -> Iterator[Tuple[str, Any]]:
     """`(name, tensor)` for every tensor of `source`, each full and owning its memory, on
     `device`; `on_report` gets the load's report once every tensor was handed out."""
     import safetensors_staging as st
@@ -113,14 +162,98 @@ def devices_group(coordinator: Any, device: str) -> Any:
 
 def lazy_class(make: Callable[[], type], name: str, module: str) -> Callable[[str], Any]:
     """A module `__getattr__` giving the class `name` made by `make()` when first asked for: the
-    loader classes subclass the engine's own, whose import must wait for the engine."""
+    loader classes subclass the engine's own, whose import must wait for the engine. The class
+    is named `module.name`."""
     made: List[type] = []
 
     def __getattr__(attribute: str) -> Any:
         if attribute != name:
             raise AttributeError(f"module {module!r} has no attribute {attribute!r}")
         if not made:
-            made.append(make())
+            cls = make()
+            cls.__qualname__ = name
+            cls.__module__ = module
+            made.append(cls)
         return made[0]
 
     return __getattr__
+
+
+class EngineLoaderMixin:
+    """The loader plumbing vLLM's and SGLang's loader classes share, mixed in before the
+    engine's own base class.
+
+    The loader class calls `_configure(load_config)` from its `__init__` and supplies the
+    engine's `_download_weights_from_hf()` and `_world_group_coordinator()`; it then builds its
+    engine's methods from `_prepare_download` and `_staged_weights`.
+    """
+
+    load_config: Any
+    weights: Optional[str]
+    share_reads: bool
+    options: Dict[str, Any]
+    last_report: Optional[Dict[str, Any]]
+
+    def _configure(self, load_config: Any) -> None:
+        """Reads the extra config (a `ValueError` for an unknown key or a bad value)."""
+        self.weights, self.share_reads, self.options = parse_extra_config(
+            getattr(load_config, "model_loader_extra_config", None), LOAD_FORMAT
+        )
+        self.last_report = None
+
+    def _download_weights_from_hf(self) -> Callable[..., str]:
+        """The engine's `download_weights_from_hf`."""
+        raise NotImplementedError
+
+    def _world_group_coordinator(self) -> Any:
+        """The engine's world group coordinator (`get_world_group()`)."""
+        raise NotImplementedError
+
+    def _local_dir(self, model: str, revision: Optional[str]) -> str:
+        """The local directory of the weights: `weights` when a directory, the model's when
+        one, else the model downloaded from the hub (safetensors files only)."""
+        if self.weights is not None and not is_url(self.weights):
+            return self.weights
+        if os.path.isdir(model):
+            return model
+        return self._download_weights_from_hf()(
+            model,
+            self.load_config.download_dir,
+            ["*.safetensors"],
+            revision,
+            ignore_patterns=self.load_config.ignore_patterns,
+        )
+
+    def _prepare_download(self, model: str, revision: Optional[str]) -> None:
+        """What the engine's `download_model` does: fetch the weights unless they are a URL
+        (which the library reads itself)."""
+        if not is_url(self.weights):
+            self._local_dir(model, revision)
+
+    def _staged_weights(
+        self, model: str, revision: Optional[str], url_applies: bool = True
+    ) -> Iterator[Tuple[str, Any]]:
+        """`(name, tensor)` of every tensor of the model's weights, full, each owning its
+        memory, on the engine's current device; the report is kept in `last_report` once all
+        were handed out. The files are chosen now, the tensors read as they are asked for.
+
+        Args:
+            model: the model's directory or hub name.
+            revision: its hub revision.
+            url_applies: whether a `weights` URL holds these weights (not for SGLang's
+                secondary weights, which come with a prefix).
+        """
+        device = current_device()
+        if url_applies and is_url(self.weights):
+            source: Any = self.weights
+        else:
+            source = weight_files(
+                self._local_dir(model, revision), self.load_config.ignore_patterns, LOAD_FORMAT
+            )
+        group = None
+        if self.share_reads:
+            group = devices_group(self._world_group_coordinator(), device)
+        return stream(source, device, self.options, group, self._keep_report)
+
+    def _keep_report(self, report: Dict[str, Any]) -> None:
+        self.last_report = report

@@ -1,68 +1,200 @@
-"""Type stubs of the extension module (Rust, PyO3). The public API is in `__init__.py`."""
+"""Type stubs of the extension module (Rust, PyO3). The public API is in `__init__.py`.
+
+Checked against the built module by `python -m mypy.stubtest safetensors_staging._native`.
+"""
 
 from os import PathLike
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,  # noqa: F401 (the load options' types)
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    final,
+)
+
+__all__ = [
+    "StagingError",
+    "MalformedCheckpointError",
+    "ReadError",
+    "BackendUnavailableError",
+    "DeviceError",
+    "PathNotFoundError",
+    "PathPermissionError",
+    "OutOfMemoryError",
+    "InvalidOptionError",
+    "SelectionError",
+    "DestinationError",
+    "UnsupportedDtypeError",
+    "_Staged",
+    "TensorInfo",
+    "Checkpoint",
+    "_Load",
+    "_Reader",
+    "_serialize",
+    "_parse",
+    "_reader",
+    "_stage",
+    "_open",
+    "_resolve_rows",
+    "_options",
+    "_Dtype",
+    "_select",
+    "_is_url",
+    "_url_store",
+    "_redacted",
+    "_device",
+    "_DTYPES",
+    "__version__",
+]
 
 __version__: str
-MALFORMED: List[str]
 
 class StagingError(Exception):
-    # Each class's own kind, a class attribute; an instance made from a library error carries
-    # that error's kind (OutOfMemoryError: "device-allocation" or "host-allocation").
+    """Every error of safetensors_staging.
+
+    The message is one line naming the file, and the tensor and offset where there is one.
+    Each subclass says what went wrong; `except SafetensorError` (the same class) works as
+    with `safetensors`.
+
+    Attributes:
+        kind: the library's kind of error (`"not-found"`, `"read"`, `"device-allocation"`,
+            ...), on the class and on each instance (an instance made from a library error
+            carries that error's kind: `OutOfMemoryError` is `"device-allocation"` or
+            `"host-allocation"`).
+    """
+
     kind: str
-class MalformedCheckpointError(StagingError): ...
-class ReadError(StagingError): ...
-class PathNotFoundError(ReadError, FileNotFoundError): ...
-class PathPermissionError(ReadError, PermissionError): ...
-class BackendUnavailableError(StagingError): ...
-class DeviceError(StagingError): ...
-class InvalidOptionError(StagingError, ValueError): ...
-class OutOfMemoryError(StagingError, MemoryError): ...
-class SelectionError(StagingError): ...
-class DestinationError(StagingError): ...
-class UnsupportedDtypeError(StagingError, TypeError): ...
 
+class MalformedCheckpointError(StagingError):
+    """The checkpoint is not valid safetensors (header, index, offsets, a file shorter than its
+    header says, a directory with no checkpoint)."""
+
+class ReadError(StagingError):
+    """A file could not be opened or read, or changed during the load."""
+
+class PathNotFoundError(ReadError, FileNotFoundError):
+    """A path (a file, a directory, an object) does not exist."""
+
+class PathPermissionError(ReadError, PermissionError):
+    """A path may not be opened by this process."""
+
+class BackendUnavailableError(StagingError):
+    """The backend or device asked for cannot run here (no driver, no device, no library)."""
+
+class DeviceError(StagingError):
+    """A device operation (a memory query, a copy) failed."""
+
+class InvalidOptionError(StagingError, ValueError):
+    """An option's value does not parse or does not go with the others."""
+
+class OutOfMemoryError(StagingError, MemoryError):
+    """An allocation failed where the policy had no fallback left."""
+
+class SelectionError(StagingError):
+    """A selection names a tensor the checkpoint does not hold, or rows a tensor lacks."""
+
+class DestinationError(StagingError):
+    """The destination callback failed, or gave memory of the wrong device, layout or size."""
+
+class UnsupportedDtypeError(StagingError, TypeError):
+    """The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or
+    float8)."""
+
+@final
 class TensorInfo:
-    """One tensor's metadata."""
+    """One tensor's metadata: name, dtype, shape, bytes, file and offset."""
 
-    name: str
-    dtype: str
-    shape: List[int]
-    nbytes: int
-    file: Path
-    offset: int
-    rows: Optional[Tuple[int, int]]
+    @property
+    def name(self) -> str:
+        """The tensor's name."""
+    @property
+    def dtype(self) -> str:
+        """Its dtype as the format writes it (`"BF16"`)."""
+    @property
+    def shape(self) -> List[int]:
+        """Its shape."""
+    @property
+    def nbytes(self) -> int:
+        """Its length in bytes."""
+    @property
+    def file(self) -> Union[Path, str]:
+        """The file that holds it (a `pathlib.Path`, or a `str` for a URL)."""
+    @property
+    def offset(self) -> int:
+        """The absolute offset of its first byte in the file."""
+    @property
+    def rows(self) -> Optional[Tuple[int, int]]:
+        """The rows of dimension 0 it covers, when only a range of them is loaded."""
 
+@final
 class Checkpoint:
-    """A checkpoint's headers, nothing loaded."""
+    """A checkpoint's headers, read and checked, with nothing loaded: what `open(path)` returns.
 
-    files: List[Path]
-    total_bytes: int
-    def keys(self) -> List[str]: ...
-    def tensors(self) -> List[TensorInfo]: ...
-    def metadata(self) -> Optional[Dict[str, str]]: ...
-    def file_metadata(self) -> List[Tuple[Path, Optional[Dict[str, str]]]]: ...
-    def plan(self, ranks: int) -> Tuple[int, List[Tuple[str, int, int, int, Optional[Tuple[int, int]]]]]: ...
+    A context manager, like `safetensors.safe_open`; `name in ckpt`, `ckpt[name]` (a
+    `TensorInfo`), `len(ckpt)` and iterating its names work too.
+    """
+
+    @property
+    def files(self) -> List[Union[Path, str]]:
+        """The checkpoint's files, in load order (a `str` for a URL)."""
+    @property
+    def total_bytes(self) -> int:
+        """The bytes of every tensor together."""
+    def keys(self) -> List[str]:
+        """The tensor names, in file order."""
+    def tensors(self) -> List[TensorInfo]:
+        """Every tensor's metadata, in file order."""
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The first file's `__metadata__` (like `safe_open(...).metadata()`), or None."""
+    def file_metadata(self) -> List[Tuple[Union[Path, str], Optional[Dict[str, str]]]]:
+        """Every file's `__metadata__`, by file."""
+    def plan(
+        self, ranks: int
+    ) -> Tuple[int, List[Tuple[str, int, int, int, Optional[Tuple[int, int]]]]]:
+        """The partition plan for a group of `ranks`, the same on every rank.
+
+        Returns:
+            `(fingerprint, pieces)`, each piece `(name, offset, len, owner, rows)` in
+            checkpoint order (`rows`: `(start, end)` for a tensor split between ranks, else
+            None).
+        """
     def __len__(self) -> int: ...
-    def __contains__(self, name: str) -> bool: ...
-    def __getitem__(self, name: str) -> TensorInfo: ...
+    def __contains__(self, key: str, /) -> bool: ...
+    def __getitem__(self, key: str, /) -> TensorInfo: ...
     def __iter__(self) -> Iterator[str]: ...
-    def __enter__(self) -> "Checkpoint": ...
-    def __exit__(self, *args: Any) -> bool: ...
+    def __enter__(self) -> Checkpoint: ...
+    def __exit__(self, *_args: Any) -> bool: ...
 
+@final
 class _Staged:
     """One loaded tensor owning its memory, exported through DLPack."""
 
-    name: str
-    dtype: str
-    shape: List[int]
-    nbytes: int
-    path: str
-    fallback: Optional[str]
-    space: str
-    byte_shape: List[int]
-    dlpack_dtype: Optional[Tuple[int, int, int]]
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def fallback(self) -> Optional[str]: ...
+    @property
+    def space(self) -> str: ...
+    @property
+    def byte_shape(self) -> List[int]: ...
+    @property
+    def dlpack_dtype(self) -> Optional[Tuple[int, int, int]]: ...
     def __dlpack__(
         self,
         *,
@@ -72,21 +204,24 @@ class _Staged:
         copy: Optional[bool] = None,
     ) -> Any: ...
     def __dlpack_device__(self) -> Tuple[int, int]: ...
-    def as_bytes(self) -> "_Staged": ...
+    def as_bytes(self) -> _Staged: ...
 
+@final
 class _Load:
     """A load in progress."""
 
-    backend: str
-    total_bytes: int
-    def __iter__(self) -> "_Load": ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def total_bytes(self) -> int: ...
+    def __iter__(self) -> _Load: ...
     def __next__(self) -> Tuple[str, Any]: ...
     def close(self) -> None: ...
     def report_json(self) -> str: ...
     def held(self) -> Dict[str, int]: ...
 
 def _stage(
-    paths: Sequence[Union[str, PathLike]],
+    paths: Sequence[Union[str, PathLike[str]]],
     *,
     destination: Optional[Callable[[str, TensorInfo], Any]] = None,
     progress: bool = False,
@@ -96,7 +231,7 @@ def _stage(
     **options: Any,  # every other key of the library's LoadOptions
 ) -> _Load: ...
 def _open(
-    paths: Sequence[Union[str, PathLike]],
+    paths: Sequence[Union[str, PathLike[str]]],
     *,
     store_options: Optional[Dict[str, str]] = None,
     **options: Any,
@@ -106,7 +241,7 @@ def _resolve_rows(spec: Any, dim0: int) -> Tuple[int, int]: ...
 
 # The library's answers, which the Python layer asks for instead of deciding again.
 def _select(
-    paths: Sequence[Union[str, PathLike]],
+    paths: Sequence[Union[str, PathLike[str]]],
     *,
     select: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
     rows: Union[None, Dict[str, Any], Callable[[str, TensorInfo], Any]] = None,
@@ -115,29 +250,43 @@ def _select(
 ) -> Tuple[Checkpoint, List[TensorInfo]]:
     """The checkpoint (every tensor, whole) and the tensors a load with these keywords keeps,
     narrowed to their rows."""
-def _is_url(path: Union[str, PathLike]) -> bool: ...
-def _url_store(path: Union[str, PathLike]) -> Optional[str]:
-    """"s3", "gcs", "azure" or "http": the store the remote backend reads the URL from; None
+
+def _is_url(path: Union[str, PathLike[str]]) -> bool: ...
+def _url_store(path: Union[str, PathLike[str]]) -> Optional[str]:
+    """ "s3", "gcs", "azure" or "http": the store the remote backend reads the URL from; None
     for a path, or a URL of a scheme it does not read."""
+
 def _redacted(text: str) -> str:
     """`text` with every URL in it without its login or query, as the library shows URLs."""
-def _device(device: Any) -> Tuple[str, Optional[int]]:
+
+def _device(value: Any) -> Tuple[str, Optional[int]]:
     """(canonical spelling, GPU ordinal or None) of a device spelling, as a load reads it."""
 
+@final
 class _Dtype:
     """One dtype of the format: its bits (the `safetensors` crate's) and its framework names."""
 
-    name: str
-    bits: int
-    torch: Optional[str]
-    numpy: Optional[str]
-    ml_dtypes: Optional[str]
+    @property
+    def name(self) -> str: ...
+    @property
+    def bits(self) -> int: ...
+    @property
+    def torch(self) -> Optional[str]: ...
+    @property
+    def numpy(self) -> Optional[str]: ...
+    @property
+    def ml_dtypes(self) -> Optional[str]: ...
 
 _DTYPES: Dict[str, _Dtype]
 
+@final
 class _Reader:
-    backend: str
-    closed: bool
+    """An open checkpoint that reads one tensor (or rows of it) at a time: `safe_open`'s."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
     def read(self, name: str, rows: Optional[Tuple[int, int]] = None) -> _Staged: ...
     def checkpoint(self) -> Checkpoint: ...
     def report_json(self) -> str: ...
@@ -149,6 +298,8 @@ def _serialize(
     metadata: Optional[Dict[str, str]] = None,
     filename: Optional[str] = None,
 ) -> Optional[bytes]: ...
+
+# fmt: off
 def _parse(data: bytes) -> Tuple[int, List[Tuple[str, str, List[int], int, int]], Optional[Dict[str, str]]]: ...
 
 # The load options as keywords: one per key of the library's table (`LoadOptions::specs()`),

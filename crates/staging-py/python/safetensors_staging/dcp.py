@@ -1,10 +1,12 @@
 """PyTorch distributed checkpoints (`torch.distributed.checkpoint`) of Hugging Face
 safetensors files, read through this library.
 
-    import torch.distributed.checkpoint as dcp
-    from safetensors_staging.dcp import StagingStorageReader
+```python
+import torch.distributed.checkpoint as dcp
+from safetensors_staging.dcp import StagingStorageReader
 
-    dcp.load(state_dict, storage_reader=StagingStorageReader("model_dir"))
+dcp.load(state_dict, storage_reader=StagingStorageReader("model_dir"))
+```
 
 `StagingStorageReader` is torch's `HuggingFaceStorageReader` (same metadata, same planner, same
 checks) whose reads go through `safetensors_staging.safe_open`: each `ReadItem` of a rank's plan
@@ -23,18 +25,19 @@ from typing import Any, Dict, List
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.futures import Future
 
-from ._compat import safe_open
+from ._safe_open import safe_open
 
 __all__ = ["StagingStorageReader"]
 
 
 class StagingStorageReader(HuggingFaceStorageReader):
-    """`HuggingFaceStorageReader` reading through this library.
+    """Torch's `HuggingFaceStorageReader`, reading through this library.
 
-    path: the directory of the checkpoint's `.safetensors` files (as for torch's reader).
-    thread_count: files read at once (as for torch's reader; default 1).
-    options: this library's options for every file opened (`backend`, `memory_cap`,
-        `chunk_size`, ...), as for `safe_open`.
+    Args:
+        path: the directory of the checkpoint's `.safetensors` files (as for torch's reader).
+        thread_count: files read at once (as for torch's reader).
+        **options: this library's options for every file opened (`backend`, `memory_cap`,
+            `chunk_size`, ...), as for `safe_open`.
     """
 
     def __init__(self, path: str, thread_count: int = 1, **options: Any) -> None:
@@ -62,9 +65,12 @@ class StagingStorageReader(HuggingFaceStorageReader):
                 device = str(target.device)
                 handle = handles.get(device)
                 if handle is None:
-                    handle = handles[device] = safe_open(file_name, framework="pt", device=device, **self._options)
+                    handle = handles[device] = safe_open(
+                        file_name, framework="pt", device=device, **self._options
+                    )
                 index = tuple(
-                    slice(offset, offset + length) for offset, length in zip(request.storage_offsets, request.lengths)
+                    slice(offset, offset + length)
+                    for offset, length in zip(request.storage_offsets, request.lengths)
                 )
                 tensor = handle.get_slice(request.storage_index.fqn)[index]
                 if target.size() != tensor.size():
@@ -81,10 +87,18 @@ class StagingStorageReader(HuggingFaceStorageReader):
                     self._bytes_read += int(report["bytes_read"])
                     self._tensors_read += int(report["tensors"])
 
-    def read_data(self, plan: Any, planner: Any) -> "Future[None]":
+    def read_data(self, plan: Any, planner: Any) -> Future[None]:
+        """Reads every item of `plan` into the tensors `planner` resolves, file by file.
+
+        Returns:
+            A future already done; an error is raised here, the first file's (after the
+            others ended).
+        """
         per_file: Dict[str, List[Any]] = {}
         for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
+                item
+            )
         work = list(per_file.items())
         threads = min(self.thread_count, len(work))
         if threads <= 1:
@@ -94,6 +108,6 @@ class StagingStorageReader(HuggingFaceStorageReader):
             with ThreadPoolExecutor(threads, thread_name_prefix="staging-dcp") as pool:
                 # `list` re-raises the first file's error, after the others ended.
                 list(pool.map(lambda item: self._read_file(item[0], item[1], planner), work))
-        done: "Future[None]" = Future()
+        done: Future[None] = Future()
         done.set_result(None)
         return done

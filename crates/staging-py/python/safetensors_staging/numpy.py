@@ -1,8 +1,6 @@
-"""NumPy front door, with the functions of `safetensors.numpy`: `load_file` into
-`{name: numpy.ndarray}`, `load(data)`, `save_file`, `save`; and `stage`, an iterator of
-`(name, ndarray)`. Host memory only.
+"""The functions of `safetensors.numpy` (`load_file`, `load`, `save_file`, `save`), and `stage`.
 
-NumPy has no bfloat16, float8, float6 or float4: loading such tensors raises
+Host memory only. NumPy has no bfloat16, float8, float6 or float4: loading such tensors raises
 `UnsupportedDtypeError` (a `TypeError`, as NumPy's "data type not understood") unless
 `unsupported_dtypes="uint8"`, which gives each as `uint8` of its bytes, the last dimension
 widened to bytes, so that `arr.view(ml_dtypes.bfloat16)` gives the values back. Saving takes
@@ -18,39 +16,73 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import Paths, Stage, _stage, _to_numpy
-from ._compat import _check_names, _code, _parsed, _serialize
-from ._native import _DTYPES, InvalidOptionError, UnsupportedDtypeError
+from . import _convert, _dtypes, _load, _serialize
+from ._load import Paths, Stage
+from ._native import _DTYPES, UnsupportedDtypeError
 
 __all__ = ["load", "load_file", "save", "save_file", "stage"]
 
 
 def stage(path: Paths, *, unsupported_dtypes: str = "raise", **options: Any) -> Stage:
     """Loads a checkpoint into host memory, yielding `(name, numpy.ndarray)` in file order.
-    Takes the keywords of `safetensors_staging.stage` except `device`."""
+
+    Args:
+        path: what `safetensors_staging.stage` takes.
+        unsupported_dtypes: "raise" (an `UnsupportedDtypeError` for a dtype NumPy lacks) or
+            "uint8" (such tensors as `uint8` of their bytes).
+        **options: the keywords of `safetensors_staging.stage` except `device`.
+
+    Returns:
+        A `Stage` yielding arrays.
+
+    Raises:
+        TypeError: a `device=` keyword.
+        InvalidOptionError: a bad option value.
+    """
     if "device" in options:
         raise TypeError("safetensors_staging.numpy loads into host memory: no device= here")
-    if unsupported_dtypes not in ("raise", "uint8"):
-        raise InvalidOptionError(f"unsupported_dtypes={unsupported_dtypes!r}: expected \"raise\" or \"uint8\"")
+    _dtypes.check_unsupported_dtypes(unsupported_dtypes)
     if options.get("backend") in ("mmap", "pread"):
         options.pop("backend")
     # Host memory whatever the machine has: NumPy cannot read device memory (`auto` would pick a
     # GPU where there is one).
-    return _stage(path, "cpu", lambda staged: _to_numpy(staged, unsupported_dtypes), **options)
+    return _load.stage_with(
+        path, "cpu", lambda staged: _convert.to_numpy(staged, unsupported_dtypes), **options
+    )
 
 
 def load_file(path: Paths, **options: Any) -> Dict[str, Any]:
-    """Loads a checkpoint into `{name: numpy.ndarray}`. Takes the keywords of `stage`."""
+    """Loads a checkpoint into `{name: numpy.ndarray}`.
+
+    Args:
+        path: what `safetensors_staging.stage` takes.
+        **options: the keywords of `stage`.
+
+    Returns:
+        Every array by name.
+
+    Raises:
+        UnsupportedDtypeError: a dtype NumPy lacks, unless `unsupported_dtypes="uint8"`.
+    """
     with stage(path, **options) as arrays:
         return dict(arrays)
 
 
 def load(data: bytes) -> Dict[str, Any]:
-    """The arrays of a safetensors file's bytes: read-only views of `data`, as
-    `safetensors.numpy.load` gives."""
+    """The arrays of a safetensors file's bytes.
+
+    Args:
+        data: the bytes of a safetensors file.
+
+    Returns:
+        Read-only views of `data` by name, as `safetensors.numpy.load` gives.
+
+    Raises:
+        UnsupportedDtypeError: a dtype NumPy lacks.
+    """
     import numpy
 
-    start, tensors, _ = _parsed(data)
+    start, tensors, _ = _serialize.parse(data)
     out = {}
     for name, dtype, shape, begin, end in tensors:
         native = _DTYPES[dtype].numpy
@@ -58,7 +90,9 @@ def load(data: bytes) -> Dict[str, Any]:
             raise UnsupportedDtypeError(f"tensor {name!r}: NumPy has no dtype for {dtype}")
         kind = numpy.dtype(native)
         count = (end - begin) // kind.itemsize
-        out[name] = numpy.frombuffer(data, dtype=kind, count=count, offset=start + begin).reshape(shape)
+        out[name] = numpy.frombuffer(data, dtype=kind, count=count, offset=start + begin).reshape(
+            shape
+        )
     return out
 
 
@@ -68,8 +102,10 @@ def _flatten(arrays: Dict[str, Any]) -> List[Tuple[str, str, List[int], Any]]:
     flat = []
     for name, array in arrays.items():
         if not isinstance(array, numpy.ndarray):
-            raise ValueError(f"Key `{name}` is invalid, expected numpy.ndarray but received {type(array)}")
-        code = _code(name, array.dtype.name)
+            raise ValueError(
+                f"Key `{name}` is invalid, expected numpy.ndarray but received {type(array)}"
+            )
+        code = _dtypes.code_of(name, array.dtype.name)
         little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
         values = numpy.ascontiguousarray(array, dtype=little)
         flat.append((name, code, list(array.shape), values.reshape(-1).view(numpy.uint8)))
@@ -77,12 +113,36 @@ def _flatten(arrays: Dict[str, Any]) -> List[Tuple[str, str, List[int], Any]]:
 
 
 def save(tensor_dict: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file of the arrays (and `metadata`, text only)."""
-    _check_names(tensor_dict, metadata)
-    return _serialize(_flatten(tensor_dict), metadata)
+    """The bytes of a safetensors file of the arrays.
+
+    Args:
+        tensor_dict: `numpy.ndarray`s by name.
+        metadata: text to text, written as the header's `__metadata__`.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        ValueError: not a dict of arrays.
+        InvalidOptionError: a dtype the format lacks.
+    """
+    _serialize.check_names(tensor_dict, metadata)
+    return _serialize.serialize(_flatten(tensor_dict), metadata)
 
 
-def save_file(tensor_dict: Dict[str, Any], filename: Any, metadata: Optional[Dict[str, str]] = None) -> None:
-    """Saves the arrays (and `metadata`) to `filename`, atomically."""
-    _check_names(tensor_dict, metadata)
-    _serialize(_flatten(tensor_dict), metadata, filename)
+def save_file(
+    tensor_dict: Dict[str, Any], filename: Any, metadata: Optional[Dict[str, str]] = None
+) -> None:
+    """Saves the arrays to `filename`, atomically.
+
+    Args:
+        tensor_dict: `numpy.ndarray`s by name.
+        filename: the file to write (replaced by a rename once written).
+        metadata: text to text, written as the header's `__metadata__`.
+
+    Raises:
+        ValueError: not a dict of arrays.
+        InvalidOptionError: a dtype the format lacks.
+    """
+    _serialize.check_names(tensor_dict, metadata)
+    _serialize.serialize(_flatten(tensor_dict), metadata, filename)

@@ -1,22 +1,14 @@
-"""The functions of `safetensors.torch`, on this library: `from safetensors_staging.torch import
-load_file, save_file` in place of `from safetensors.torch import ...`.
+"""The functions of `safetensors.torch`, on this library.
 
-- `load_file(filename, device="cpu", **options)`: through the library's loads (a GPU `device`
-  goes through cuFile or hipFile); `filename` may also be a directory, an index, a hub-cache
-  snapshot or a URL. Every keyword of `safetensors_staging.load_file` applies;
-  `backend="mmap"`/`"pread"` (safetensors' own) mean the default.
-- `load(data)`: tensors from the bytes of a safetensors file (each owning a copy of its bytes).
-- `save_file(tensors, filename, metadata=None)`, `save(tensors, metadata=None)`: written by the
-  Rust `safetensors` crate, byte for byte what `safetensors` writes; `save_file` writes a
-  temporary file in the same directory and renames it into place, so a reader of the old file
-  is never broken and a failed save leaves it as it was.
-- `save_model(model, filename, metadata=None, force_contiguous=True)`,
-  `load_model(model, filename, strict=True, device="cpu")`: tensors that share memory (tied
-  weights) saved once, as `safetensors` does.
+Change `from safetensors.torch import load_file, save_file` to
+`from safetensors_staging.torch import load_file, save_file`.
 
-Saving checks what `safetensors` checks, with its exceptions: a dict of `str` to dense,
-contiguous tensors (`ValueError` otherwise), no two sharing memory (`RuntimeError`; use
-`save_model`).
+Loading goes through the library's loads (a GPU `device` through cuFile or hipFile), and the
+file may also be a directory, an index, a hub-cache snapshot or a URL. Saving is written by the
+Rust `safetensors` crate, byte for byte what `safetensors` writes; `save_file` writes a
+temporary file in the same directory and renames it into place, so a reader of the old file is
+never broken and a failed save leaves it as it was. Saving checks what `safetensors` checks,
+with its exceptions.
 """
 
 from __future__ import annotations
@@ -27,9 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from . import _torch_from_bytes
-from . import load_file as _load_file
-from ._compat import _check_names, _code, _parsed, _serialize
+from . import _convert, _dtypes, _load, _serialize
 from ._native import _DTYPES
 
 __all__ = ["load", "load_file", "load_model", "save", "save_file", "save_model"]
@@ -38,21 +28,44 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def load_file(filename: Any, device: Any = "cpu", **options: Any) -> Dict[str, torch.Tensor]:
-    """Loads a checkpoint into `{name: torch.Tensor}` on `device`."""
+    """Loads a checkpoint into `{name: torch.Tensor}` on `device`.
+
+    Args:
+        filename: a `.safetensors` file, or anything `safetensors_staging.load_file` takes (a
+            directory, an index, a hub-cache snapshot, a URL).
+        device: "cpu" (default), "cuda", "cuda:N", an int or a `torch.device`.
+        **options: every keyword of `safetensors_staging.load_file`; `backend="mmap"` or
+            `"pread"` (`safetensors`' own) mean the default.
+
+    Returns:
+        Every tensor by name.
+
+    Raises:
+        StagingError: the checkpoint cannot be read (its subclass says why).
+    """
     if options.get("backend") in ("mmap", "pread"):
         options.pop("backend")
-    return _load_file(filename, device, **options)
+    return _load.load_file(filename, device, **options)
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
-    """The tensors of a safetensors file's bytes, each owning a copy of its bytes."""
-    start, tensors, _ = _parsed(data)
+    """The tensors of a safetensors file's bytes.
+
+    Args:
+        data: the bytes of a safetensors file.
+
+    Returns:
+        Every tensor by name, each owning a copy of its bytes.
+    """
+    start, tensors, _ = _serialize.parse(data)
     view = memoryview(data)
     out = {}
     for name, dtype, shape, begin, end in tensors:
         raw = bytearray(view[start + begin : start + end])
-        buffer = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        out[name] = _torch_from_bytes(buffer, dtype, shape, "raise", name)
+        buffer = (
+            torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        )
+        out[name] = _convert.torch_from_bytes(buffer, dtype, shape, "raise", name)
     return out
 
 
@@ -111,7 +124,9 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> List[Tuple[str, str, List[int]
     sparse = []
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(tensor)}")
+            raise ValueError(
+                f"Key `{name}` is invalid, expected torch.Tensor but received {type(tensor)}"
+            )
         if tensor.layout != torch.strided:
             sparse.append(name)
     if sparse:
@@ -133,28 +148,54 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> List[Tuple[str, str, List[int]
                 "Call `.contiguous()` on it first (or save the full tensor and slice it at load time)."
             )
         host = tensor.detach().to("cpu")
-        code = _code(name, str(host.dtype).rsplit(".", 1)[-1])
+        code = _dtypes.code_of(name, str(host.dtype).rsplit(".", 1)[-1])
         shape = list(host.shape)
         if shape:
             # The file counts values, and one torch element may hold several (F4's holds two).
             shape[-1] = shape[-1] * host.element_size() * 8 // _DTYPES[code].bits
-        raw = host.reshape(-1).view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
+        raw = (
+            host.reshape(-1).view(torch.uint8)
+            if host.numel()
+            else torch.empty(0, dtype=torch.uint8)
+        )
         flat.append((name, code, shape, raw))
     return flat
 
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file of `tensors` (and `metadata`, text only)."""
-    _check_names(tensors, metadata)
-    return _serialize(_flatten(tensors), metadata)
+    """The bytes of a safetensors file of `tensors`.
+
+    Args:
+        tensors: dense, contiguous tensors by name, no two sharing memory.
+        metadata: text to text, written as the header's `__metadata__`.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        ValueError: not a dict of tensors, or a sparse or non-contiguous tensor.
+        RuntimeError: tensors share memory (use `save_model`).
+    """
+    _serialize.check_names(tensors, metadata)
+    return _serialize.serialize(_flatten(tensors), metadata)
 
 
 def save_file(
     tensors: Dict[str, torch.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None
 ) -> None:
-    """Saves `tensors` (and `metadata`) to `filename`, atomically."""
-    _check_names(tensors, metadata)
-    _serialize(_flatten(tensors), metadata, filename)
+    """Saves `tensors` to `filename`, atomically.
+
+    Args:
+        tensors: dense, contiguous tensors by name, no two sharing memory.
+        filename: the file to write (replaced by a rename once written).
+        metadata: text to text, written as the header's `__metadata__`.
+
+    Raises:
+        ValueError: not a dict of tensors, or a sparse or non-contiguous tensor.
+        RuntimeError: tensors share memory (use `save_model`).
+    """
+    _serialize.check_names(tensors, metadata)
+    _serialize.serialize(_flatten(tensors), metadata, filename)
 
 
 def _names_to_drop(
@@ -183,11 +224,24 @@ def _names_to_drop(
 
 
 def save_model(
-    model: torch.nn.Module, filename: PathLike, metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True
+    model: torch.nn.Module,
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    force_contiguous: bool = True,
 ) -> None:
-    """Saves `model`'s state dict, each group of tensors sharing memory (tied weights) once;
-    the names dropped are recorded in the metadata (`{dropped: kept}`, never over the
-    caller's own keys)."""
+    """Saves `model`'s state dict, each group of tensors sharing memory (tied weights) once.
+
+    Args:
+        model: the model.
+        filename: the file to write, atomically.
+        metadata: text to text; the names dropped are added as `{dropped: kept}`, never over
+            the caller's own keys.
+        force_contiguous: save non-contiguous tensors as contiguous copies.
+
+    Raises:
+        ValueError: a non-contiguous tensor with `force_contiguous=False`.
+        RuntimeError: tensors share memory and none of them covers it whole.
+    """
     state = model.state_dict()
     for kept, names in _names_to_drop(state).items():
         for name in names:
@@ -206,9 +260,23 @@ def save_model(
 def load_model(
     model: torch.nn.Module, filename: Any, strict: bool = True, device: Any = "cpu", **options: Any
 ) -> Tuple[Set[str], List[str]]:
-    """Loads a file saved by `save_model` (or any with the model's names) into `model`:
-    `(missing, unexpected)` names (a set and a list, as `safetensors` returns them); with `strict`, a `RuntimeError` when either is not empty.
-    Names the model shares memory between count as loaded when one of them is."""
+    """Loads a file saved by `save_model` (or any with the model's names) into `model`.
+
+    Names the model shares memory between count as loaded when one of them is.
+
+    Args:
+        model: the model.
+        filename: what `load_file` takes.
+        strict: raise when a name is missing or unexpected.
+        device: where the tensors are read to before `load_state_dict` copies them.
+        **options: `load_file`'s keywords.
+
+    Returns:
+        `(missing, unexpected)` names: a set and a list, as `safetensors` returns them.
+
+    Raises:
+        RuntimeError: with `strict`, a name missing or unexpected.
+    """
     state = load_file(filename, device, **options)
     dropped = _names_to_drop(model.state_dict(), prefer=state.keys())
     missing_list, unexpected = model.load_state_dict(state, strict=False)
@@ -222,8 +290,13 @@ def load_model(
     if strict and (missing or unexpected):
         lines = [f"Error(s) in loading state_dict for {type(model).__name__}:"]
         if missing:
-            lines.append("    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing)))
+            lines.append(
+                "    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
+            )
         if unexpected:
-            lines.append("    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected)))
+            lines.append(
+                "    Unexpected key(s) in state_dict: "
+                + ", ".join(f'"{k}"' for k in sorted(unexpected))
+            )
         raise RuntimeError("\n".join(lines))
     return missing, unexpected

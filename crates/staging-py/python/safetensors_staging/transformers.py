@@ -1,7 +1,10 @@
 """`transformers` models with their weights read by this library.
 
-    from safetensors_staging.transformers import from_pretrained
-    model = from_pretrained("Qwen/Qwen2.5-0.5B-snapshot-dir", AutoModelForCausalLM, device="cuda:0")
+```python
+from safetensors_staging.transformers import from_pretrained
+
+model = from_pretrained("Qwen/Qwen2.5-0.5B-snapshot-dir", AutoModelForCausalLM, device="cuda:0")
+```
 
 `transformers` has no loader hook, but `from_pretrained(None, config=..., state_dict=...)` takes
 a state dict and still applies its key renames, dtype, `device_map` and tensor-parallel plan.
@@ -18,9 +21,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from . import _device, _torch_device
-from ._compat import safe_open
+from . import _device
 from ._native import _DTYPES
+from ._safe_open import safe_open
 
 
 def _config_dir(path: Any) -> Path:
@@ -59,18 +62,27 @@ def from_pretrained(
 ) -> Any:
     """A `transformers` model: its config from `path`, its weights read through this library.
 
-    path: a local model directory (`config.json` and the safetensors files, sharded or not, a
-        hub-cache snapshot); or, with `config=` given, anything `safe_open` takes (a URL too).
-    model_class: the `transformers` class to build (`AutoModel` by default), e.g.
-        `AutoModelForCausalLM`.
-    device: where the weights go (`"cpu"`, `"cuda:N"`, ...): the model is built there
-        (`device_map={"": device}` unless `model_kwargs` gives a `device_map` or `tp_plan`), and
-        the weights are read straight onto it through the GPU backends.
-    config: a config to use instead of the one in `path`.
-    model_kwargs: further keywords for `model_class.from_pretrained` (`dtype`, `tp_plan`,
-        `attn_implementation`, ...).
-    loader_options: this library's options (`backend`, `memory_cap`, `chunk_size`, remote
-        options, ...), as for `load_file`.
+    Args:
+        path: a local model directory (`config.json` and the safetensors files, sharded or
+            not, a hub-cache snapshot); or, with `config=` given, anything `safe_open` takes
+            (a URL too).
+        model_class: the `transformers` class to build (`AutoModel` by default), e.g.
+            `AutoModelForCausalLM`.
+        device: where the weights go (`"cpu"`, `"cuda:N"`, ...): the model is built there
+            (`device_map={"": device}` unless `model_kwargs` gives a `device_map` or
+            `tp_plan`), and the weights are read straight onto it through the GPU backends.
+        config: a config to use instead of the one in `path`.
+        model_kwargs: further keywords for `model_class.from_pretrained` (`dtype`, `tp_plan`,
+            `attn_implementation`, ...). `dtype` defaults to "auto": the config's, else the
+            first floating tensor's of 16 bits or more.
+        **loader_options: this library's options (`backend`, `memory_cap`, `chunk_size`,
+            remote options, ...), as for `load_file`.
+
+    Returns:
+        The model, built by `model_class.from_pretrained(None, config=..., state_dict=...)`.
+
+    Raises:
+        ValueError: an `Auto...` class with no model class for the config.
     """
     import transformers
 
@@ -92,8 +104,7 @@ def from_pretrained(
         state_dict = {name: handle.get_slice(name) for name in handle.offset_keys()}
         if kwargs.get("dtype", "auto") == "auto" and "torch_dtype" not in kwargs:
             kwargs["dtype"] = _dtype_of(handle, config)
-        _, gpu = _device(device)
+        _, gpu = _device.resolve_device(device)
         if "device_map" not in kwargs and "tp_plan" not in kwargs and gpu is not None:
-            kwargs["device_map"] = {"": _torch_device(gpu)}
+            kwargs["device_map"] = {"": _device.torch_device(gpu)}
         return model_class.from_pretrained(None, config=config, state_dict=state_dict, **kwargs)
-

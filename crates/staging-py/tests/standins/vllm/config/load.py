@@ -1,4 +1,5 @@
 """Stand-in for vllm.config.load.LoadConfig: the fields the loader reads."""
+
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 

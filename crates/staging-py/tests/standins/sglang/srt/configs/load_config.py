@@ -1,5 +1,6 @@
 """Stand-in for sglang.srt.configs.load_config: the fields the loader reads, and the check that
 turns a format string into `LoadFormat` (refusing any other string) and leaves a class alone."""
+
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union

@@ -1,6 +1,7 @@
 """Stand-in for sglang.srt.model_loader.loader: the base classes, the default loader's load
 flow (build the model on the target device, `model.load_weights(weights)`) and
 `get_model_loader`'s use of a class given as `load_format`."""
+
 import dataclasses
 import re
 from abc import ABC, abstractmethod
@@ -45,14 +46,24 @@ class DefaultModelLoader(BaseModelLoader):
 
         @classmethod
         def init_new(cls, model_config, model):
-            return cls(model_config.model_path, model_config.revision, prefix="",
-                       fall_back_to_pt=getattr(model, "fall_back_to_pt_during_load", True), model_config=model_config)
+            return cls(
+                model_config.model_path,
+                model_config.revision,
+                prefix="",
+                fall_back_to_pt=getattr(model, "fall_back_to_pt_during_load", True),
+                model_config=model_config,
+            )
 
     def __init__(self, load_config):
         super().__init__(load_config)
-        unexpected = set(load_config.model_loader_extra_config) - {"enable_multithread_load", "num_threads"}
+        unexpected = set(load_config.model_loader_extra_config) - {
+            "enable_multithread_load",
+            "num_threads",
+        }
         if unexpected:
-            raise ValueError(f"Unexpected extra config keys for load format {load_config.load_format}: {unexpected}")
+            raise ValueError(
+                f"Unexpected extra config keys for load format {load_config.load_format}: {unexpected}"
+            )
 
     def _get_weights_iterator(self, source):
         raise NotImplementedError("stand-in: the default loader reads with safetensors")
@@ -70,7 +81,9 @@ class DefaultModelLoader(BaseModelLoader):
         return tuple(out)
 
     def _get_all_weights(self, model_config, model):
-        yield from self._get_weights_iterator(DefaultModelLoader.Source.init_new(model_config, model))
+        yield from self._get_weights_iterator(
+            DefaultModelLoader.Source.init_new(model_config, model)
+        )
         for source in getattr(model, "secondary_weights", ()):
             yield from self._get_weights_iterator(source)
 
@@ -81,7 +94,9 @@ class DefaultModelLoader(BaseModelLoader):
         target_device = torch.device(device_config.device)
         with target_device:
             model = _initialize_model(model_config, self.load_config, None)
-        self.load_weights_and_postprocess(model, self._get_all_weights(model_config, model), target_device)
+        self.load_weights_and_postprocess(
+            model, self._get_all_weights(model_config, model), target_device
+        )
         return model.eval()
 
     @staticmethod

@@ -1,5 +1,6 @@
 """Stand-in for sglang.srt.plugins: `load_plugins` calls each function of the entry-point group
 `sglang.srt.plugins` once per process, then applies the hooks they registered."""
+
 from importlib.metadata import entry_points
 
 from sglang.srt.plugins.hook_registry import HookRegistry

@@ -1,5 +1,6 @@
 """Stand-in for sglang.srt.plugins.hook_registry: AROUND hooks on a dotted target, applied once.
 The real registry also has BEFORE/AFTER/REPLACE hooks and propagates patches to other modules."""
+
 import functools
 import pkgutil
 from collections import defaultdict

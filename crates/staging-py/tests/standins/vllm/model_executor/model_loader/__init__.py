@@ -1,4 +1,5 @@
 """Stand-in for vllm.model_executor.model_loader: the loader registry."""
+
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 _LOAD_FORMAT_TO_MODEL_LOADER = {}

@@ -1,4 +1,5 @@
 """Stand-in for vllm.model_executor.model_loader.base_loader (the abstract part)."""
+
 from abc import ABC, abstractmethod
 
 

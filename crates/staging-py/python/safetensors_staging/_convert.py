@@ -1,0 +1,157 @@
+"""Loaded tensors (`_native._Staged`) as the frameworks' tensors, zero-copy through DLPack."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, List, Optional
+
+from ._device import torch_device
+from ._dtypes import torch_view
+from ._native import _DTYPES, UnsupportedDtypeError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def to_torch(staged: Any, unsupported_dtypes: str) -> torch.Tensor:
+    """A loaded tensor as torch's: its bytes through DLPack, viewed as torch's dtype.
+
+    Zero-copy, and whatever DLPack types the installed torch imports.
+    """
+    import torch
+
+    raw = torch.from_dlpack(staged.as_bytes())
+    return torch_from_bytes(raw, staged.dtype, list(staged.shape), unsupported_dtypes, staged.name)
+
+
+def torch_from_bytes(
+    buffer: torch.Tensor, dtype: str, shape: List[int], unsupported_dtypes: str, name: str
+) -> torch.Tensor:
+    """A `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
+    target, shape = torch_view(dtype, shape, unsupported_dtypes, name)
+    return buffer.reshape(shape) if target is None else buffer.view(target).reshape(shape)
+
+
+def to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
+    """A loaded tensor as a NumPy array (zero-copy), or its bytes as `uint8` when asked for.
+
+    Raises:
+        UnsupportedDtypeError: NumPy has no dtype for it and `unsupported_dtypes` is "raise".
+    """
+    import numpy
+
+    if _DTYPES[staged.dtype].numpy is not None:
+        return numpy.from_dlpack(staged)
+    if unsupported_dtypes == "uint8":
+        return numpy.from_dlpack(staged.as_bytes())
+    raise UnsupportedDtypeError(
+        f"tensor {staged.name!r}: NumPy has no dtype for {staged.dtype}; pass "
+        'unsupported_dtypes="uint8" for its bytes (then .view(ml_dtypes.bfloat16), for example)'
+    )
+
+
+# The converters of `safe_open`, one per framework: `convert` (a loaded tensor as the
+# framework's), `own` (a compact copy of a view) and `stand_in` (an empty tensor of that dtype
+# and shape, to check an index against before any byte is read).
+
+
+class ToTorch:
+    """Tensors as `torch.Tensor`, on the handle's device (`gpu`: its GPU ordinal, if any)."""
+
+    name = "pt"
+
+    def __init__(self, gpu: Optional[int]) -> None:
+        self.gpu = gpu
+
+    def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
+        tensor = to_torch(staged, "raise")
+        if self.gpu is not None and tensor.device.type == "cpu":
+            # Device memory ran short and the policy assembled it in host memory: a drop-in
+            # for `safetensors` hands out what was asked for, so it is moved (and raises
+            # torch's out-of-memory error if it cannot be).
+            tensor = tensor.to(torch_device(self.gpu))
+        return tensor
+
+    def own(self, tensor: Any) -> Any:
+        """A compact copy of a view."""
+        import torch
+
+        return tensor.clone(memory_format=torch.contiguous_format)
+
+    def stand_in(self, dtype: str, shape: List[int], name: str) -> Any:
+        import torch
+
+        target, viewed = torch_view(dtype, shape, "raise", name)
+        return torch.empty(viewed, dtype=target, device="meta")
+
+
+class ToNumpy:
+    """Arrays as `numpy.ndarray`, in host memory."""
+
+    name = "np"
+
+    def own(self, array: Any) -> Any:
+        """A compact copy of a view."""
+        return array.copy()
+
+    def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
+        return to_numpy(staged, "raise")
+
+    def stand_in(self, dtype: str, shape: List[int], name: str) -> Any:
+        import numpy
+
+        if _DTYPES[dtype].numpy is None:
+            to_numpy(_Described(dtype, name), "raise")  # raises UnsupportedDtypeError
+        return numpy.broadcast_to(numpy.zeros((), dtype=numpy.uint8), shape)
+
+
+class ToJax:
+    """Arrays as `jax.Array` (through NumPy, with `ml_dtypes` for bfloat16 and float8)."""
+
+    name = "flax"
+
+    def own(self, array: Any) -> Any:
+        """JAX arrays own their memory already."""
+        return array
+
+    def dtype_of(self, dtype: str, name: str) -> Any:
+        import numpy
+
+        facts = _DTYPES[dtype]
+        if facts.numpy is not None:
+            return numpy.dtype(facts.numpy)
+        if facts.ml_dtypes is not None:
+            import ml_dtypes
+
+            return numpy.dtype(getattr(ml_dtypes, facts.ml_dtypes))
+        raise UnsupportedDtypeError(f"tensor {name!r}: JAX has no dtype for {dtype}")
+
+    def array_of(self, raw: Any, dtype: str, shape: List[int], name: str) -> Any:
+        """A NumPy array of a tensor's bytes (anything with the buffer protocol)."""
+        import numpy
+
+        return numpy.frombuffer(raw, dtype=self.dtype_of(dtype, name)).reshape(shape)
+
+    def host_array(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
+        import numpy
+
+        kind = self.dtype_of(dtype, name)
+        return numpy.from_dlpack(staged.as_bytes()).view(kind).reshape(shape)
+
+    def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.asarray(self.host_array(staged, dtype, shape, name))
+
+    def stand_in(self, dtype: str, shape: List[int], name: str) -> Any:
+        import numpy
+
+        self.dtype_of(dtype, name)
+        return numpy.broadcast_to(numpy.zeros((), dtype=numpy.uint8), shape)
+
+
+class _Described:
+    """What `to_numpy` reads of a tensor to name it in an error."""
+
+    def __init__(self, dtype: str, name: str) -> None:
+        self.dtype = dtype
+        self.name = name

@@ -1,0 +1,145 @@
+"""Slices read lazily: `safe_slice`, and the rows of dimension 0 an index needs.
+
+`get_slice(name)[...]` reads only the rows of dimension 0 the index needs (for an index on an
+inner dimension, every row: the smallest run of rows covering it). The index is checked first
+against an empty stand-in of the tensor (a `meta` tensor, a zero-stride NumPy array), so a bad
+index raises exactly what the framework raises, before any byte is read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+
+from ._native import _DTYPES
+
+if TYPE_CHECKING:
+    from ._safe_open import safe_open
+
+
+def covering_rows(key: Any, dim0: int, ndim: int) -> Tuple[Optional[Tuple[int, int]], Any]:
+    """The rows of dimension 0 that `tensor[key]` needs, and the key to apply to just those.
+
+    Args:
+        key: an index, already checked valid.
+        dim0: the length of dimension 0.
+        ndim: the number of dimensions.
+
+    Returns:
+        `((start, end), narrowed key)`; or `(None, key)` when every row is needed, or the key
+        is of a kind this does not narrow (lists, arrays, booleans).
+    """
+    entries = key if isinstance(key, tuple) else (key,)
+    simple = all(
+        e is None
+        or e is Ellipsis
+        or isinstance(e, slice)
+        or (isinstance(e, int) and not isinstance(e, bool))
+        for e in entries
+    )
+    if ndim == 0 or not simple:
+        return None, key
+    consuming = sum(1 for e in entries if e is not None and e is not Ellipsis)
+    position = None
+    for i, entry in enumerate(entries):
+        if entry is None:
+            continue
+        if entry is Ellipsis:
+            if consuming < ndim:
+                return None, key  # the ellipsis covers dimension 0
+            continue  # it covers no dimension
+        position = i
+        break
+    if position is None:
+        return None, key
+    entry = entries[position]
+    if isinstance(entry, int):
+        row = entry + dim0 if entry < 0 else entry
+        rows, local = (row, row + 1), 0
+    else:
+        start, stop, step = entry.indices(dim0)
+        count = len(range(start, stop, step))
+        last = start + (count - 1) * step
+        if count == 0:
+            rows, local = (0, 0), slice(0, 0)
+        elif step > 0:
+            rows, local = (start, last + 1), slice(0, last + 1 - start, step)
+        else:  # NumPy and JAX step backwards: from `start` down to `last`, row 0 of those read
+            rows, local = (last, start + 1), slice(start - last, None, step)
+    if rows == (0, dim0) and local == slice(0, dim0, 1):
+        return None, key
+    narrowed = entries[:position] + (local,) + entries[position + 1 :]
+    return rows, narrowed if isinstance(key, tuple) else narrowed[0]
+
+
+def read_slice(reader: Any, convert: Any, name: str, dtype: str, shape: List[int], key: Any) -> Any:
+    """`tensor[key]` of tensor `name`, reading only the rows of dimension 0 it needs.
+
+    Args:
+        reader: the handle's `_native._Reader`.
+        convert: the handle's converter (`_convert.ToTorch`, `ToNumpy` or `ToJax`).
+        name: the tensor's name.
+        dtype: its dtype, as the file writes it.
+        shape: its shape, as the file has it.
+        key: the index.
+
+    Raises:
+        IndexError: (or `ValueError`, `TypeError`) what the framework raises for a bad index,
+            before any byte is read.
+    """
+    stand_in = convert.stand_in(dtype, shape, name)
+    rows, local = (None, key)
+    try:
+        stand_in[key]  # raises what the framework raises for a bad index, before any read
+    except (IndexError, ValueError, TypeError):
+        raise
+    except Exception:
+        # An index the stand-in cannot take (a boolean mask of a `meta` tensor): the
+        # whole tensor is read and the framework indexes it.
+        stand_in = None
+    # Rows of a 1-dimensional tensor of sub-byte values may not be whole bytes.
+    if stand_in is not None and stand_in.ndim and (len(shape) > 1 or _DTYPES[dtype].bits % 8 == 0):
+        rows, local = covering_rows(key, int(stand_in.shape[0]), int(stand_in.ndim))
+    staged = reader.read(name, rows)
+    read_shape = list(shape) if rows is None else [rows[1] - rows[0], *shape[1:]]
+    tensor = convert.convert(staged, dtype, read_shape, name)
+    result = tensor[local]
+    if int(result.nbytes) < int(tensor.nbytes):
+        # A view of part of what was read (columns of every row, one element): its own
+        # compact copy, so that the rest is freed now rather than held by the view (a
+        # tensor-parallel rank keeping its share of the columns holds its share only).
+        result = convert.own(result)
+    return result
+
+
+class safe_slice:
+    """A tensor not read yet, as `safetensors`' `get_slice` gives it.
+
+    Indexing it (ints, slices, negative indices, `...`, `None`, on any dimension) reads only
+    the rows of dimension 0 the index needs.
+
+    Example:
+        ```python
+        with st.safe_open("model.safetensors", framework="pt") as f:
+            part = f.get_slice("lm_head.weight")[0:512]  # reads 512 rows
+        ```
+    """
+
+    def __init__(self, handle: safe_open, name: str, dtype: str, shape: List[int]) -> None:
+        self._handle = handle
+        self._name = name
+        self._dtype = dtype
+        self._shape = shape
+
+    def get_shape(self) -> List[int]:
+        """The tensor's shape, as the file has it."""
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        """The tensor's dtype, as the file writes it (`"BF16"`)."""
+        return self._dtype
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._handle._slice(self._name, self._dtype, self._shape, key)
+
+    def __repr__(self) -> str:
+        return f"safe_slice({self._name!r}, dtype={self._dtype}, shape={self._shape})"
