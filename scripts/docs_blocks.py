@@ -50,9 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
-MARK = re.compile(
-    r"^\s*<!--\s*docs:\s*(?P<what>skip|setup|repo)\b\s*(?P<reason>.*?)\s*-->\s*$"
-)
+MARK = re.compile(r"^\s*<!--\s*docs:\s*(?P<what>skip|setup|repo)\b\s*(?P<reason>.*?)\s*-->\s*$")
 RUN_AS = {
     "python": "python",
     "py": "python",
@@ -119,9 +117,7 @@ def blocks_of(path: Path) -> list[Block]:
             lines[i].strip().startswith(fence)
             and lines[i].strip() == fence[0] * len(lines[i].strip())
         ):
-            body.append(
-                lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i]
-            )
+            body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
             i += 1
         i += 1
         prev = start - 1
@@ -212,7 +208,9 @@ def compile_c(block: Block, compiler: str | None, cwd: Path) -> str | None:
     code = block.code
     if not re.search(r"^\s*(int|void|static)\s+\w+\s*\(", code, re.MULTILINE):
         code = "void docs_block(void) {\n" + code + "\n}\n"
-    head = '#include "staging_ffi.h"\n#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n'
+    head = (
+        '#include "staging_ffi.h"\n#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n'
+    )
     if cpp:
         head += '#include "staging.hpp"\n#include <cstdio>\n#include <string>\n'
     source = cwd / ("block.cpp" if cpp else "block.c")
@@ -277,9 +275,7 @@ def run_page(
                 if kind == "python":
                     error = run_python(block.code, namespace, block)
                 elif kind == "shell":
-                    error = run_shell(
-                        block.code, ROOT if block.mark == "repo" else cwd, env, block
-                    )
+                    error = run_shell(block.code, ROOT if block.mark == "repo" else cwd, env, block)
                 elif kind == "console":
                     commands = console_commands(block.code)
                     error = None if commands else "a console block with no `$ ` line"
@@ -335,9 +331,9 @@ def main() -> int:
     args = parser.parse_args()
     VERBOSE, TIMEOUT_S = args.verbose, args.timeout
 
-    files = [f.resolve() for f in args.files] or sorted(
-        (ROOT / "docs").rglob("*.md")
-    ) + [ROOT / "README.md"]
+    files = [f.resolve() for f in args.files] or sorted((ROOT / "docs").rglob("*.md")) + [
+        ROOT / "README.md"
+    ]
     env = dict(os.environ)
     bindir = Path(tempfile.mkdtemp(prefix="docs-blocks-bin-"))
     if args.stage is not None:
@@ -367,9 +363,7 @@ def main() -> int:
     if not_run:
         print(f"not run by this script: {not_run} (rust blocks run as doctests)")
     for block in summary.skipped:
-        print(
-            f"  skipped {block.where()} ({block.lang}): {block.reason or 'no reason given'}"
-        )
+        print(f"  skipped {block.where()} ({block.lang}): {block.reason or 'no reason given'}")
     for block, error in summary.failed:
         print(f"\nFAILED {block.where()} ({block.lang}):\n{error.rstrip()}")
     unreasoned = [b for b in summary.skipped if not b.reason]

@@ -25,13 +25,18 @@ def stub_class_keys(name: str) -> List[str]:
     tree = ast.parse(STUB.read_text())
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
-            return [item.target.id for item in node.body
-                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)]
+            return [
+                item.target.id
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            ]
     raise AssertionError(f"{STUB} has no class {name}")
 
 
 def stub_functions() -> List[str]:
-    return [node.name for node in ast.parse(STUB.read_text()).body if isinstance(node, ast.FunctionDef)]
+    return [
+        node.name for node in ast.parse(STUB.read_text()).body if isinstance(node, ast.FunctionDef)
+    ]
 
 
 def test_the_stub_s_load_options_are_the_table_s_keywords() -> None:
@@ -40,8 +45,17 @@ def test_the_stub_s_load_options_are_the_table_s_keywords() -> None:
     assert stub_class_keys("LoadOptions") == keywords
     assert "_option_table" in stub_functions()
     for row in table:
-        assert set(row) == {"name", "keyword", "aliases", "kind", "value_name", "choices", "default",
-                            "default_is_value", "help"}
+        assert set(row) == {
+            "name",
+            "keyword",
+            "aliases",
+            "kind",
+            "value_name",
+            "choices",
+            "default",
+            "default_is_value",
+            "help",
+        }
         assert row["help"] and row["default"]
 
 
@@ -81,7 +95,7 @@ def error_rows() -> Dict[str, str]:
 def test_the_error_reference_names_the_classes_raised() -> None:
     rows = error_rows()
     assert len(rows) == 16, rows
-    for kind, name in rows.items():
+    for name in rows.values():
         cls = getattr(st, name)
         assert issubclass(cls, st.StagingError), name
     # A class's own `kind` is one of the kinds the page maps to it.

@@ -12,12 +12,14 @@ from typing import (
     Iterable,
     Iterator,
     List,
-    Mapping,  # noqa: F401 (the load options' types)
+    Mapping,
     Optional,
     Sequence,
     Tuple,
+    TypedDict,
     Union,
     final,
+    type_check_only,
 )
 
 __all__ = [
@@ -298,15 +300,14 @@ def _serialize(
     metadata: Optional[Dict[str, str]] = None,
     filename: Optional[str] = None,
 ) -> Optional[bytes]: ...
-
-# fmt: off
-def _parse(data: bytes) -> Tuple[int, List[Tuple[str, str, List[int], int, int]], Optional[Dict[str, str]]]: ...
+def _parse(
+    data: bytes,
+) -> Tuple[int, List[Tuple[str, str, List[int], int, int]], Optional[Dict[str, str]]]: ...
 
 # The load options as keywords: one per key of the library's table (`LoadOptions::specs()`),
 # checked against `_option_table()` by tests/test_option_table.py. An alias of a key
 # (`device_memory` for `memory_cap`) is accepted too; `None` keeps a default.
-from typing import TypedDict
-
+@type_check_only
 class LoadOptions(TypedDict, total=False):
     backend: str
     device: Any  # "auto", "cpu", "cuda:N", an int or a torch.device
