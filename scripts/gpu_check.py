@@ -4,6 +4,9 @@
 usage: gpu_check.py --stage PATH [--size-gib 8] [--dir /dev/shm/staging-gpu-check] [--out DIR]
                     [--dry-run]
 
+Length: one file on purpose. The GPU machine has no network and a budget of minutes; this script
+is carried there alone, with the child scripts it runs kept as text beside the steps they serve.
+
 1. Writes a Qwen-like bf16 checkpoint (shards + index) of --size-gib with PyTorch and
    safetensors (falls back to `stage --keep-synthetic` when torch is missing).
 2. Finds libcufile.so.0 in the nvidia-cufile Python package (or $STAGING_CUFILE_LIB).

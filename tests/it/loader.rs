@@ -1,6 +1,8 @@
 //! The one entry point, `Loader`, on the host backend: what `auto` chose and why, selection and
 //! row ranges (bytes, shapes, and only those bytes read), destinations of the right and the
 //! wrong memory space, hand-over of device memory, and Hugging Face hub-cache layouts.
+//!
+//! Length: one test per behaviour of the entry point, sharing the checkpoint helpers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 

@@ -4,6 +4,8 @@
 //! requests the server saw, the path each tensor took, what is held afterwards and the error.
 //! S3 itself (listing, credentials, buckets) is tested against moto's server in
 //! `crates/staging-py/tests/test_remote.py`.
+//!
+//! Length: one test per behaviour of a URL load against one loopback server and its helpers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 

@@ -19,6 +19,9 @@
 //! stream ([`CudaDevice::from_stream`]): the device then uses that context (primary or not,
 //! kept alive by the caller's `Arc`, never retained or released here), and with a stream the
 //! POSIX path queues its copies on it, so the library creates no stream of its own.
+//!
+//! Length: every CUDA driver call of the backend is in this one file, so that its unsafe code
+//! (and the contexts, streams and frees it must balance) can be read and audited in one place.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;

@@ -7,6 +7,9 @@
 //! them. Each case asserts the bytes, the path each tensor took, what was freed and the error.
 //!
 //! The functions panic (they are assertions); they are meant to be called from `#[test]`s.
+//!
+//! Length: one suite, the staging contract case by case; the cases share the harness and the
+//! macro that expands them, and each is short.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

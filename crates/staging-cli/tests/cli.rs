@@ -1,6 +1,8 @@
 //! The `stage` command end to end: the JSON report's keys, checksums against the `safetensors`
 //! crate, the device-memory cap, selection and row ranges, one-line errors for every malformed
 //! input, and a quiet end when stdout is closed.
+//!
+//! Length: one test per behaviour of the command, sharing the helpers that run it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 

@@ -1,5 +1,8 @@
 //! The C ABI called wrongly on purpose, and rightly from several threads: every misuse is a
 //! status, never a crash; out-parameters stay untouched on failure; messages name what failed.
+//!
+//! Length: one test per misuse of the C ABI, sharing the helpers that build configs and
+//! checkpoints; split by handle it would repeat them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
