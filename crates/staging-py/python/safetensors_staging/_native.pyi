@@ -42,6 +42,7 @@ __all__ = [
     "_Reader",
     "_serialize",
     "_parse",
+    "_option_table",
     "_reader",
     "_stage",
     "_open",
