@@ -15,19 +15,20 @@ from . import _native
 # The load format both engines know this library's loader by.
 LOAD_FORMAT = "staging"
 
-# Extra-config key -> this library's keyword.
-_OPTIONS = {
-    "backend": "backend",
-    "device_memory": "memory_cap",
-    "chunk_size": "chunk_size",
-    "threads": "threads",
-    "concurrency": "concurrency",
-    "range_size": "range_size",
-    "retries": "retries",
-    "bandwidth": "bandwidth",
-    "store_options": "store_options",
-    "allow_redirect": "allow_redirect",
-}
+# The library's options an extra config may hold, spelled as the library spells them
+# (`device_memory` is the options table's alias of `memory_cap`).
+_OPTIONS = (
+    "backend",
+    "device_memory",
+    "chunk_size",
+    "threads",
+    "concurrency",
+    "range_size",
+    "retries",
+    "bandwidth",
+    "store_options",
+    "allow_redirect",
+)
 EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
 
 _INDEX = "model.safetensors.index.json"
@@ -78,7 +79,7 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
         raise ValueError(
             f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}"
         )
-    options = {_OPTIONS[key]: value for key, value in extra.items() if key in _OPTIONS}
+    options = {key: value for key, value in extra.items() if key in _OPTIONS}
     return weights, share_reads, options
 
 
