@@ -244,7 +244,7 @@ pub(super) static OPTIONS: &[OptionSpec] = &[
         Choice,
         "DEVICE",
         Value("auto"),
-        "Where the tensors go: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU, or an error), hip or hip:N (hipFile only)",
+        "Where the tensors go: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU, or an error), hip or hip:N (hipFile only); in Python, cpu unless a device is given, as in safetensors",
         |o, v| {
             o.device = v.parse()?;
             Ok(())
