@@ -101,6 +101,15 @@ impl Error {
         }
     }
 
+    /// The longer story behind the one-line message, for `-v`/`--verbose` and logs: each GPU
+    /// backend passed over with why for [`Error::NoGpu`]; empty where the message says it all.
+    pub fn details(&self) -> &[String] {
+        match self {
+            Self::NoGpu { passed_over, .. } => passed_over,
+            _ => &[],
+        }
+    }
+
     #[cfg(any(feature = "cufile", feature = "hipfile"))]
     pub(crate) fn backend(
         backend: &'static str,

@@ -87,9 +87,9 @@ impl FromStr for BackendKind {
 
 /// Every setting of a load, as plain data: what `stage`'s flags, Python's keywords and C's
 /// `stg_config_set` keys all spell, one field per key of [`LoadOptions::specs`]. `None` keeps the
-/// library's default. Two doors given the same settings produce equal options. `Debug` (what
-/// `stage --print-options`, C's `stg_config_describe` and Python's `_options` print) shows no
-/// secret: a store option that may hold one reads `<redacted>`.
+/// library's default. Two doors given the same settings produce equal options. Neither `Debug`
+/// nor [`describe`](Self::describe) (the `key = value` lines every door prints) shows a secret:
+/// a store option that may hold one reads `<redacted>`.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoadOptions {
@@ -211,6 +211,24 @@ impl std::fmt::Debug for LoadOptions {
     }
 }
 
+/// A size in the grammar `set` parses: the largest binary unit it is a whole number of.
+fn show_size(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes != 0 && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// Rows in the spelling `rows` takes after its `GLOB=`.
+fn show_rows(range: &RowRange) -> String {
+    match range {
+        RowRange::Rows(rows) => format!("{}:{}", rows.start, rows.end),
+        RowRange::Part { rank, parts } => format!("{rank}/{parts}"),
+    }
+}
+
 /// `options` as they may be shown: the remote backend's redaction of secret values, or (in a
 /// build without it) every value redacted.
 fn redacted_store_options(options: &[(String, String)]) -> Vec<(String, String)> {
@@ -310,6 +328,91 @@ impl LoadOptions {
         spec.apply(&mut changed, value).map_err(invalid)?;
         *self = changed;
         Ok(())
+    }
+
+    /// The options as `key = value` lines, one per key of [`specs`](Self::specs) in its order
+    /// (one per value of a repeatable key), each value in the spelling [`set`](Self::set)
+    /// takes, so that the lines set again give these options. A key left unset shows its
+    /// default: `chunk_size = 16MiB  # default` where the default is a value, a comment line
+    /// (`# memory_cap = none (default)`) where it is a description. A store option that may hold
+    /// a secret shows its key only (`aws_secret_access_key=<redacted>`). `stage
+    /// --print-options`, C's `stg_config_describe` and Python's `describe_options` print these
+    /// lines.
+    pub fn describe(&self) -> String {
+        use std::fmt::Write as _;
+        let mut text = String::new();
+        for spec in Self::specs() {
+            let key = spec.name();
+            let values = self.values_of(key);
+            let is_default = spec.default_is_value() && values == [spec.default()];
+            if values.is_empty() || is_default {
+                // `writeln!` into a String cannot fail.
+                let _ = if spec.default_is_value() {
+                    writeln!(text, "{key} = {}  # default", spec.default())
+                } else {
+                    writeln!(text, "# {key} = {} (default)", spec.default())
+                };
+            }
+            if !is_default {
+                for value in values {
+                    let _ = writeln!(text, "{key} = {value}");
+                }
+            }
+        }
+        text
+    }
+
+    /// `key`'s values as [`set`](Self::set) spells them; none where it is unset.
+    fn values_of(&self, key: &str) -> Vec<String> {
+        let size = |value: Option<u64>| value.map(show_size).into_iter().collect();
+        let usize_size = |value: Option<usize>| size(value.map(|v| v as u64));
+        let count = |value: Option<usize>| value.map(|v| v.to_string()).into_iter().collect();
+        let path = |value: &Option<PathBuf>| {
+            value
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .into_iter()
+                .collect()
+        };
+        match key {
+            "backend" => vec![self.backend.as_str().to_owned()],
+            "device" => vec![self.device.to_string()],
+            "memory_cap" => size(self.memory_cap),
+            "chunk_size" => usize_size(self.chunk_size),
+            "staging_size" => usize_size(self.staging_size),
+            "headroom_min" => size(self.headroom_min),
+            "headroom_divisor" => self
+                .headroom_divisor
+                .map(|v| v.to_string())
+                .into_iter()
+                .collect(),
+            "threads" => count(self.threads),
+            "staging_slots" => count(self.staging_slots),
+            "coalesce_below" => usize_size(self.coalesce_below),
+            "suballocate" => vec![self.suballocate.to_string()],
+            "direct_io" => vec![self.direct_io.to_string()],
+            "cufile_mode" => vec![self.cufile_mode.to_string()],
+            "cufile_lib" => path(&self.cufile_lib),
+            "hipfile_mode" => vec![self.hipfile_mode.to_string()],
+            "hipfile_lib" => path(&self.hipfile_lib),
+            "hip_lib" => path(&self.hip_lib),
+            "select" => self.select.clone(),
+            "rows" => self
+                .rows
+                .iter()
+                .map(|(glob, range)| format!("{glob}={}", show_rows(range)))
+                .collect(),
+            "concurrency" => count(self.concurrency),
+            "range_size" => usize_size(self.range_size),
+            "retries" => count(self.retries),
+            "bandwidth" => size(self.bandwidth),
+            "store_option" => redacted_store_options(&self.store_options)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            "allow_redirect" => self.allow_redirects.clone(),
+            _ => Vec::new(),
+        }
     }
 
     /// The staging policy these options give (the defaults for what is unset; `chunk_size` also

@@ -274,3 +274,73 @@ fn chunk_size_sizes_staging_unless_staging_size_is_set() {
         (4 << 20, 8 << 20)
     );
 }
+
+/// The lines of `describe` that set something, set again (comments and defaults left out).
+fn set_again(text: &str) -> LoadOptions {
+    let mut options = LoadOptions::new();
+    let set = |line: &&str| !line.starts_with('#') && !line.ends_with("  # default");
+    for line in text.lines().filter(set) {
+        let (key, value) = line.split_once(" = ").unwrap();
+        options.set(key, value).unwrap();
+    }
+    options
+}
+
+#[test]
+fn describe_prints_every_key_in_the_spelling_set_takes() {
+    let defaults = LoadOptions::new().describe();
+    for spec in LoadOptions::specs() {
+        let key = spec.name();
+        assert!(
+            defaults.contains(&format!("{key} = ")),
+            "{key} missing from:\n{defaults}"
+        );
+    }
+    assert!(
+        defaults.contains("backend = auto  # default\n"),
+        "{defaults}"
+    );
+    assert!(
+        defaults.contains("# memory_cap = none (default)\n"),
+        "{defaults}"
+    );
+    assert!(!defaults.contains("Some("), "{defaults}");
+    assert_eq!(set_again(&defaults), LoadOptions::new());
+
+    let mut options = LoadOptions::new();
+    for (key, value) in [
+        ("backend", "host"),
+        ("device", "cuda:1"),
+        ("memory_cap", "300MiB"),
+        ("chunk_size", "4194304"),
+        ("headroom_min", "1000"),
+        ("headroom_divisor", "3"),
+        ("threads", "2"),
+        ("suballocate", "false"),
+        ("direct_io", "true"),
+        ("cufile_mode", "compat"),
+        ("cufile_lib", "/opt/libcufile.so"),
+        ("select", "encoder.*"),
+        ("select", "lm_head.weight"),
+        ("rows", "*.bias=1/3"),
+        ("rows", "w=10:100"),
+        ("bandwidth", "1GiB"),
+        ("allow_redirect", "cdn.example.com"),
+    ] {
+        options.set(key, value).unwrap();
+    }
+    let text = options.describe();
+    for line in [
+        "backend = host\n",
+        "device = cuda:1\n",
+        "memory_cap = 300MiB\n",
+        "chunk_size = 4MiB\n",
+        "headroom_min = 1000\n",
+        "select = encoder.*\nselect = lm_head.weight\n",
+        "rows = *.bias=1/3\nrows = w=10:100\n",
+        "cufile_lib = /opt/libcufile.so\n",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+    assert_eq!(set_again(&text), options);
+}

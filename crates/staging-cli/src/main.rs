@@ -94,7 +94,7 @@ fn parse() -> Result<(Args, LoadOptions), BoxError> {
 
 fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
     if args.print_options {
-        let _ = writeln!(std::io::stdout(), "{options:#?}");
+        let _ = write!(std::io::stdout(), "{}", options.describe());
         return Ok(());
     }
     // The backend first: a machine that cannot run it fails before a byte is written.

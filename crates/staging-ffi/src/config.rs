@@ -220,7 +220,7 @@ pub unsafe extern "C" fn stg_config_describe(
     written: *mut usize,
 ) -> stg_status {
     // SAFETY: forwarded caller contract.
-    unsafe { copy_config_text(config, buf, len, written, |c| format!("{:#?}", c.options)) }
+    unsafe { copy_config_text(config, buf, len, written, |c| c.options.describe()) }
 }
 
 /// Chooses the backend: "auto", "host", "cufile" or "hipfile" (`stg_config_set(config,

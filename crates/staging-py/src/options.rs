@@ -218,5 +218,5 @@ pub(crate) fn options(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<String> {
             "select and rows as functions need a checkpoint: they are applied by stage()",
         ));
     }
-    Ok(format!("{:#?}", keywords.options))
+    Ok(keywords.options.describe())
 }
