@@ -267,20 +267,35 @@ pub(crate) fn open(
         Backend::Auto(auto) if device == Device::Cpu => Ok(host(auto.host)),
         Backend::Auto(auto) => {
             let mut passed_over = Vec::new();
+            // Why, in a few words, for the one-line error when a GPU was asked for: the vendor
+            // the device names (ROCm only for hip:N, or where it was found but saw no GPU).
+            let mut reasons: Vec<&'static str> = Vec::new();
+            let hip_asked = matches!(device, Device::Hip(_));
             #[cfg(feature = "cufile")]
-            if matches!(device, Device::Hip(_)) {
+            if hip_asked {
                 passed_over.push(format!("cufile: device {device} is a HIP device"));
             } else {
                 match open_cufile(&auto.cufile, gpu, remote) {
                     Ok(chosen) => return Ok(chosen),
                     Err(
                         e @ (backend_cufile::Error::NoCudaDriver | backend_cufile::Error::NoDevice),
-                    ) => passed_over.push(format!("cufile: {e}")),
+                    ) => {
+                        reasons.push(match e {
+                            backend_cufile::Error::NoDevice => "the NVIDIA driver sees no GPU",
+                            _ => "NVIDIA driver not found",
+                        });
+                        passed_over.push(format!("cufile: {e}"));
+                    }
                     Err(e) => return Err(Error::backend("cufile", e)),
                 }
             }
             #[cfg(not(feature = "cufile"))]
-            passed_over.push(Error::NotBuilt("cufile").to_string());
+            {
+                if !hip_asked {
+                    reasons.push("built without the cufile backend");
+                }
+                passed_over.push(Error::NotBuilt("cufile").to_string());
+            }
             #[cfg(feature = "hipfile")]
             {
                 match open_hipfile(&auto.hipfile, gpu, remote) {
@@ -291,15 +306,28 @@ pub(crate) fn open(
                     Err(
                         e @ (backend_hipfile::Error::NoHipRuntime { .. }
                         | backend_hipfile::Error::NoDevice),
-                    ) => passed_over.push(format!("hipfile: {e}")),
+                    ) => {
+                        match e {
+                            backend_hipfile::Error::NoDevice => reasons.push("ROCm sees no GPU"),
+                            _ if hip_asked || reasons.is_empty() => reasons.push("ROCm not found"),
+                            _ => {}
+                        }
+                        passed_over.push(format!("hipfile: {e}"));
+                    }
                     Err(e) => return Err(Error::backend("hipfile", e)),
                 }
             }
             #[cfg(not(feature = "hipfile"))]
-            passed_over.push(Error::NotBuilt("hipfile").to_string());
+            {
+                if hip_asked || reasons.is_empty() {
+                    reasons.push("built without the hipfile backend");
+                }
+                passed_over.push(Error::NotBuilt("hipfile").to_string());
+            }
             if gpu.is_some() {
                 return Err(Error::NoGpu {
                     device: device.to_string(),
+                    reason: reasons.join("; "),
                     passed_over,
                 });
             }

@@ -59,10 +59,13 @@ pub enum Error {
         hint: &'static str,
     },
     /// A GPU was asked for, and no GPU backend can run here.
-    #[error("device {device} was asked for, but no GPU backend can run here: {}", passed_over.join("; "))]
+    #[error("device {device}: no usable GPU: {reason}")]
     NoGpu {
         /// The device asked for.
         device: String,
+        /// Why, in a few words (`NVIDIA driver not found`); [`details`](Error::details) has
+        /// each backend's own reason.
+        reason: String,
         /// `"backend: why"` for each GPU backend passed over.
         passed_over: Vec<String>,
     },
