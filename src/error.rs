@@ -104,6 +104,23 @@ impl Error {
         }
     }
 
+    /// The file the error is about, where there is one.
+    pub fn file(&self) -> Option<&std::path::Path> {
+        match self {
+            Self::Load(error) => error.file(),
+            _ => None,
+        }
+    }
+
+    /// The tensor the error is about, where there is one.
+    pub fn tensor(&self) -> Option<&str> {
+        match self {
+            Self::Load(error) => error.tensor(),
+            Self::DeviceCopy { tensor, .. } | Self::Tensor { tensor, .. } => Some(tensor),
+            _ => None,
+        }
+    }
+
     /// The longer story behind the one-line message, for `-v`/`--verbose` and logs: each GPU
     /// backend passed over with why for [`Error::NoGpu`]; empty where the message says it all.
     pub fn details(&self) -> &[String] {
@@ -124,7 +141,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn tensor(tensor: &str, reason: impl Into<String>) -> Self {
+    pub(crate) fn about_tensor(tensor: &str, reason: impl Into<String>) -> Self {
         Self::Tensor {
             tensor: tensor.to_owned(),
             reason: reason.into(),

@@ -238,7 +238,7 @@ impl Tensor {
     /// Copies its bytes into `dst` (exactly its length), from the device when they are there.
     pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
         if dst.len() != self.meta.len {
-            return Err(Error::tensor(
+            return Err(Error::about_tensor(
                 &self.meta.name,
                 format!(
                     "{} bytes asked for, the tensor has {}",
@@ -258,7 +258,7 @@ impl Tensor {
             .filter(|&end| end <= self.meta.len)
             .map(|end| offset..end)
             .ok_or_else(|| {
-                Error::tensor(
+                Error::about_tensor(
                     &self.meta.name,
                     format!(
                         "{} bytes at {offset} are outside its {} bytes",
@@ -278,7 +278,7 @@ impl Tensor {
                     tensor: self.meta.name.clone(),
                     reason: e.to_string(),
                 }),
-            (_, None) => Err(Error::tensor(
+            (_, None) => Err(Error::about_tensor(
                 &self.meta.name,
                 "its bytes are in the caller's destination",
             )),

@@ -214,7 +214,7 @@ impl std::fmt::Debug for LoadOptions {
 /// A size in the grammar `set` parses: the largest binary unit it is a whole number of.
 fn show_size(bytes: u64) -> String {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes != 0 && bytes % (1 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

@@ -15,8 +15,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if trimmed.parse::<f64>().is_ok() && trimmed.parse::<u64>().is_err() {
         return Err(format!("{text:?} is not a whole number of bytes"));
     }
-    parse_size::parse_size(trimmed)
-        .map_err(|e| format!("{text:?} is not a size like 512MiB, 2GiB or 4096: {e}"))
+    parse_size::parse_size(trimmed).map_err(|e| match e {
+        parse_size::Error::PosOverflow => format!("{text:?} is more bytes than 16 EiB"),
+        _ => format!("{text:?} is not a size: expected bytes or a number and a unit, like 4096, 512MiB or 2GiB"),
+    })
 }
 
 pub(super) fn parse_usize_size(text: &str) -> Result<usize, String> {

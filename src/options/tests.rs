@@ -344,3 +344,21 @@ fn describe_prints_every_key_in_the_spelling_set_takes() {
     }
     assert_eq!(set_again(&text), options);
 }
+
+#[rstest]
+#[case(
+    "lots",
+    "option chunk_size=\"lots\": \"lots\" is not a size: expected bytes or a number and a unit, like 4096, 512MiB or 2GiB"
+)]
+#[case(
+    "1.5",
+    "option chunk_size=\"1.5\": \"1.5\" is not a whole number of bytes"
+)]
+#[case(
+    "99999EiB",
+    "option chunk_size=\"99999EiB\": \"99999EiB\" is more bytes than 16 EiB"
+)]
+fn a_bad_size_says_what_was_expected(#[case] value: &str, #[case] message: &str) {
+    let error = LoadOptions::new().set("chunk_size", value).unwrap_err();
+    assert_eq!(error.to_string(), message);
+}

@@ -29,3 +29,5 @@ mod parsing_properties;
 mod remote;
 #[cfg(feature = "remote")]
 mod remote_trust;
+#[cfg(feature = "remote")]
+mod remote_words;

@@ -210,6 +210,9 @@ impl HttpConnector for Connector {
         let user_agent = options
             .get_config_value(&K::UserAgent)
             .unwrap_or_else(|| concat!("safetensors-staging/", env!("CARGO_PKG_VERSION")).into());
+        // rustls's crypto, ring, for every client of the process; a provider someone else
+        // installed first (another library in a Python process) is used as it is.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut builder = reqwest::ClientBuilder::new().user_agent(user_agent);
         if let Some(login) = &self.login {
             let mut headers = reqwest::header::HeaderMap::new();

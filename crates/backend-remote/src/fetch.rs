@@ -37,9 +37,90 @@ pub(crate) fn describe(e: &object_store::Error) -> String {
         }
         source = error.source();
     }
+    if let Some(words) = transport_failure(e) {
+        return words;
+    }
     // object_store's messages name the request's URL, with the login of an endpoint option
     // and a query (an Azure SAS token, say) in it.
     redacted_text(&e.to_string())
+}
+
+/// `host:port` of a URL.
+fn host_port(url: &url::Url) -> String {
+    let name = url.host_str().unwrap_or_default();
+    match url.port_or_known_default() {
+        Some(port) => format!("{name}:{port}"),
+        None => name.to_owned(),
+    }
+}
+
+/// The first `http(s)://` URL in `text`.
+fn url_in(text: &str) -> Option<url::Url> {
+    let start = text.find("https://").or_else(|| text.find("http://"))?;
+    let end = text[start..]
+        .find(char::is_whitespace)
+        .map_or(text.len(), |n| start + n);
+    url::Url::parse(&text[start..end]).ok()
+}
+
+/// What kept a request from getting an answer, in words, and where: `connection refused by
+/// 127.0.0.1:9`, `DNS lookup of example.invalid failed`, `timed out talking to host:443`, `TLS
+/// handshake with host:443 failed: ...`; `None` when the server answered (its status says
+/// what went wrong) or the cause is none of these. object_store and reqwest say all of these
+/// as "error sending request".
+pub(crate) fn transport_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut host = None;
+    let mut words: Option<&str> = None;
+    let mut tls_detail = None;
+    let mut source = Some(e);
+    while let Some(error) = source {
+        if let Some(request) = error.downcast_ref::<reqwest::Error>() {
+            if let Some(url) = request.url() {
+                host.get_or_insert_with(|| host_port(url));
+            }
+            if request.is_timeout() {
+                words.get_or_insert("timed out");
+            }
+        }
+        if let Some(io) = error.downcast_ref::<io::Error>() {
+            match io.kind() {
+                io::ErrorKind::ConnectionRefused => words = Some("connection refused"),
+                io::ErrorKind::ConnectionReset => words = Some("connection reset"),
+                io::ErrorKind::TimedOut => words = Some("timed out"),
+                _ => {}
+            }
+        }
+        let text = error.to_string();
+        // object_store drops the URL from reqwest's error but names it in its own message.
+        if host.is_none() {
+            host = url_in(&text).map(|url| host_port(&url));
+        }
+        if text.contains("dns error") || text.contains("failed to lookup address") {
+            words = Some("dns");
+        } else if error.downcast_ref::<rustls::Error>().is_some()
+            || text.contains("tls handshake")
+            || text.contains("invalid peer certificate")
+        {
+            words = Some("tls");
+            tls_detail = Some(text);
+        }
+        source = error.source();
+    }
+    let host = host?;
+    Some(match words? {
+        "dns" => format!(
+            "DNS lookup of {} failed (no such host?)",
+            host.rsplit_once(':')
+                .map_or(host.as_str(), |(name, _)| name)
+        ),
+        "tls" => format!(
+            "TLS handshake with {host} failed: {}",
+            tls_detail.unwrap_or_default()
+        ),
+        "connection refused" => format!("connection refused by {host}"),
+        "connection reset" => format!("connection reset by {host}"),
+        other => format!("{other} talking to {host}"),
+    })
 }
 
 /// An object_store error as an `io::Error` of the closest kind, saying what [`describe`] says.

@@ -71,12 +71,27 @@ impl DeviceError {
     }
 }
 
+/// An operating-system error in words: `no such file or directory`, not `No such file or
+/// directory (os error 2)` (the number says nothing to a person; the kind says it to a program).
+pub fn io_words(error: &io::Error) -> String {
+    let text = error.to_string();
+    let text = match (error.raw_os_error(), text.rfind(" (os error ")) {
+        (Some(_), Some(at)) => &text[..at],
+        _ => return text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
 /// Why a read (or opening a file for reading) failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReadError {
     /// An operating-system error (`errno`).
-    #[error(transparent)]
+    #[error("{}", io_words(.0))]
     Io(#[from] io::Error),
     /// A native library call failed with its own code.
     #[error("{call} failed: {message} (code {code})")]
@@ -109,7 +124,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A file or directory could not be opened, inspected or read while parsing.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {}", path.display(), io_words(source))]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -438,6 +453,48 @@ impl Error {
             Self::UnknownTensor { .. } | Self::Rows { .. } => ErrorKind::Selection,
             Self::Policy(_) => ErrorKind::InvalidOption,
             Self::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The file the error is about, where there is one.
+    pub fn file(&self) -> Option<&std::path::Path> {
+        match self {
+            Self::Io { path, .. }
+            | Self::Header { path, .. }
+            | Self::Index { path, .. }
+            | Self::NotAFile { path }
+            | Self::NoCheckpoint { path }
+            | Self::DuplicateFile { path } => Some(path),
+            Self::DuplicateTensor { first, .. } => Some(first),
+            Self::Open { file, .. }
+            | Self::Read { file, .. }
+            | Self::Truncated { file, .. }
+            | Self::FileChanged { file, .. }
+            | Self::Allocation { file, .. }
+            | Self::StagingBuffer { file, .. }
+            | Self::HostAllocation { file, .. }
+            | Self::Device { file, .. }
+            | Self::DestinationTooSmall { file, .. }
+            | Self::Destination { file, .. }
+            | Self::Rows { file, .. } => Some(file),
+            Self::UnknownTensor { .. } | Self::Policy(_) | Self::Internal(_) => None,
+        }
+    }
+
+    /// The tensor the error is about, where there is one.
+    pub fn tensor(&self) -> Option<&str> {
+        match self {
+            Self::Read { tensor, .. }
+            | Self::Truncated { tensor, .. }
+            | Self::Allocation { tensor, .. }
+            | Self::StagingBuffer { tensor, .. }
+            | Self::HostAllocation { tensor, .. }
+            | Self::Device { tensor, .. }
+            | Self::DestinationTooSmall { tensor, .. }
+            | Self::Destination { tensor, .. }
+            | Self::Rows { tensor, .. } => Some(tensor),
+            Self::DuplicateTensor { name, .. } | Self::UnknownTensor { name } => Some(name),
+            _ => None,
         }
     }
 

@@ -65,7 +65,9 @@ pub use checkpoint::{
     MAX_INDEX_SIZE, Piece, Plan, RowRange, SINGLE_FILE_NAME, Selection, ShardFile, Store,
     StoreFile, TensorMeta, checked_components, is_url, natural_cmp,
 };
-pub use error::{AllocError, DestinationError, DeviceError, Error, ErrorKind, ReadError, Result};
+pub use error::{
+    AllocError, DestinationError, DeviceError, Error, ErrorKind, ReadError, Result, io_words,
+};
 pub use kept::{IoThreads, KeepOpen, OpenFiles};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};
 pub use policy::{
