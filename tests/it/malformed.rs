@@ -80,7 +80,7 @@ fn kind(error: &Error) -> &'static str {
 )]
 #[case::duplicate_file_in_list("duplicate_file_in_list", "duplicate_file", "listed more than once")]
 #[case::empty_directory("empty_directory", "no_checkpoint", "no model.safetensors.index.json")]
-#[case::nonexistent_path("nonexistent_path", "io", "No such file or directory")]
+#[case::nonexistent_path("nonexistent_path", "io", "no such file or directory")]
 #[case::fifo_path("fifo_path", "not_a_file", "not a regular file")]
 fn malformed_input_is_a_clear_error(
     #[case] case: &str,

@@ -2,8 +2,9 @@
 //! tensor went.
 //!
 //! ```text
-//! stage [PATH ...] [--synthetic-size SIZE] [--keep-synthetic DIR] [--json] [--checksums]
-//!       [--print-options] [LOAD OPTIONS]
+//! stage PATH... [--json] [--checksums] [-v] [LOAD OPTIONS]
+//! stage --demo [--synthetic-size SIZE] [--keep-synthetic DIR] [--json] [--checksums] [-v] [LOAD OPTIONS]
+//! stage --print-options [LOAD OPTIONS]
 //!
 //! LOAD OPTIONS, one flag per key of the library's `LoadOptions::specs()`:
 //!       [--backend auto|host|cufile|hipfile|mock] [--device auto|cpu|cuda|cuda:N|N|hip:N]
@@ -21,11 +22,12 @@
 //! directory), configured by each cloud's environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`,
 //! ...) and `--store-option`.
 //!
-//! With no PATH it writes a synthetic sharded checkpoint to a temporary directory, loads it and
-//! removes it. Every loaded tensor is kept until the load ends, as a model loader would. Exit 0
-//! on success (also when whoever reads stdout stops early); otherwise one line on stderr and
-//! exit 1. Everything is decided by the library (`LoadOptions`, `Loader`); this file only spells
-//! flags and prints.
+//! With no argument it prints its help. `--demo` writes a synthetic sharded checkpoint to a
+//! temporary directory, loads it and removes it. Every loaded tensor is kept until the load ends,
+//! as a model loader would. Exit 0 on success (also when whoever reads stdout stops early);
+//! otherwise one line on stderr (`-v` adds the details), with `--json` also
+//! `{"error": {...}}` on stdout, and exit 1. Everything is decided by the library
+//! (`LoadOptions`, `Loader`); this file only spells flags and prints.
 
 mod output;
 
@@ -36,8 +38,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use safetensors_staging::{LoadOptions, Prepared};
+use safetensors_staging::{ErrorKind, LoadOptions, Prepared};
 use staging_cli::parse_size;
+use staging_core::io_words;
 
 use output::{Closed, Printer};
 
@@ -48,54 +51,79 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// The load options (under "Load options") are the library's keys, the same as Python's
 /// keywords and C's `stg_config_set`; their values go through the library's one parser.
 #[derive(Debug, Parser)]
-#[command(name = "stage", version)]
+#[command(name = "stage", version, arg_required_else_help = true)]
 struct Args {
-    /// A checkpoint directory, an index file, or safetensors files. None: a synthetic checkpoint
-    /// is written to a temporary directory, loaded and removed.
+    /// A checkpoint directory, an index file, safetensors files, or a URL (s3://, gs://, az://,
+    /// http(s)://).
     paths: Vec<PathBuf>,
-    /// Size of the synthetic checkpoint written when no PATH is given.
-    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
-    synthetic_size: u64,
-    /// Write the synthetic checkpoint into this directory and keep it (for benchmarks).
-    #[arg(long)]
+    /// Write a synthetic sharded checkpoint (Qwen-like, --synthetic-size) to a temporary
+    /// directory, load it and remove it: a first run that needs no model.
+    #[arg(long, conflicts_with = "paths")]
+    demo: bool,
+    /// Size of the --demo checkpoint [default: 1GiB].
+    #[arg(long, value_parser = parse_size)]
+    synthetic_size: Option<u64>,
+    /// Write the --demo checkpoint into this directory and keep it (for benchmarks and docs).
+    #[arg(long, conflicts_with = "paths")]
     keep_synthetic: Option<PathBuf>,
-    /// Print only the JSON report on stdout.
+    /// Print only the JSON report on stdout (on failure `{"error": {...}}`).
     #[arg(long)]
     json: bool,
     /// Read every tensor back from where it landed and add its SHA-256 to the report.
     #[arg(long)]
     checksums: bool,
-    /// Print the load options the flags give (as the library holds them) and exit, loading
+    /// Also print the backends passed over and an error's details.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Print the load options the flags give, as `key = value` lines, and exit, loading
     /// nothing.
     #[arg(long)]
     print_options: bool,
 }
 
-fn main() -> ExitCode {
-    match parse().and_then(|(args, options)| run(&args, &options)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is::<Closed>() => ExitCode::SUCCESS,
-        Err(e) => {
-            let line = e.to_string().replace('\n', " ");
-            // A closed stderr leaves nothing to tell; the exit status still says it failed.
-            let _ = writeln!(std::io::stderr(), "stage: error: {line}");
-            ExitCode::FAILURE
-        }
+impl Args {
+    /// Whether a synthetic checkpoint is asked for (`--synthetic-size` and `--keep-synthetic`
+    /// only make sense with one, so either implies `--demo`).
+    fn demo(&self) -> bool {
+        self.demo || self.synthetic_size.is_some() || self.keep_synthetic.is_some()
     }
 }
 
-/// The command line: the command's own flags, and the load options.
-fn parse() -> Result<(Args, LoadOptions), BoxError> {
+fn main() -> ExitCode {
     let matches = staging_cli::with_load_options(Args::command()).get_matches();
-    let args = Args::from_arg_matches(&matches).map_err(|e| e.exit())?;
-    let options = staging_cli::load_options(&matches)?;
-    Ok((args, options))
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
+    let result = staging_cli::load_options(&matches)
+        .map_err(BoxError::from)
+        .and_then(|options| run(&args, &options));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Closed>() => ExitCode::SUCCESS,
+        Err(e) => {
+            let failure = output::Failure::of(e.as_ref());
+            if args.json {
+                // Best effort: stdout may be closed too; the exit status says it failed.
+                let _ = failure.print_json();
+            }
+            // A closed stderr leaves nothing to tell; the exit status still says it failed.
+            let _ = failure.print_human(args.verbose);
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
     if args.print_options {
         let _ = write!(std::io::stdout(), "{}", options.describe());
         return Ok(());
+    }
+    if args.paths.is_empty() && !args.demo() {
+        return Err(output::Failure::usage(
+            "no checkpoint given: name a PATH (a file, a directory, an index or a URL), or --demo for a synthetic one",
+        )
+        .into());
     }
     // The backend first: a machine that cannot run it fails before a byte is written.
     let loader = options.loader()?;
@@ -104,6 +132,8 @@ fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
         None => loader.prepare()?,
     };
     if let (Some(reason), false) = (prepared.mode_reason(), args.json) {
+        // Said on every run (not behind -v): a GPU load that reads through the POSIX path is
+        // several times slower than one through GPUDirect Storage.
         let _ = writeln!(
             std::io::stderr(),
             "{}: using the POSIX path: {reason}",
@@ -128,9 +158,11 @@ fn open(
 > {
     match args.paths.as_slice() {
         [] => {
+            let size = args.synthetic_size.unwrap_or(1 << 30);
             let (dir, temporary) = match &args.keep_synthetic {
                 Some(dir) => {
-                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("{}: {}", dir.display(), io_words(&e)))?;
                     (dir.clone(), None)
                 }
                 None => {
@@ -144,11 +176,11 @@ fn open(
                 let _ = writeln!(
                     std::io::stderr(),
                     "writing a synthetic {} checkpoint to {} ...",
-                    HumanBytes(args.synthetic_size),
+                    HumanBytes(size),
                     dir.display()
                 );
             }
-            write_synthetic(&dir, args.synthetic_size)?;
+            write_synthetic(&dir, size)?;
             Ok((prepared.open(&dir)?, temporary))
         }
         [one] => Ok((prepared.open(one)?, None)),
@@ -165,7 +197,7 @@ fn write_synthetic(dir: &std::path::Path, size: u64) -> Result<(), BoxError> {
     for file in written.files.iter().chain([&written.index]) {
         std::fs::File::open(file)
             .and_then(|f| f.sync_all())
-            .map_err(|e| format!("{}: flushing: {e}", file.display()))?;
+            .map_err(|e| format!("{}: flushing: {}", file.display(), io_words(&e)))?;
     }
     Ok(())
 }
@@ -178,9 +210,12 @@ fn load_and_report(
     let total = load.checkpoint().total_bytes();
     let count = load.checkpoint().tensors().len();
     if count == 0 && !options.select.is_empty() {
-        return Err(format!(
-            "--select {} matches no tensor of the checkpoint",
-            options.select.join(" --select ")
+        return Err(output::Failure::new(
+            ErrorKind::Selection,
+            format!(
+                "--select {} matches no tensor of the checkpoint",
+                options.select.join(" --select ")
+            ),
         )
         .into());
     }
@@ -210,7 +245,7 @@ fn load_and_report(
     let printed = if args.json {
         printer.json(report)
     } else {
-        printer.human(&report)
+        printer.human(&report, args.verbose)
     };
     drop(kept);
     #[cfg(feature = "mock")]

@@ -158,7 +158,7 @@ fn a_file_that_will_not_register_falls_back_alone_in_auto_and_fails_when_forced(
 }
 
 #[rstest::rstest]
-#[case::errno("model-READ_ERRNO.safetensors", "Input/output error")]
+#[case::errno("model-READ_ERRNO.safetensors", "input/output error")]
 #[case::cufile_code(
     "model-READ_CODE.safetensors",
     "cuFileRead failed: CU_FILE_CUDA_DRIVER_ERROR (5011) (code 5011)"
@@ -274,4 +274,59 @@ fn real_libcufile_loads_and_the_never_hang_guard_holds() {
         fails_with(&out, "no CUDA driver");
         eprintln!("real libcufile, mode {mode}: exited in {:?}", out.elapsed);
     }
+}
+
+/// A GPU asked for and none usable: one short line naming the vendor the device asks for, the
+/// details behind `-v`, and `--json`'s error object with both.
+#[test]
+fn no_usable_gpu_is_one_short_line_with_details_behind_verbose() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = checkpoint(dir.path(), "model.safetensors");
+    // No libcuda on the library path (nor, on this machine, ROCm).
+    let no_driver: [(&str, &str); 0] = [];
+    let out = run_stage(&[&file, "--device", "cuda:0"], &no_driver, dir.path());
+    assert_eq!(out.code, Some(1));
+    assert_eq!(
+        out.stderr,
+        "stage: error: device cuda:0: no usable GPU: NVIDIA driver not found (-v for details)\n"
+    );
+    // A driver that sees no GPU.
+    let out = run_stage(
+        &[&file, "--device", "cuda"],
+        &with_cuda(&[("STUB_CUDA_DEVICES", "0")]),
+        dir.path(),
+    );
+    fails_with(&out, "device cuda:0: no usable GPU: the NVIDIA driver sees no GPU");
+
+    let out = run_stage(&[&file, "--device", "cuda:0", "-v"], &no_driver, dir.path());
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        lines[..3],
+        [
+            "stage: error: device cuda:0: no usable GPU: NVIDIA driver not found",
+            "  kind: backend-unavailable",
+            "  cufile: no CUDA driver: libcuda.so could not be loaded (is the NVIDIA driver installed?)",
+        ],
+        "{}",
+        out.stderr
+    );
+    assert!(lines[3].starts_with("  hipfile: no HIP runtime: "), "{}", out.stderr);
+
+    let out = run_stage(&[&file, "--device", "cuda:0", "--json"], &no_driver, dir.path());
+    assert_eq!(out.code, Some(1));
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let error = &json["error"];
+    assert_eq!(error["kind"], "backend-unavailable");
+    assert_eq!(
+        error["message"],
+        "device cuda:0: no usable GPU: NVIDIA driver not found"
+    );
+    assert_eq!(error["file"], serde_json::Value::Null);
+    assert!(
+        error["details"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("cufile: no CUDA driver"),
+        "{json}"
+    );
 }

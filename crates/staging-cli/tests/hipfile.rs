@@ -133,7 +133,7 @@ fn auto_tries_cufile_then_hipfile() {
 }
 
 #[rstest::rstest]
-#[case::errno("model-READ_ERRNO.safetensors", "Input/output error")]
+#[case::errno("model-READ_ERRNO.safetensors", "input/output error")]
 #[case::code(
     "model-READ_CODE.safetensors",
     "hipFileRead failed: hipFileHipDriverError (5011) (code 5011)"
