@@ -737,8 +737,9 @@ fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
     };
     assert_eq!(
         describe(c),
-        format!("{:#?}", safetensors_staging::LoadOptions::new())
+        safetensors_staging::LoadOptions::new().describe()
     );
+    assert!(describe(c).contains("chunk_size = 16MiB  # default\n"));
     // SAFETY: valid handles and NUL-terminated strings.
     unsafe {
         assert_eq!(
@@ -752,7 +753,12 @@ fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
         let mut expected = safetensors_staging::LoadOptions::new();
         expected.set("chunk_size", "4MiB").unwrap();
         expected.set("rows", "*.weight=1/2").unwrap();
-        assert_eq!(describe(c), format!("{expected:#?}"));
+        assert_eq!(describe(c), expected.describe());
+        assert!(
+            describe(c).contains("\nchunk_size = 4MiB\n"),
+            "{}",
+            describe(c)
+        );
         // A bad key or value: a status, a message naming both, nothing changed.
         assert_eq!(
             stg_config_set(c, c"chunk".as_ptr(), c"1".as_ptr()),
@@ -772,7 +778,7 @@ fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
             "{}",
             config_error(c)
         );
-        assert_eq!(describe(c), format!("{expected:#?}"));
+        assert_eq!(describe(c), expected.describe());
         assert_eq!(stg_config_set(c, null(), c"1".as_ptr()), STG_NULL_ARGUMENT);
         assert_eq!(
             stg_config_set(null_mut(), c"threads".as_ptr(), c"1".as_ptr()),
