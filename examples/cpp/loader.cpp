@@ -1,18 +1,17 @@
-// loader: loads a safetensors checkpoint through the staging C ABI.
+// loader: loads a safetensors checkpoint through the staging C ABI (`loader --help` says how).
 //
-//   loader CHECKPOINT [--prefix P] [--arena-bytes N] [--backend host|auto|cufile] [--threads N]
-//                     [--rank R --ranks N]
-//
-// Tensors whose name starts with P go into one caller-owned arena through the destination
+// Tensors whose name starts with --prefix go into one caller-owned arena through the destination
 // callback (host memory here, so use the host backend; on a GPU the arena would be device memory
-// from the caller's allocator); the rest take the library's own paths. Prints one line per
-// tensor with an FNV-1a-64 checksum of its bytes, then the report. With --rank R --ranks N it
-// plans the checkpoint for a group of N ranks and loads only rank R's pieces, as one rank of a
-// tensor-parallel engine would before broadcasting them over its own NCCL.
+// from the caller's allocator); the rest take the library's own paths: --prefix routes, it does
+// not filter (--select filters). Prints one line per tensor with an FNV-1a-64 checksum of its
+// bytes, then the report. With --rank R --ranks N it plans the checkpoint for a group of N ranks
+// and loads only rank R's pieces, as one rank of a tensor-parallel engine would before
+// broadcasting them over its own NCCL.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,23 +35,58 @@ static const char* path_name(stg_path path) {
   return "?";
 }
 
+static const char kUsage[] =
+    "usage: loader CHECKPOINT [--prefix P] [--select GLOB] [--arena-bytes N] [--backend NAME]\n"
+    "              [--threads N] [--rank R --ranks N]\n"
+    "\n"
+    "Loads CHECKPOINT (a directory, an index or a .safetensors file) through the staging C ABI and\n"
+    "prints one line per tensor (name, path taken, bytes, FNV-1a-64 of its bytes), then the report.\n"
+    "\n"
+    "  --prefix P         route the tensors whose name starts with P into one caller-owned arena\n"
+    "                     (the destination callback). It does not filter: every other tensor still\n"
+    "                     loads, on the library's own paths (device or host)\n"
+    "  --select GLOB      load only the tensors GLOB matches (repeatable; the option `select`)\n"
+    "  --arena-bytes N    the arena's size in bytes (default 67108864); a tensor that does not fit\n"
+    "                     is declined and takes the library's paths\n"
+    "  --backend NAME     host (default), auto, cufile or hipfile; the arena is host memory, so\n"
+    "                     --prefix goes with the host backend\n"
+    "  --threads N        I/O threads (default: the library's)\n"
+    "  --rank R --ranks N plan the checkpoint for N ranks and load only rank R's pieces\n"
+    "  -h, --help         this text\n";
+
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::cerr << "usage: loader CHECKPOINT [--prefix P] [--arena-bytes N] [--backend NAME] [--threads N]\n";
-    return 2;
-  }
-  std::string checkpoint = argv[1], prefix, backend = "host";
+  std::string checkpoint, prefix, backend = "host";
+  std::vector<std::string> selects;
   size_t arena_bytes = 64 << 20;
   uint32_t threads = 0;
   long rank = -1, ranks = 0;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--prefix") prefix = value;
-    else if (flag == "--arena-bytes") arena_bytes = std::stoull(value);
-    else if (flag == "--backend") backend = value;
-    else if (flag == "--threads") threads = static_cast<uint32_t>(std::stoul(value));
-    else if (flag == "--rank") rank = std::stol(value);
-    else if (flag == "--ranks") ranks = std::stol(value);
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "-h" || arg == "--help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      }
+      if (arg.rfind("-", 0) != 0) {
+        if (!checkpoint.empty()) throw std::invalid_argument("a second CHECKPOINT: " + arg);
+        checkpoint = arg;
+        continue;
+      }
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      std::string value = argv[++i];
+      if (arg == "--prefix") prefix = value;
+      else if (arg == "--select") selects.push_back(value);
+      else if (arg == "--arena-bytes") arena_bytes = std::stoull(value);
+      else if (arg == "--backend") backend = value;
+      else if (arg == "--threads") threads = static_cast<uint32_t>(std::stoul(value));
+      else if (arg == "--rank") rank = std::stol(value);
+      else if (arg == "--ranks") ranks = std::stol(value);
+      else throw std::invalid_argument("unknown option " + arg);
+    }
+    if (checkpoint.empty()) throw std::invalid_argument("no CHECKPOINT");
+  } catch (const std::logic_error& e) {  // invalid_argument, and std::stoul's out_of_range
+    std::fprintf(stderr, "loader: %s\n%s", e.what(), kUsage);
+    return 2;
   }
   try {
     // One arena, bump-allocated with 256-byte alignment; a tensor that does not fit is declined.
@@ -68,6 +102,7 @@ int main(int argc, char** argv) {
     };
     stg::Config config;
     config.backend(backend).destination(&destination);
+    for (const std::string& glob : selects) config.option("select", glob);
     if (threads > 0) config.threads(threads);
     if (ranks > 0) {
       stg::Plan plan(config, checkpoint, static_cast<size_t>(ranks));

@@ -22,6 +22,46 @@
  * - The destination callback is called on the thread that calls stg_load_next(). From it, the
  *   load's report, backend and last error may be read; stg_load_next() on the same load is
  *   STG_BUSY, and stg_load_free() stops the load instead of freeing it (stg_destination_fn).
+ *
+ * Device memory (backends cufile and hipfile; the host backend's "device" is host memory):
+ * - Which GPU: the ordinal of the option `device` (stg_config_set_device(config, N), "cuda:N",
+ *   "hip:N"), numbered as the CUDA driver or HIP runtime numbers devices (after
+ *   CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); "auto" with a GPU backend is GPU 0. Every
+ *   device pointer of a load (stg_tensor_info.data, stg_device_buffer_ptr()) is on that GPU.
+ * - Which context (CUDA): allocated with cuMemAlloc in that device's primary context
+ *   (cuDevicePrimaryCtxRetain), the context the CUDA runtime uses for the device after
+ *   cudaSetDevice(N), so the pointer works as is with the runtime API and in that context. The
+ *   C ABI takes no context of the caller's. The library keeps the primary context retained
+ *   while any tensor or taken buffer of the load lives. It makes its context current only
+ *   around its own calls (cuCtxPushCurrent, then cuCtxPopCurrent) and never calls
+ *   cuCtxSetCurrent: the calling thread's current context is as it was after every call.
+ *   HIP: hipMalloc on device N, with hipSetDevice(N) around the library's calls and the caller's
+ *   current device set back after them.
+ * - Which stream, and when the bytes are ready: none of the caller's streams is used. cuFile
+ *   and hipFile reads (GDS, compat) are synchronous; the POSIX path copies from pinned buffers
+ *   with cuMemcpyHtoDAsync / hipMemcpyAsync on streams the library creates and waits for each
+ *   copy before the read returns. So when stg_load_next() returns a tensor with STG_OK, all its
+ *   bytes are on the device and nothing of the library's writes them any more: any stream may
+ *   read them at once, with no event or synchronization. The same holds for a destination
+ *   region (STG_PATH_DESTINATION): its bytes are complete when stg_load_next() returns that
+ *   tensor. stg_tensor_copy_to_host() is a synchronous cuMemcpyDtoH / hipMemcpy.
+ * - A destination region is written from outside any stream: it must be memory of GPU N that
+ *   its primary context can use (cudaMalloc after cudaSetDevice(N)), and before the callback
+ *   returns it, no work of the caller's may still read or write it (synchronize the stream
+ *   that last used it, or that allocated it with cudaMallocAsync).
+ * - Freeing: tensors with stg_tensor_free(), taken buffers with stg_device_buffer_free(), on any
+ *   thread; never cudaFree/cuMemFree/hipFree a pointer the library gave. The free is not stream
+ *   ordered: wait for the caller's own work that reads the memory first.
+ * - Shared blocks: with the option `suballocate` (default true) and a load of more than one
+ *   tensor, a tensor under 1 MiB on the device path is carved from a shared 32 MiB block (one
+ *   cuMemAlloc / hipMalloc), at a 256-byte aligned offset, next to other tensors of the load;
+ *   with more than one I/O thread, back-to-back tensors under `coalesce_below` (default 1 MiB)
+ *   read together share one allocation the same way, `suballocate` or not. Such a pointer is
+ *   not the start of an allocation (cuMemGetAddressRange gives the block): use only
+ *   [data, data + bytes), never free it, and expect its block to stay allocated until the last
+ *   tensor or taken buffer carved from it is freed (one small tensor kept keeps its whole
+ *   block). `suballocate` "false" with `coalesce_below` 0 gives every tensor an allocation of
+ *   its own, starting at its pointer.
  */
 
 #ifndef STAGING_FFI_H
@@ -190,6 +230,118 @@ typedef uint32_t stg_path;
 #endif // __cplusplus
 
 /*
+ A tensor's element type, as safetensors names them (`STG_DTYPE_BF16` is "BF16"). Numbers
+ are stable. A dtype the library reads but this header has no number for is
+ `STG_DTYPE_UNKNOWN`; its name is still in `stg_tensor_info.dtype` and its size in
+ `stg_tensor_info.dtype_bits`.
+ */
+enum stg_dtype
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   A dtype without a number in this header (see `dtype` and `dtype_bits`).
+   */
+  STG_DTYPE_UNKNOWN = 0,
+  /*
+   Boolean, one byte per element.
+   */
+  STG_DTYPE_BOOL = 1,
+  /*
+   Unsigned 8-bit integer.
+   */
+  STG_DTYPE_U8 = 2,
+  /*
+   Signed 8-bit integer.
+   */
+  STG_DTYPE_I8 = 3,
+  /*
+   Unsigned 16-bit integer.
+   */
+  STG_DTYPE_U16 = 4,
+  /*
+   Signed 16-bit integer.
+   */
+  STG_DTYPE_I16 = 5,
+  /*
+   Unsigned 32-bit integer.
+   */
+  STG_DTYPE_U32 = 6,
+  /*
+   Signed 32-bit integer.
+   */
+  STG_DTYPE_I32 = 7,
+  /*
+   Unsigned 64-bit integer.
+   */
+  STG_DTYPE_U64 = 8,
+  /*
+   Signed 64-bit integer.
+   */
+  STG_DTYPE_I64 = 9,
+  /*
+   IEEE half precision.
+   */
+  STG_DTYPE_F16 = 10,
+  /*
+   bfloat16.
+   */
+  STG_DTYPE_BF16 = 11,
+  /*
+   IEEE single precision.
+   */
+  STG_DTYPE_F32 = 12,
+  /*
+   IEEE double precision.
+   */
+  STG_DTYPE_F64 = 13,
+  /*
+   Complex of two 32-bit floats (64 bits).
+   */
+  STG_DTYPE_C64 = 14,
+  /*
+   FP8 E4M3.
+   */
+  STG_DTYPE_F8_E4M3 = 15,
+  /*
+   FP8 E5M2.
+   */
+  STG_DTYPE_F8_E5M2 = 16,
+  /*
+   FP8 E8M0 (microscaling scale).
+   */
+  STG_DTYPE_F8_E8M0 = 17,
+  /*
+   FP8 E4M3, FNUZ variant.
+   */
+  STG_DTYPE_F8_E4M3FNUZ = 18,
+  /*
+   FP8 E5M2, FNUZ variant.
+   */
+  STG_DTYPE_F8_E5M2FNUZ = 19,
+  /*
+   MXFP4 (4 bits: two elements per byte).
+   */
+  STG_DTYPE_F4 = 20,
+  /*
+   MXFP6 E2M3 (6 bits: four elements per three bytes).
+   */
+  STG_DTYPE_F6_E2M3 = 21,
+  /*
+   MXFP6 E3M2 (6 bits: four elements per three bytes).
+   */
+  STG_DTYPE_F6_E3M2 = 22,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum stg_dtype stg_dtype;
+#else
+typedef uint32_t stg_dtype;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  Load settings. Create with `stg_config_new`, free with `stg_config_free`.
  */
 typedef struct stg_config stg_config;
@@ -230,7 +382,7 @@ typedef struct stg_tensor_info {
    */
   const char *name;
   /*
-   The dtype as safetensors writes it ("BF16"), NUL-terminated.
+   The dtype as safetensors writes it ("BF16"), NUL-terminated; its number is `dtype_id`.
    */
   const char *dtype;
   /*
@@ -261,8 +413,20 @@ typedef struct stg_tensor_info {
    Where its bytes are: a device pointer (device path), a host pointer (host path, which
    the caller may write: it is the tensor's own memory), or the destination region's start.
    NULL inside a destination callback, and for an empty tensor on the host path.
+   A device pointer is on the load's GPU, in its primary context, its bytes complete when
+   `stg_load_next` returned the tensor; a small one may be carved from a shared block: see
+   "Device memory" at the top of this header.
    */
   void *data;
+  /*
+   The dtype's number (`STG_DTYPE_UNKNOWN` for one this header does not number).
+   */
+  stg_dtype dtype_id;
+  /*
+   Bits per element, for every dtype the library reads (numbered or not): 4 for F4, 6 for
+   the F6 types, 16 for BF16. `bytes` is `elements * dtype_bits / 8`.
+   */
+  uint32_t dtype_bits;
 } stg_tensor_info;
 
 /*
@@ -270,7 +434,11 @@ typedef struct stg_tensor_info {
  allocated for it. To take the tensor, set `*region` to memory of the load's device (host
  memory for the `host` backend, CUDA device memory for `cufile`, HIP for `hipfile`) of
  `*capacity` bytes and return `STG_OK` (0); the memory must stay valid and untouched by the
- caller until `stg_load_next` returns that tensor (or fails). Leave `*region` NULL to decline.
+ caller until `stg_load_next` returns that tensor (or fails). On a GPU the library writes the
+ region from outside any stream: it must be memory of the load's GPU usable in its primary
+ context, no work of the caller's may still use it when the callback returns it, and its
+ bytes are complete when `stg_load_next` returns the tensor ("Device memory" at the top of
+ this header). Leave `*region` NULL to decline.
  Any other value, a `stg_status` or not, aborts the load with `STG_DESTINATION`.
 
  What the callback may do with the load whose `stg_load_next` called it:
@@ -496,7 +664,9 @@ stg_status stg_config_set_backend(struct stg_config *config, const char *name);
 /*
  Asks for GPU `index` (`stg_config_set(config, "device", "N")`): with backend "auto", a GPU
  backend runs on it or the load fails with `STG_BACKEND_UNAVAILABLE`; it never falls back to
- host memory. Without this call the device is "auto".
+ host memory. Without this call the device is "auto" (GPU 0 when a GPU backend runs). `index`
+ is an ordinal as the CUDA driver (or HIP runtime) numbers devices, after
+ `CUDA_VISIBLE_DEVICES`; every device pointer of the load is on it.
 
  # Safety
  `config` must be NULL or live.
@@ -727,6 +897,13 @@ const char *stg_load_backend(struct stg_load *load, const char **mode);
 stg_status stg_load_last_error(const struct stg_load *load, char *buf, size_t len, size_t *written);
 
 /*
+ Bits per element of `dtype` (4 for `STG_DTYPE_F4`, 16 for `STG_DTYPE_BF16`); 0 for
+ `STG_DTYPE_UNKNOWN` and for a number that is no `stg_dtype`. A tensor of `n` elements is
+ `n * bits / 8` bytes (safetensors stores sub-byte dtypes packed, with no padding).
+ */
+uint32_t stg_dtype_bits(uint32_t dtype);
+
+/*
  Describes the tensor; the strings and shape stay valid until the tensor is freed.
 
  # Safety
@@ -750,6 +927,11 @@ stg_status stg_tensor_copy_to_host(const struct stg_tensor *tensor, void *dst, s
  peak, and a device-memory cap keeps counting them as used until the buffer is freed. A second
  take, or a tensor on another path, is `STG_NOT_A_DEVICE_BUFFER`.
 
+ The buffer is the same memory as the tensor's `data` (on the load's GPU, in its primary
+ context, its bytes complete): taking moves no byte. A tensor carved from a shared block
+ stays carved: its buffer keeps the block allocated until it is freed, and its pointer is not
+ the start of an allocation ("Device memory" at the top of this header).
+
  # Safety
  `tensor` NULL or live; `out` NULL or writable.
  */
@@ -765,7 +947,8 @@ stg_status stg_tensor_take_device_buffer(struct stg_tensor *tensor, struct stg_d
 void stg_tensor_free(struct stg_tensor *tensor);
 
 /*
- The device pointer of a taken buffer (NULL for NULL or an empty buffer).
+ The device pointer of a taken buffer (NULL for NULL or an empty buffer): GPU memory of the
+ load's device, valid in its primary context, until `stg_device_buffer_free`.
 
  # Safety
  `buffer` NULL or live.
@@ -781,7 +964,9 @@ void *stg_device_buffer_ptr(const struct stg_device_buffer *buffer);
 size_t stg_device_buffer_len(const struct stg_device_buffer *buffer);
 
 /*
- Frees a taken device buffer. NULL does nothing.
+ Frees a taken device buffer (its own allocation, or its piece of a shared block, which is
+ freed with its last piece). Not stream ordered: the caller's work reading the memory must
+ have finished. NULL does nothing.
 
  # Safety
  `buffer` must be NULL or a pointer from `stg_tensor_take_device_buffer` not yet freed.

@@ -244,7 +244,9 @@ pub unsafe extern "C" fn stg_config_set_backend(
 
 /// Asks for GPU `index` (`stg_config_set(config, "device", "N")`): with backend "auto", a GPU
 /// backend runs on it or the load fails with `STG_BACKEND_UNAVAILABLE`; it never falls back to
-/// host memory. Without this call the device is "auto".
+/// host memory. Without this call the device is "auto" (GPU 0 when a GPU backend runs). `index`
+/// is an ordinal as the CUDA driver (or HIP runtime) numbers devices, after
+/// `CUDA_VISIBLE_DEVICES`; every device pointer of the load is on it.
 ///
 /// # Safety
 /// `config` must be NULL or live.

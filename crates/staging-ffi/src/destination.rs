@@ -15,7 +15,11 @@ use crate::tensor::{stg_path, stg_tensor_info};
 /// allocated for it. To take the tensor, set `*region` to memory of the load's device (host
 /// memory for the `host` backend, CUDA device memory for `cufile`, HIP for `hipfile`) of
 /// `*capacity` bytes and return `STG_OK` (0); the memory must stay valid and untouched by the
-/// caller until `stg_load_next` returns that tensor (or fails). Leave `*region` NULL to decline.
+/// caller until `stg_load_next` returns that tensor (or fails). On a GPU the library writes the
+/// region from outside any stream: it must be memory of the load's GPU usable in its primary
+/// context, no work of the caller's may still use it when the callback returns it, and its
+/// bytes are complete when `stg_load_next` returns the tensor ("Device memory" at the top of
+/// this header). Leave `*region` NULL to decline.
 /// Any other value, a `stg_status` or not, aborts the load with `STG_DESTINATION`.
 ///
 /// What the callback may do with the load whose `stg_load_next` called it:
@@ -75,6 +79,7 @@ unsafe impl RawDestination for CallbackDestination {
             c_string(&tensor.file.display().to_string()),
         );
         let shape: Vec<u64> = tensor.shape.iter().map(|&d| d as u64).collect();
+        let (dtype_id, dtype_bits) = stg_tensor_info::dtype_fields(tensor.dtype);
         let info = stg_tensor_info {
             name: name.as_ptr(),
             dtype: dtype.as_ptr(),
@@ -85,6 +90,8 @@ unsafe impl RawDestination for CallbackDestination {
             file_offset: tensor.offset,
             path: stg_path::STG_PATH_DESTINATION,
             data: std::ptr::null_mut(),
+            dtype_id,
+            dtype_bits,
         };
         let mut region: *mut c_void = std::ptr::null_mut();
         let mut capacity = 0usize;

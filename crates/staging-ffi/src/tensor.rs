@@ -3,7 +3,7 @@
 
 use std::ffi::{CString, c_char, c_void};
 
-use safetensors_staging::{DeviceMemory, StagingPath, Tensor, TensorMeta};
+use safetensors_staging::{DeviceMemory, Dtype, StagingPath, Tensor, TensorMeta};
 
 use crate::boundary::{c_string, free_boxed, guard};
 use crate::status::stg_status;
@@ -20,6 +20,163 @@ pub enum stg_path {
     STG_PATH_HOST = 2,
 }
 
+/// A tensor's element type, as safetensors names them (`STG_DTYPE_BF16` is "BF16"). Numbers
+/// are stable. A dtype the library reads but this header has no number for is
+/// `STG_DTYPE_UNKNOWN`; its name is still in `stg_tensor_info.dtype` and its size in
+/// `stg_tensor_info.dtype_bits`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum stg_dtype {
+    /// A dtype without a number in this header (see `dtype` and `dtype_bits`).
+    STG_DTYPE_UNKNOWN = 0,
+    /// Boolean, one byte per element.
+    STG_DTYPE_BOOL = 1,
+    /// Unsigned 8-bit integer.
+    STG_DTYPE_U8 = 2,
+    /// Signed 8-bit integer.
+    STG_DTYPE_I8 = 3,
+    /// Unsigned 16-bit integer.
+    STG_DTYPE_U16 = 4,
+    /// Signed 16-bit integer.
+    STG_DTYPE_I16 = 5,
+    /// Unsigned 32-bit integer.
+    STG_DTYPE_U32 = 6,
+    /// Signed 32-bit integer.
+    STG_DTYPE_I32 = 7,
+    /// Unsigned 64-bit integer.
+    STG_DTYPE_U64 = 8,
+    /// Signed 64-bit integer.
+    STG_DTYPE_I64 = 9,
+    /// IEEE half precision.
+    STG_DTYPE_F16 = 10,
+    /// bfloat16.
+    STG_DTYPE_BF16 = 11,
+    /// IEEE single precision.
+    STG_DTYPE_F32 = 12,
+    /// IEEE double precision.
+    STG_DTYPE_F64 = 13,
+    /// Complex of two 32-bit floats (64 bits).
+    STG_DTYPE_C64 = 14,
+    /// FP8 E4M3.
+    STG_DTYPE_F8_E4M3 = 15,
+    /// FP8 E5M2.
+    STG_DTYPE_F8_E5M2 = 16,
+    /// FP8 E8M0 (microscaling scale).
+    STG_DTYPE_F8_E8M0 = 17,
+    /// FP8 E4M3, FNUZ variant.
+    STG_DTYPE_F8_E4M3FNUZ = 18,
+    /// FP8 E5M2, FNUZ variant.
+    STG_DTYPE_F8_E5M2FNUZ = 19,
+    /// MXFP4 (4 bits: two elements per byte).
+    STG_DTYPE_F4 = 20,
+    /// MXFP6 E2M3 (6 bits: four elements per three bytes).
+    STG_DTYPE_F6_E2M3 = 21,
+    /// MXFP6 E3M2 (6 bits: four elements per three bytes).
+    STG_DTYPE_F6_E3M2 = 22,
+}
+
+impl stg_dtype {
+    /// Every dtype with a number, in number order.
+    pub const ALL: [stg_dtype; 23] = {
+        use stg_dtype::*;
+        [
+            STG_DTYPE_UNKNOWN,
+            STG_DTYPE_BOOL,
+            STG_DTYPE_U8,
+            STG_DTYPE_I8,
+            STG_DTYPE_U16,
+            STG_DTYPE_I16,
+            STG_DTYPE_U32,
+            STG_DTYPE_I32,
+            STG_DTYPE_U64,
+            STG_DTYPE_I64,
+            STG_DTYPE_F16,
+            STG_DTYPE_BF16,
+            STG_DTYPE_F32,
+            STG_DTYPE_F64,
+            STG_DTYPE_C64,
+            STG_DTYPE_F8_E4M3,
+            STG_DTYPE_F8_E5M2,
+            STG_DTYPE_F8_E8M0,
+            STG_DTYPE_F8_E4M3FNUZ,
+            STG_DTYPE_F8_E5M2FNUZ,
+            STG_DTYPE_F4,
+            STG_DTYPE_F6_E2M3,
+            STG_DTYPE_F6_E3M2,
+        ]
+    };
+
+    /// The number of a safetensors dtype (`STG_DTYPE_UNKNOWN` for one added to safetensors
+    /// after this header).
+    pub(crate) fn of(dtype: Dtype) -> Self {
+        use stg_dtype::*;
+        match dtype {
+            Dtype::BOOL => STG_DTYPE_BOOL,
+            Dtype::U8 => STG_DTYPE_U8,
+            Dtype::I8 => STG_DTYPE_I8,
+            Dtype::U16 => STG_DTYPE_U16,
+            Dtype::I16 => STG_DTYPE_I16,
+            Dtype::U32 => STG_DTYPE_U32,
+            Dtype::I32 => STG_DTYPE_I32,
+            Dtype::U64 => STG_DTYPE_U64,
+            Dtype::I64 => STG_DTYPE_I64,
+            Dtype::F16 => STG_DTYPE_F16,
+            Dtype::BF16 => STG_DTYPE_BF16,
+            Dtype::F32 => STG_DTYPE_F32,
+            Dtype::F64 => STG_DTYPE_F64,
+            Dtype::C64 => STG_DTYPE_C64,
+            Dtype::F8_E4M3 => STG_DTYPE_F8_E4M3,
+            Dtype::F8_E5M2 => STG_DTYPE_F8_E5M2,
+            Dtype::F8_E8M0 => STG_DTYPE_F8_E8M0,
+            Dtype::F8_E4M3FNUZ => STG_DTYPE_F8_E4M3FNUZ,
+            Dtype::F8_E5M2FNUZ => STG_DTYPE_F8_E5M2FNUZ,
+            Dtype::F4 => STG_DTYPE_F4,
+            Dtype::F6_E2M3 => STG_DTYPE_F6_E2M3,
+            Dtype::F6_E3M2 => STG_DTYPE_F6_E3M2,
+            _ => STG_DTYPE_UNKNOWN,
+        }
+    }
+
+    /// Bits per element (0 for `STG_DTYPE_UNKNOWN`).
+    pub fn bits(self) -> u32 {
+        use stg_dtype::*;
+        match self {
+            STG_DTYPE_UNKNOWN => 0,
+            STG_DTYPE_F4 => 4,
+            STG_DTYPE_F6_E2M3 | STG_DTYPE_F6_E3M2 => 6,
+            STG_DTYPE_BOOL | STG_DTYPE_U8 | STG_DTYPE_I8 => 8,
+            STG_DTYPE_F8_E4M3
+            | STG_DTYPE_F8_E5M2
+            | STG_DTYPE_F8_E8M0
+            | STG_DTYPE_F8_E4M3FNUZ
+            | STG_DTYPE_F8_E5M2FNUZ => 8,
+            STG_DTYPE_U16 | STG_DTYPE_I16 | STG_DTYPE_F16 | STG_DTYPE_BF16 => 16,
+            STG_DTYPE_U32 | STG_DTYPE_I32 | STG_DTYPE_F32 => 32,
+            STG_DTYPE_U64 | STG_DTYPE_I64 | STG_DTYPE_F64 | STG_DTYPE_C64 => 64,
+        }
+    }
+}
+
+impl TryFrom<u32> for stg_dtype {
+    type Error = u32;
+
+    /// The dtype numbered `value`; an unknown number comes back as the error.
+    fn try_from(value: u32) -> Result<Self, u32> {
+        usize::try_from(value)
+            .ok()
+            .and_then(|i| Self::ALL.get(i).copied())
+            .ok_or(value)
+    }
+}
+
+/// Bits per element of `dtype` (4 for `STG_DTYPE_F4`, 16 for `STG_DTYPE_BF16`); 0 for
+/// `STG_DTYPE_UNKNOWN` and for a number that is no `stg_dtype`. A tensor of `n` elements is
+/// `n * bits / 8` bytes (safetensors stores sub-byte dtypes packed, with no padding).
+#[unsafe(no_mangle)]
+pub extern "C" fn stg_dtype_bits(dtype: u32) -> u32 {
+    stg_dtype::try_from(dtype).map_or(0, stg_dtype::bits)
+}
+
 /// A tensor as the library describes it. Strings and the shape stay valid while the tensor (or,
 /// inside a destination callback, the call) lives.
 #[repr(C)]
@@ -27,7 +184,7 @@ pub enum stg_path {
 pub struct stg_tensor_info {
     /// The tensor's name, NUL-terminated.
     pub name: *const c_char,
-    /// The dtype as safetensors writes it ("BF16"), NUL-terminated.
+    /// The dtype as safetensors writes it ("BF16"), NUL-terminated; its number is `dtype_id`.
     pub dtype: *const c_char,
     /// `ndim` dimensions.
     pub shape: *const u64,
@@ -44,7 +201,23 @@ pub struct stg_tensor_info {
     /// Where its bytes are: a device pointer (device path), a host pointer (host path, which
     /// the caller may write: it is the tensor's own memory), or the destination region's start.
     /// NULL inside a destination callback, and for an empty tensor on the host path.
+    /// A device pointer is on the load's GPU, in its primary context, its bytes complete when
+    /// `stg_load_next` returned the tensor; a small one may be carved from a shared block: see
+    /// "Device memory" at the top of this header.
     pub data: *mut c_void,
+    /// The dtype's number (`STG_DTYPE_UNKNOWN` for one this header does not number).
+    pub dtype_id: stg_dtype,
+    /// Bits per element, for every dtype the library reads (numbered or not): 4 for F4, 6 for
+    /// the F6 types, 16 for BF16. `bytes` is `elements * dtype_bits / 8`.
+    pub dtype_bits: u32,
+}
+
+impl stg_tensor_info {
+    /// The dtype fields of a tensor's description.
+    pub(crate) fn dtype_fields(dtype: Dtype) -> (stg_dtype, u32) {
+        let bits = u32::try_from(dtype.bitsize()).unwrap_or(0);
+        (stg_dtype::of(dtype), bits)
+    }
 }
 
 /// One staged tensor, owning its bytes (or naming the destination it filled).
@@ -112,6 +285,7 @@ pub unsafe extern "C" fn stg_tensor_describe(
                 .map_or(std::ptr::null_mut(), |addr| addr as *mut c_void),
             None => std::ptr::null_mut(),
         };
+        let (dtype_id, dtype_bits) = stg_tensor_info::dtype_fields(t.meta.dtype);
         let info = stg_tensor_info {
             name: t.name.as_ptr(),
             dtype: t.dtype.as_ptr(),
@@ -122,6 +296,8 @@ pub unsafe extern "C" fn stg_tensor_describe(
             file_offset: t.meta.offset,
             path: t.path,
             data,
+            dtype_id,
+            dtype_bits,
         };
         // SAFETY: `out` is non-null and writable by the caller's contract.
         unsafe { *out = info };
@@ -176,6 +352,11 @@ pub unsafe extern "C" fn stg_tensor_copy_to_host(
 /// peak, and a device-memory cap keeps counting them as used until the buffer is freed. A second
 /// take, or a tensor on another path, is `STG_NOT_A_DEVICE_BUFFER`.
 ///
+/// The buffer is the same memory as the tensor's `data` (on the load's GPU, in its primary
+/// context, its bytes complete): taking moves no byte. A tensor carved from a shared block
+/// stays carved: its buffer keeps the block allocated until it is freed, and its pointer is not
+/// the start of an allocation ("Device memory" at the top of this header).
+///
 /// # Safety
 /// `tensor` NULL or live; `out` NULL or writable.
 #[unsafe(no_mangle)]
@@ -219,7 +400,8 @@ pub unsafe extern "C" fn stg_tensor_free(tensor: *mut stg_tensor) {
     unsafe { free_boxed(tensor) };
 }
 
-/// The device pointer of a taken buffer (NULL for NULL or an empty buffer).
+/// The device pointer of a taken buffer (NULL for NULL or an empty buffer): GPU memory of the
+/// load's device, valid in its primary context, until `stg_device_buffer_free`.
 ///
 /// # Safety
 /// `buffer` NULL or live.
@@ -242,7 +424,9 @@ pub unsafe extern "C" fn stg_device_buffer_len(buffer: *const stg_device_buffer)
     unsafe { buffer.as_ref() }.map_or(0, |b| b.memory.len())
 }
 
-/// Frees a taken device buffer. NULL does nothing.
+/// Frees a taken device buffer (its own allocation, or its piece of a shared block, which is
+/// freed with its last piece). Not stream ordered: the caller's work reading the memory must
+/// have finished. NULL does nothing.
 ///
 /// # Safety
 /// `buffer` must be NULL or a pointer from `stg_tensor_take_device_buffer` not yet freed.

@@ -737,8 +737,9 @@ fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
     };
     assert_eq!(
         describe(c),
-        format!("{:#?}", safetensors_staging::LoadOptions::new())
+        safetensors_staging::LoadOptions::new().describe()
     );
+    assert!(describe(c).contains("chunk_size = 16MiB  # default\n"));
     // SAFETY: valid handles and NUL-terminated strings.
     unsafe {
         assert_eq!(
@@ -752,7 +753,12 @@ fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
         let mut expected = safetensors_staging::LoadOptions::new();
         expected.set("chunk_size", "4MiB").unwrap();
         expected.set("rows", "*.weight=1/2").unwrap();
-        assert_eq!(describe(c), format!("{expected:#?}"));
+        assert_eq!(describe(c), expected.describe());
+        assert!(
+            describe(c).contains("\nchunk_size = 4MiB\n"),
+            "{}",
+            describe(c)
+        );
         // A bad key or value: a status, a message naming both, nothing changed.
         assert_eq!(
             stg_config_set(c, c"chunk".as_ptr(), c"1".as_ptr()),
@@ -772,7 +778,7 @@ fn every_option_is_a_key_of_stg_config_set_through_the_library_s_parser() {
             "{}",
             config_error(c)
         );
-        assert_eq!(describe(c), format!("{expected:#?}"));
+        assert_eq!(describe(c), expected.describe());
         assert_eq!(stg_config_set(c, null(), c"1".as_ptr()), STG_NULL_ARGUMENT);
         assert_eq!(
             stg_config_set(null_mut(), c"threads".as_ptr(), c"1".as_ptr()),
@@ -1059,4 +1065,91 @@ fn a_free_racing_the_end_of_a_step_frees_the_load_once_whichever_comes_first() {
     eprintln!("outcomes of 200 races: {outcomes:?}");
     // SAFETY: no load uses the configuration any more.
     unsafe { stg_config_free(c) };
+}
+
+/// Records what the destination callback was told of each tensor's dtype, and declines.
+unsafe extern "C" fn note_dtype(
+    user: *mut c_void,
+    info: *const stg_tensor_info,
+    _: *mut *mut c_void,
+    _: *mut usize,
+) -> u32 {
+    // SAFETY: `user` is the test's Vec, alive for the load; the library passes a valid `info`.
+    unsafe {
+        let seen = &mut *user.cast::<Vec<(String, stg_dtype, u32)>>();
+        let info = &*info;
+        let name = CStr::from_ptr(info.name).to_string_lossy().into_owned();
+        seen.push((name, info.dtype_id, info.dtype_bits));
+    }
+    stg_status::STG_OK as u32
+}
+
+#[test]
+fn every_dtype_has_a_stable_number_and_its_bits_beside_its_name() {
+    // The numbers are the header's, once and for all.
+    for (i, dtype) in stg_dtype::ALL.iter().enumerate() {
+        assert_eq!(*dtype as u32, i as u32, "{dtype:?}");
+    }
+    assert_eq!(stg_dtype::STG_DTYPE_BF16 as u32, 11);
+    assert_eq!(stg_dtype::STG_DTYPE_F4 as u32, 20);
+    assert_eq!(stg_dtype_bits(stg_dtype::STG_DTYPE_UNKNOWN as u32), 0);
+    assert_eq!(stg_dtype_bits(23), 0, "a number that is no stg_dtype");
+    assert_eq!(stg_dtype_bits(u32::MAX), 0);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let specs = backend_mock::fixtures::every_dtype();
+    assert_eq!(
+        specs.len(),
+        stg_dtype::ALL.len() - 1,
+        "every dtype safetensors knows has a number"
+    );
+    write_file(&path, &specs, 3).unwrap();
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    let mut seen: Vec<(String, stg_dtype, u32)> = Vec::new();
+    let mut described = Vec::new();
+    let c = config();
+    // SAFETY: valid handles and out-pointers; `seen` outlives the load and the callback only
+    // pushes onto it.
+    unsafe {
+        assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
+        assert_eq!(
+            stg_config_set_destination(c, Some(note_dtype), (&raw mut seen).cast()),
+            STG_OK
+        );
+        let mut load = null_mut();
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+        let mut tensor = null_mut();
+        while stg_load_next(load, &mut tensor) == STG_OK {
+            let mut info = std::mem::zeroed::<stg_tensor_info>();
+            assert_eq!(stg_tensor_describe(tensor, &mut info), STG_OK);
+            let name = CStr::from_ptr(info.name).to_string_lossy().into_owned();
+            let dtype = CStr::from_ptr(info.dtype).to_string_lossy().into_owned();
+            let shape = std::slice::from_raw_parts(info.shape, info.ndim);
+            let elements: u64 = shape.iter().product();
+            described.push((name, dtype, info.dtype_id, info.dtype_bits));
+            assert_eq!(
+                elements * u64::from(info.dtype_bits),
+                info.bytes as u64 * 8,
+                "bytes = elements * bits / 8"
+            );
+            assert_eq!(stg_dtype_bits(info.dtype_id as u32), info.dtype_bits);
+            stg_tensor_free(tensor);
+        }
+        stg_load_free(load);
+        stg_config_free(c);
+    }
+    assert_eq!(described.len(), specs.len());
+    for ((name, dtype, id, bits), spec) in described.iter().zip(&specs) {
+        assert_eq!(name, &spec.name);
+        assert_eq!(dtype, &spec.dtype.to_string());
+        assert_eq!(format!("{id:?}"), format!("STG_DTYPE_{dtype}"), "{name}");
+        assert_eq!(*bits as usize, spec.dtype.bitsize(), "{name}");
+    }
+    // The callback, asked before anything is read, is told the same.
+    let told: Vec<_> = described
+        .iter()
+        .map(|(name, _, id, bits)| (name.clone(), *id, *bits))
+        .collect();
+    assert_eq!(seen, told);
 }

@@ -222,3 +222,57 @@ fn cpp_loader_reports_a_bad_checkpoint_with_the_library_message() {
         "{stderr}"
     );
 }
+
+#[test]
+fn cpp_loader_help_says_prefix_routes_and_bad_arguments_are_usage_errors() {
+    for args in [
+        &["--help"][..],
+        &["/no/such/checkpoint", "--prefix", "x", "-h"],
+    ] {
+        let output = Command::new(loader()).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert!(stdout.starts_with("usage: loader CHECKPOINT"), "{stdout}");
+        assert!(
+            stdout.contains("(the destination callback). It does not filter: every other tensor"),
+            "{stdout}"
+        );
+        assert!(output.stderr.is_empty(), "--help is not opened as a path");
+    }
+    for (args, message) in [
+        (
+            &["/x", "--bogus", "1"][..],
+            "loader: unknown option --bogus\n",
+        ),
+        (&["/x", "--prefix"], "loader: --prefix needs a value\n"),
+        (&["--threads", "2"], "loader: no CHECKPOINT\n"),
+        (&["/x", "/y"], "loader: a second CHECKPOINT: /y\n"),
+    ] {
+        let output = Command::new(loader()).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+        assert!(stderr.contains("usage: loader CHECKPOINT"), "{stderr}");
+        assert!(output.stdout.is_empty());
+    }
+}
+
+#[test]
+fn cpp_loader_select_filters_where_prefix_only_routes() {
+    let args = ["--threads", "1", "--select", "model.layers.*"];
+    let (run, fixture, _dir) = run_loader("model.layers.0.", &args, false);
+    let names: Vec<&str> = run.tensors.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        ["model.layers.0.a", "model.layers.0.b", "model.layers.1.w"]
+    );
+    for (name, (path, _, hash)) in &run.tensors {
+        assert_eq!(*hash, fnv1a(&fixture.contents[name]), "{name}");
+        let expected = if name.starts_with("model.layers.0.") {
+            "destination"
+        } else {
+            "device"
+        };
+        assert_eq!(path, expected, "{name}");
+    }
+}

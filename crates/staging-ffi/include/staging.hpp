@@ -1,4 +1,4 @@
-// staging.hpp: a small header-only C++17 RAII wrapper over staging_ffi.h.
+// staging.hpp: a small header-only C++17 RAII wrapper over staging_ffi.h, installed beside it.
 //
 // Every handle is move-only and frees itself; every failing call throws stg::Error with the
 // status and the library's full message (file, tensor, offset).
@@ -88,6 +88,13 @@ class Config {
     stg_config* out = nullptr;
     detail::check(stg_config_new(&out));
     raw_.reset(out);
+  }
+  // Any key stg_config_set takes, with its value spelled as `stage --KEY` takes it.
+  // A failure throws with the library's message (naming the key and the value).
+  Config& option(const std::string& key, const std::string& value) {
+    stg_status status = stg_config_set(raw_.get(), key.c_str(), value.c_str());
+    if (status != STG_OK) throw Error(status, last_error());
+    return *this;
   }
   Config& backend(const std::string& name) { return set(stg_config_set_backend(raw_.get(), name.c_str())); }
   Config& device(uint32_t index) { return set(stg_config_set_device(raw_.get(), index)); }
