@@ -16,6 +16,8 @@ failed=0
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 for artefact in "$@"; do
+  # A missing artefact would pass every grep below unseen.
+  [ -f "$artefact" ] || { echo "!! $artefact: no such file (not built?)"; exit 1; }
   files=("$artefact")
   if [[ "$artefact" == *.whl ]]; then
     python3 -m zipfile -e "$artefact" "$scratch/$(basename "$artefact")"

@@ -222,7 +222,6 @@ def compile_c(block: Block, compiler: str | None, cwd: Path) -> str | None:
         "-Werror",
         "-Wno-unused-variable",
         f"-I{include}",
-        f"-I{ROOT / 'examples/cpp'}",
     ]
     args += ["-std=c++17"] if cpp else ["-std=c11"]
     done = subprocess.run(
