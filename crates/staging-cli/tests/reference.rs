@@ -236,9 +236,14 @@ const ERRORS_INTRO: &str = "\
      `STAGING_BLESS=1 cargo test -p staging-cli --test reference` writes it again. -->
 
 Every failure has one kind, decided by the library (`Error::kind()` in Rust), and each door
-derives what it shows from that kind alone:
+derives what it shows from that kind alone. The message is one line for people, naming the
+file (and the tensor and offset) where there is one; where there is more to tell (each GPU
+backend's reason when a GPU was asked for and none is usable) it is in the error's details
+(`Error::details()` in Rust).
 
-- **`stage`** prints the error's one line on stderr and exits 1.
+- **`stage`** prints the error's one line on stderr and exits 1; `-v` adds the kind and the
+  details, `--json` puts `{\"error\": {\"kind\", \"message\", \"file\", \"tensor\", \"details\"}}` on
+  stdout.
 - **Python** raises the kind's exception class; every class derives from `StagingError`, and
   the instance's `kind` attribute is the kind's name below. `PathNotFoundError` and
   `PathPermissionError` are also `FileNotFoundError` and `PermissionError`,
