@@ -30,6 +30,7 @@ Example:
 #   _safe_open  safe_open (safetensors' API); _slicing: safe_slice and the rows an index needs
 #   _convert    loaded tensors as torch's, NumPy's, JAX's; _dtypes: the dtype table's views
 #   _device     device spellings; _serialize: saving and parsing a file's bytes
+#   _requires   the ImportError that names the extra to install where torch or JAX is missing
 #   _distributed  loads across a torch.distributed group; _engines: the vLLM/SGLang plumbing
 
 from ._load import PathLike as PathLike  # the types of `path` and `rows`, for annotations

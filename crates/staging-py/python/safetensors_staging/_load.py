@@ -22,6 +22,7 @@ from ._convert import to_torch, torch_from_bytes
 from ._device import resolve_device
 from ._dtypes import check_unsupported_dtypes, torch_view
 from ._native import Checkpoint, InvalidOptionError, TensorInfo
+from ._requires import need
 
 if TYPE_CHECKING:
     import torch
@@ -229,10 +230,13 @@ def stage(
         InvalidOptionError: a value the library does not parse (also a `ValueError`).
         TypeError: an unknown keyword.
         BackendUnavailableError: a GPU was asked for and no GPU backend is usable (the message
-            says why each was passed over).
+            says why in a few words, its `details` each backend passed over and why).
         StagingError: a read failed; the exception's subclass and `kind` say how, and its
             message names the tensor, file and offset.
+        ModuleNotFoundError: PyTorch is not installed (the message names the fix,
+            `pip install 'safetensors-staging[torch]'`).
     """
+    need("torch", "safetensors_staging.stage (and load_file)")
     check_unsupported_dtypes(unsupported_dtypes)
     spelled, gpu = resolve_device(device)
     if process_group is not None:
@@ -333,3 +337,4 @@ def open(path: Paths, **remote: Any) -> Checkpoint:
     if "store_options" in remote and remote["store_options"] is not None:
         remote["store_options"] = dict(remote["store_options"])
     return _native._open(paths_of(path), **remote)
+
