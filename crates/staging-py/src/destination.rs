@@ -345,7 +345,7 @@ unsafe impl RawDestination for PyDestination {
         space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError> {
         Python::attach(|py| -> PyResult<Option<(usize, usize)>> {
-            let closed = || errors::StagingError::new_err(crate::load::CLOSED_DURING_STEP);
+            let closed = || errors::staging(crate::load::CLOSED_DURING_STEP);
             if self.calls.is_closed() {
                 return Err(closed());
             }

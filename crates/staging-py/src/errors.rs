@@ -7,90 +7,96 @@
 //! carries `kind`, the kind's name: each class has its own as a class attribute (so an exception
 //! the Python layer raises, `raise SelectionError("...")`, carries it too), and one made from a
 //! library error has the error's own (`OutOfMemoryError` is `device-allocation` or
-//! `host-allocation`). The message is the one line `stage` prints after `stage: error: `.
+//! `host-allocation`). The message is the one line `stage` prints after `stage: error: `;
+//! `details` (a list of str) is the longer story behind it (`Error::details()`: each GPU backend
+//! passed over and why), empty for most errors.
+//!
+//! Where the real `safetensors` package imports, `StagingError` also derives from
+//! `safetensors.SafetensorError`, so that code which kept `from safetensors import
+//! SafetensorError` (or catches it from a library built on `safetensors`) still catches every
+//! error of this package. The classes are made when the module is imported (`register`), with
+//! that base or without it; nothing else changes.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pyo3::PyErr;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyPermissionError,
     PyRuntimeError, PySystemExit, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
-use pyo3::{PyErr, create_exception};
+use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple, PyType};
 use safetensors_staging::{Error, ErrorKind};
 use staging_core::Error as CoreError;
-
-create_exception!(
-    safetensors_staging,
-    StagingError,
-    PyException,
-    "Every error of safetensors_staging. The message is one line naming the file, and the \
-     tensor and offset where there is one."
-);
-create_exception!(
-    safetensors_staging,
-    MalformedCheckpointError,
-    StagingError,
-    "The checkpoint is not valid safetensors (header, index, offsets, a file shorter than its \
-     header says, a directory with no checkpoint)."
-);
-create_exception!(
-    safetensors_staging,
-    ReadError,
-    StagingError,
-    "A file could not be opened or read, or changed during the load."
-);
-create_exception!(
-    safetensors_staging,
-    BackendUnavailableError,
-    StagingError,
-    "The backend or device asked for cannot run here (no driver, no device, no library)."
-);
-create_exception!(
-    safetensors_staging,
-    DeviceError,
-    StagingError,
-    "A device operation (a memory query, a copy) failed."
-);
-create_exception!(
-    safetensors_staging,
-    SelectionError,
-    StagingError,
-    "A selection names a tensor the checkpoint does not hold, or rows a tensor does not have."
-);
-create_exception!(
-    safetensors_staging,
-    DestinationError,
-    StagingError,
-    "The destination callback failed, or gave memory of the wrong device, layout or size."
-);
 
 /// The one-line message of an error, as `stage` prints it.
 pub(crate) fn line(error: &dyn std::error::Error) -> String {
     error.to_string().replace('\n', " ")
 }
 
-/// The classes that also derive from a builtin exception, so that `except FileNotFoundError`,
-/// `except MemoryError` and `except ValueError` catch what a Python user expects them to. Made
-/// when the module is imported (`register`).
-struct WithBuiltins {
+/// Every exception class of the package, made when the module is imported (`register`). The
+/// classes that also derive from a builtin exception are so that `except FileNotFoundError`,
+/// `except MemoryError` and `except ValueError` catch what a Python user expects them to.
+struct Classes {
+    staging: Py<PyType>,
+    malformed: Py<PyType>,
+    read: Py<PyType>,
     not_found: Py<PyType>,
     permission: Py<PyType>,
+    backend_unavailable: Py<PyType>,
+    device: Py<PyType>,
     out_of_memory: Py<PyType>,
     invalid_option: Py<PyType>,
+    selection: Py<PyType>,
+    destination: Py<PyType>,
     unsupported_dtype: Py<PyType>,
 }
 
-static WITH_BUILTINS: PyOnceLock<WithBuiltins> = PyOnceLock::new();
+static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
 
-/// `class name(*bases)` with `doc`, in module `safetensors_staging`.
+/// Set while `safetensors` is being imported for its `SafetensorError`: an import shim that maps
+/// the name `safetensors` to this package would come back here, and must find no base rather
+/// than import again (or initialize `CLASSES` from inside its own initialization).
+static LOOKING_UP_UPSTREAM: AtomicBool = AtomicBool::new(false);
+
+/// `safetensors.SafetensorError`, where the real `safetensors` package imports and has it:
+/// an exception class that is not one of ours (a shim that maps `safetensors` to this package
+/// gives ours, or a module still being imported without it). Any failure means none.
+fn upstream_error(py: Python<'_>) -> Option<Bound<'_, PyType>> {
+    if LOOKING_UP_UPSTREAM.swap(true, Ordering::SeqCst) {
+        return None;
+    }
+    let found = || -> Option<Bound<'_, PyType>> {
+        let class = py
+            .import("safetensors")
+            .ok()?
+            .getattr("SafetensorError")
+            .ok()?
+            .cast_into::<PyType>()
+            .ok()?;
+        if !class.is_subclass_of::<PyException>().ok()? {
+            return None;
+        }
+        let module: String = class.getattr("__module__").ok()?.extract().ok()?;
+        let ours = module == "safetensors_staging" || module.starts_with("safetensors_staging.");
+        (!ours).then_some(class)
+    };
+    let found = found();
+    LOOKING_UP_UPSTREAM.store(false, Ordering::SeqCst);
+    found
+}
+
+/// `class name(*bases)` with `doc`, in module `safetensors_staging`, and the other `namespace`
+/// entries given.
 fn class(
     py: Python<'_>,
     name: &str,
-    bases: &[Bound<'_, PyType>],
+    bases: &[&Bound<'_, PyType>],
     doc: &str,
+    namespace: Option<Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyType>> {
-    let namespace = PyDict::new(py);
+    let namespace = namespace.unwrap_or_else(|| PyDict::new(py));
     namespace.set_item("__module__", "safetensors_staging")?;
     namespace.set_item("__doc__", doc)?;
     let bases = PyTuple::new(py, bases)?;
@@ -101,104 +107,185 @@ fn class(
     Ok(made.unbind())
 }
 
-fn with_builtins(py: Python<'_>) -> PyResult<&WithBuiltins> {
-    WITH_BUILTINS.get_or_try_init(py, || {
-        Ok(WithBuiltins {
-            not_found: class(
-                py,
-                "PathNotFoundError",
-                &[
-                    py.get_type::<ReadError>(),
-                    py.get_type::<PyFileNotFoundError>(),
-                ],
-                "A path (a file, a directory, an object) does not exist.",
-            )?,
-            permission: class(
-                py,
-                "PathPermissionError",
-                &[
-                    py.get_type::<ReadError>(),
-                    py.get_type::<PyPermissionError>(),
-                ],
-                "A path may not be opened by this process.",
-            )?,
-            out_of_memory: class(
-                py,
-                "OutOfMemoryError",
-                &[
-                    py.get_type::<StagingError>(),
-                    py.get_type::<PyMemoryError>(),
-                ],
-                "An allocation failed where the policy had no fallback left (the host buffer, \
-                 the staging buffer).",
-            )?,
-            invalid_option: class(
-                py,
-                "InvalidOptionError",
-                &[py.get_type::<StagingError>(), py.get_type::<PyValueError>()],
-                "An option's value does not parse or does not go with the others (a size, a \
-                 device, a backend and a device that do not go together).",
-            )?,
-            unsupported_dtype: class(
-                py,
-                "UnsupportedDtypeError",
-                &[py.get_type::<StagingError>(), py.get_type::<PyTypeError>()],
-                "The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or \
-                 float8).",
-            )?,
-        })
+/// `details` for an exception that was given none (one the Python layer raises): an empty
+/// list, its own, made on first use (`functools.cached_property`: an instance's `details`, set
+/// when it is made from a library error, comes first).
+fn no_details(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let empty = PyCFunction::new_closure(
+        py,
+        Some(c"details"),
+        Some(c"The longer story behind the message, one str a line; empty for most errors."),
+        |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| -> Py<PyList> {
+            PyList::empty(args.py()).unbind()
+        },
+    )?;
+    py.import("functools")?
+        .getattr("cached_property")?
+        .call1((empty,))
+}
+
+fn make(py: Python<'_>, upstream: Option<&Bound<'_, PyType>>) -> PyResult<Classes> {
+    let exception = py.get_type::<PyException>();
+    let namespace = PyDict::new(py);
+    namespace.set_item("details", no_details(py)?)?;
+    let staging = class(
+        py,
+        "StagingError",
+        &[upstream.unwrap_or(&exception)],
+        "Every error of safetensors_staging. The message is one line naming the file, and the \
+         tensor and offset where there is one.",
+        Some(namespace),
+    )?;
+    let staging_bound = staging.bind(py);
+    let of_staging = |name: &str, doc: &str| class(py, name, &[staging_bound], doc, None);
+    let read = of_staging(
+        "ReadError",
+        "A file could not be opened or read, or changed during the load.",
+    )?;
+    let read_bound = read.bind(py);
+    Ok(Classes {
+        malformed: of_staging(
+            "MalformedCheckpointError",
+            "The checkpoint is not valid safetensors (header, index, offsets, a file shorter \
+             than its header says, a directory with no checkpoint).",
+        )?,
+        not_found: class(
+            py,
+            "PathNotFoundError",
+            &[read_bound, &py.get_type::<PyFileNotFoundError>()],
+            "A path (a file, a directory, an object) does not exist.",
+            None,
+        )?,
+        permission: class(
+            py,
+            "PathPermissionError",
+            &[read_bound, &py.get_type::<PyPermissionError>()],
+            "A path may not be opened by this process.",
+            None,
+        )?,
+        backend_unavailable: of_staging(
+            "BackendUnavailableError",
+            "The backend or device asked for cannot run here (no driver, no device, no \
+             library).",
+        )?,
+        device: of_staging(
+            "DeviceError",
+            "A device operation (a memory query, a copy) failed.",
+        )?,
+        out_of_memory: class(
+            py,
+            "OutOfMemoryError",
+            &[staging_bound, &py.get_type::<PyMemoryError>()],
+            "An allocation failed where the policy had no fallback left (the host buffer, the \
+             staging buffer).",
+            None,
+        )?,
+        invalid_option: class(
+            py,
+            "InvalidOptionError",
+            &[staging_bound, &py.get_type::<PyValueError>()],
+            "An option's value does not parse or does not go with the others (a size, a \
+             device, a backend and a device that do not go together).",
+            None,
+        )?,
+        selection: of_staging(
+            "SelectionError",
+            "A selection names a tensor the checkpoint does not hold, or rows a tensor does \
+             not have.",
+        )?,
+        destination: of_staging(
+            "DestinationError",
+            "The destination callback failed, or gave memory of the wrong device, layout or \
+             size.",
+        )?,
+        unsupported_dtype: class(
+            py,
+            "UnsupportedDtypeError",
+            &[staging_bound, &py.get_type::<PyTypeError>()],
+            "The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or \
+             float8).",
+            None,
+        )?,
+        read,
+        staging,
     })
 }
 
+/// The classes, made on first use: `safetensors` is looked up before, not inside, the
+/// initialization (which must not run twice at once).
+fn classes(py: Python<'_>) -> PyResult<&Classes> {
+    if let Some(made) = CLASSES.get(py) {
+        return Ok(made);
+    }
+    let upstream = upstream_error(py);
+    CLASSES.get_or_try_init(py, || make(py, upstream.as_ref()))
+}
+
+/// `StagingError` itself.
+pub(crate) fn staging_class(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    Ok(classes(py)?.staging.bind(py).clone())
+}
+
 /// The exception class of each kind of error (C's statuses are derived from the same kinds).
-pub(crate) fn class_of(py: Python<'_>, kind: ErrorKind) -> Bound<'_, PyType> {
-    let special = with_builtins(py).ok().and_then(|classes| match kind {
-        ErrorKind::NotFound => Some(&classes.not_found),
-        ErrorKind::PermissionDenied => Some(&classes.permission),
-        ErrorKind::DeviceAllocation | ErrorKind::HostAllocation => Some(&classes.out_of_memory),
-        ErrorKind::InvalidOption => Some(&classes.invalid_option),
-        _ => None,
-    });
-    if let Some(class) = special {
-        return class.bind(py).clone();
-    }
-    match kind {
-        ErrorKind::Io | ErrorKind::Read => py.get_type::<ReadError>(),
-        ErrorKind::InvalidCheckpoint | ErrorKind::NotACheckpoint => {
-            py.get_type::<MalformedCheckpointError>()
-        }
-        ErrorKind::Device => py.get_type::<DeviceError>(),
-        ErrorKind::Destination | ErrorKind::DestinationTooSmall => {
-            py.get_type::<DestinationError>()
-        }
-        ErrorKind::Selection => py.get_type::<SelectionError>(),
-        ErrorKind::BackendUnavailable => py.get_type::<BackendUnavailableError>(),
-        _ => py.get_type::<StagingError>(),
-    }
+pub(crate) fn class_of(py: Python<'_>, kind: ErrorKind) -> PyResult<Bound<'_, PyType>> {
+    let classes = classes(py)?;
+    let class = match kind {
+        ErrorKind::NotFound => &classes.not_found,
+        ErrorKind::PermissionDenied => &classes.permission,
+        ErrorKind::DeviceAllocation | ErrorKind::HostAllocation => &classes.out_of_memory,
+        ErrorKind::InvalidOption => &classes.invalid_option,
+        ErrorKind::Io | ErrorKind::Read => &classes.read,
+        ErrorKind::InvalidCheckpoint | ErrorKind::NotACheckpoint => &classes.malformed,
+        ErrorKind::Device => &classes.device,
+        ErrorKind::Destination | ErrorKind::DestinationTooSmall => &classes.destination,
+        ErrorKind::Selection => &classes.selection,
+        ErrorKind::BackendUnavailable => &classes.backend_unavailable,
+        _ => &classes.staging,
+    };
+    Ok(class.bind(py).clone())
 }
 
 /// The Python exception for a library error: its class from the error's kind, its message the
-/// one line `stage` prints, and `kind` set to the kind's name (`"not-found"`, ...). What a
-/// destination callback raised comes back as it was (see `from_callback`).
+/// one line `stage` prints, `kind` set to the kind's name (`"not-found"`, ...) and `details` to
+/// the error's details. What a destination callback raised comes back as it was (see
+/// `from_callback`).
 pub(crate) fn to_py(error: Error) -> PyErr {
     let message = line(&error);
     let kind = error.kind();
+    let details = error.details().to_vec();
     if let Error::Load(CoreError::Destination { source, .. }) = error {
         return match source.downcast::<PyErr>() {
             Ok(raised) => from_callback(*raised, message),
-            Err(_) => of_kind(kind, message),
+            Err(_) => with_details(kind, message, details),
         };
     }
-    of_kind(kind, message)
+    with_details(kind, message, details)
 }
 
-/// An exception of `kind`'s class with `message`, its `kind` attribute set.
+/// An exception of `kind`'s class with `message`, its `kind` attribute set (`details` empty).
 pub(crate) fn of_kind(kind: ErrorKind, message: String) -> PyErr {
+    with_details(kind, message, Vec::new())
+}
+
+/// A `StagingError` with `message` (kind `internal`): a misuse the library has no error for
+/// (a handle used after it was closed).
+pub(crate) fn staging(message: impl Into<String>) -> PyErr {
+    of_kind(ErrorKind::Internal, message.into())
+}
+
+/// An exception of `kind`'s class with `message`, its `kind` and `details` attributes set.
+fn with_details(kind: ErrorKind, message: String, details: Vec<String>) -> PyErr {
     Python::attach(|py| {
-        let error = PyErr::from_type(class_of(py, kind), (message,));
+        let class = match class_of(py, kind) {
+            Ok(class) => class,
+            Err(error) => return error,
+        };
+        let error = PyErr::from_type(class, (message,));
         // Setting an attribute on a fresh exception of our own classes does not fail; if it
         // did, the exception would still be the right one.
-        let _ = error.value(py).setattr("kind", kind.as_str());
+        let value = error.value(py);
+        let _ = value.setattr("kind", kind.as_str());
+        let _ = value.setattr("details", details);
         error
     })
 }
@@ -208,7 +295,8 @@ pub(crate) fn of_kind(kind: ErrorKind, message: String) -> PyErr {
 /// tensor, caused by it.
 fn from_callback(raised: PyErr, message: String) -> PyErr {
     Python::attach(|py| {
-        if raised.is_instance_of::<StagingError>(py)
+        let ours = staging_class(py).is_ok_and(|staging| raised.is_instance(py, &staging));
+        if ours
             || raised.is_instance_of::<PyKeyboardInterrupt>(py)
             || raised.is_instance_of::<PySystemExit>(py)
         {
@@ -226,38 +314,23 @@ const UNSUPPORTED_DTYPE: &str = "unsupported-dtype";
 
 /// Gives each class its `kind` as a class attribute: the kind it stands for (the first of its
 /// kinds, for a class of several), which must be one of those `class_of` raises it for.
-fn set_class_kinds(py: Python<'_>) -> PyResult<()> {
-    let classes = with_builtins(py)?;
+fn set_class_kinds(py: Python<'_>, classes: &Classes) -> PyResult<()> {
     let of_library = [
-        (py.get_type::<StagingError>(), ErrorKind::Internal),
-        (
-            py.get_type::<MalformedCheckpointError>(),
-            ErrorKind::InvalidCheckpoint,
-        ),
-        (py.get_type::<ReadError>(), ErrorKind::Read),
-        (classes.not_found.bind(py).clone(), ErrorKind::NotFound),
-        (
-            classes.permission.bind(py).clone(),
-            ErrorKind::PermissionDenied,
-        ),
-        (
-            py.get_type::<BackendUnavailableError>(),
-            ErrorKind::BackendUnavailable,
-        ),
-        (py.get_type::<DeviceError>(), ErrorKind::Device),
-        (
-            classes.invalid_option.bind(py).clone(),
-            ErrorKind::InvalidOption,
-        ),
-        (
-            classes.out_of_memory.bind(py).clone(),
-            ErrorKind::DeviceAllocation,
-        ),
-        (py.get_type::<SelectionError>(), ErrorKind::Selection),
-        (py.get_type::<DestinationError>(), ErrorKind::Destination),
+        (&classes.staging, ErrorKind::Internal),
+        (&classes.malformed, ErrorKind::InvalidCheckpoint),
+        (&classes.read, ErrorKind::Read),
+        (&classes.not_found, ErrorKind::NotFound),
+        (&classes.permission, ErrorKind::PermissionDenied),
+        (&classes.backend_unavailable, ErrorKind::BackendUnavailable),
+        (&classes.device, ErrorKind::Device),
+        (&classes.invalid_option, ErrorKind::InvalidOption),
+        (&classes.out_of_memory, ErrorKind::DeviceAllocation),
+        (&classes.selection, ErrorKind::Selection),
+        (&classes.destination, ErrorKind::Destination),
     ];
     for (class, kind) in of_library {
-        if !class_of(py, kind).is(&class) {
+        let class = class.bind(py);
+        if !class_of(py, kind)?.is(class) {
             return Err(PyRuntimeError::new_err(format!(
                 "internal error: {} is given kind {:?}, which is raised as another class",
                 class.name()?,
@@ -275,25 +348,23 @@ fn set_class_kinds(py: Python<'_>) -> PyResult<()> {
 /// Adds the exception classes to the module, each with its `kind`.
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
-    set_class_kinds(py)?;
-    module.add("StagingError", py.get_type::<StagingError>())?;
-    module.add(
-        "MalformedCheckpointError",
-        py.get_type::<MalformedCheckpointError>(),
-    )?;
-    module.add("ReadError", py.get_type::<ReadError>())?;
-    module.add(
-        "BackendUnavailableError",
-        py.get_type::<BackendUnavailableError>(),
-    )?;
-    module.add("DeviceError", py.get_type::<DeviceError>())?;
-    let classes = with_builtins(py)?;
-    module.add("PathNotFoundError", classes.not_found.bind(py))?;
-    module.add("PathPermissionError", classes.permission.bind(py))?;
-    module.add("OutOfMemoryError", classes.out_of_memory.bind(py))?;
-    module.add("InvalidOptionError", classes.invalid_option.bind(py))?;
-    module.add("SelectionError", py.get_type::<SelectionError>())?;
-    module.add("DestinationError", py.get_type::<DestinationError>())?;
-    module.add("UnsupportedDtypeError", classes.unsupported_dtype.bind(py))?;
+    let classes = classes(py)?;
+    set_class_kinds(py, classes)?;
+    for (name, class) in [
+        ("StagingError", &classes.staging),
+        ("MalformedCheckpointError", &classes.malformed),
+        ("ReadError", &classes.read),
+        ("BackendUnavailableError", &classes.backend_unavailable),
+        ("DeviceError", &classes.device),
+        ("PathNotFoundError", &classes.not_found),
+        ("PathPermissionError", &classes.permission),
+        ("OutOfMemoryError", &classes.out_of_memory),
+        ("InvalidOptionError", &classes.invalid_option),
+        ("SelectionError", &classes.selection),
+        ("DestinationError", &classes.destination),
+        ("UnsupportedDtypeError", &classes.unsupported_dtype),
+    ] {
+        module.add(name, class.bind(py))?;
+    }
     Ok(())
 }

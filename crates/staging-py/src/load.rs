@@ -30,7 +30,7 @@ use safetensors_staging::{
 };
 
 use crate::destination::{GivenMap, PyDestination};
-use crate::errors::{self, StagingError};
+use crate::errors;
 use crate::export::{Memory, Staged};
 use crate::info::interrupted_or;
 use crate::interrupt::Calls;
@@ -59,9 +59,10 @@ const NEXT_DURING_STEP: &str = "next() was called on a load while it is loading 
 pub(crate) fn resolve_rows(spec: &Bound<'_, PyAny>, dim0: usize) -> PyResult<(usize, usize)> {
     let rows = row_range(spec)?;
     rows.resolve(dim0).map(|r| (r.start, r.end)).ok_or_else(|| {
-        crate::errors::SelectionError::new_err(format!(
-            "cannot read {rows}: they are not inside its {dim0} rows"
-        ))
+        crate::errors::of_kind(
+            safetensors_staging::ErrorKind::Selection,
+            format!("cannot read {rows}: they are not inside its {dim0} rows"),
+        )
     })
 }
 
@@ -347,7 +348,7 @@ impl PyLoad {
         // A second step would wait for this one, which may be waiting for it (a destination
         // callback that handed `next()` to another thread): refused at once instead.
         let Some(stepping) = Stepping::begin(&self.stepping) else {
-            return Err(StagingError::new_err(NEXT_DURING_STEP));
+            return Err(errors::staging(NEXT_DURING_STEP));
         };
         let (next, ended) = self.next_tensor(py);
         drop(stepping);

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, Tensor};
 
-use crate::errors::{self, StagingError};
+use crate::errors;
 use crate::info::{PyCheckpoint, interrupted_or};
 use crate::interrupt::Calls;
 use crate::load::{locked, staged};
@@ -147,10 +147,8 @@ impl PyReader {
             .detach(|| self.load_one(name, rows))
             .map_err(|e| match e {
                 // A read the handle's close() interrupted, too.
-                Failure::Closed => StagingError::new_err("File is closed"),
-                Failure::Error(_) if self.calls.is_closed() => {
-                    StagingError::new_err("File is closed")
-                }
+                Failure::Closed => errors::staging("File is closed"),
+                Failure::Error(_) if self.calls.is_closed() => errors::staging("File is closed"),
                 Failure::Error(e) => interrupted_or(py, e),
             })?;
         staged(py, tensor, self.device_index)

@@ -321,11 +321,10 @@ BAD_DEVICES = ["cuda:", "cpu:0", "gpu", "cuda:x", "mps", "cuda:-1", "hip:one"]
 def _library_device(spelled: Any) -> Tuple[str, Any]:
     """The device the library's options hold for `device=spelled`, from their printout."""
     printed = _native._options(device=spelled)
-    found = re.search(r"device: (Auto|Cpu|Gpu|Hip)(?:\(\s*(\d+),?\s*\))?", printed)
+    found = re.search(r"^device = (auto|cpu|cuda:(\d+)|hip:(\d+))(?:  # default)?$", printed, re.M)
     assert found, printed
-    kind, index = found.group(1), found.group(2)
-    canonical = {"Auto": "auto", "Cpu": "cpu", "Gpu": f"cuda:{index}", "Hip": f"hip:{index}"}[kind]
-    return canonical, None if index is None else int(index)
+    index = found.group(2) or found.group(3)
+    return found.group(1), None if index is None else int(index)
 
 
 def test_every_door_reads_a_device_as_the_library_does(layered: Path, tmp_path: Path) -> None:

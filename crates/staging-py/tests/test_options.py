@@ -40,7 +40,7 @@ TABLE: List[Dict[str, Any]] = [
         "memory_cap": 1 << 30,
         "chunk_size": 4 << 20,
         "staging_size": 8 << 20,
-        "headroom_min": 1 << 28,
+        "headroom_min": 1 << 29,
         "headroom_divisor": 8,
     },
     {
@@ -92,18 +92,35 @@ def cli(stage: Path, settings: Dict[str, Any]) -> str:
     return subprocess.run(args, check=True, capture_output=True, text=True).stdout.rstrip("\n")
 
 
+# A line of the library's `LoadOptions::describe()`: `key = value`, `key = value  # default`, or
+# `# key = description (default)` where the default is a description rather than a value.
+LINE = re.compile(r"^(?:(# )(\w+) = (.*) \(default\)|(\w+) = (.*?)(  # default)?)$")
+
+
 def fields(description: str) -> Dict[str, str]:
-    """The top-level fields of a printed `LoadOptions`, each with its printed value."""
-    out: Dict[str, str] = {}
-    current = None
-    for line in description.splitlines()[1:-1]:
-        m = re.match(r"^    (\w+): (.*)$", line)
-        if m:
-            current = m.group(1)
-            out[current] = m.group(2)
-        elif current is not None:
-            out[current] += line.strip()
-    return out
+    """Each key of a printed `LoadOptions` with its printed value (a repeatable key's values
+    joined by newlines; a default as printed, marked `(default)`)."""
+    assert description.endswith("\n"), description
+    out: Dict[str, List[str]] = {}
+    for line in description.splitlines():
+        m = LINE.match(line)
+        assert m, line
+        if m.group(1):
+            out.setdefault(m.group(2), []).append(f"{m.group(3)} (default)")
+        else:
+            out.setdefault(m.group(4), []).append(m.group(5) + (" (default)" if m.group(6) else ""))
+    return {key: "\n".join(values) for key, values in out.items()}
+
+
+def settings_of(description: str) -> List[Tuple[str, str]]:
+    """The (key, value) pairs a description sets, defaults left out: what `stg_config_set`
+    takes to give the same options again."""
+    return [
+        (key, value)
+        for key, values in fields(description).items()
+        for value in values.split("\n")
+        if not value.endswith(" (default)")
+    ]
 
 
 @pytest.mark.parametrize("settings", TABLE, ids=lambda s: ",".join(s) or "defaults")
@@ -111,10 +128,50 @@ def test_every_door_gives_the_same_options(
     other_doors: Tuple[Path, Path], settings: Dict[str, Any]
 ) -> None:
     stage, ffi = other_doors
-    python = _native._options(**settings)
-    assert python.startswith("LoadOptions {"), python
-    assert cli(stage, settings) == python
-    assert CLibrary(ffi).describe(spelled(settings)) == python
+    python = st.describe_options(**settings)
+    assert python == _native._options(**settings)
+    # One line per key of the table, in its order (a repeatable key: one per value).
+    keys = [row["name"] for row in _native._option_table()]
+    assert list(fields(python)) == keys, python
+    assert cli(stage, settings) + "\n" == python
+    c = CLibrary(ffi)
+    assert c.describe(spelled(settings)) == python
+    # The lines set again give the same options.
+    assert c.describe(settings_of(python)) == python
+
+
+def test_the_description_marks_defaults_and_spells_values_as_set_takes_them() -> None:
+    assert "describe_options" in st.__all__
+    defaults = st.describe_options()
+    lines = defaults.splitlines()
+    assert lines[:4] == [
+        "backend = auto  # default",
+        "device = auto  # default",
+        "# memory_cap = none (default)",
+        "chunk_size = 16MiB  # default",
+    ]
+    assert "# select = every tensor (default)" in lines
+    assert settings_of(defaults) == []
+    given = st.describe_options(
+        memory_cap=1 << 30,
+        chunk_size="16MiB",
+        select=["a.*", "b"],
+        rows={"w": (0, 512)},
+        store_options={"aws_region": "eu-west-1", "aws_secret_access_key": "SECRET"},
+    ).splitlines()
+    assert given[2:4] == ["memory_cap = 1GiB", "chunk_size = 16MiB  # default"]
+    assert [line for line in given if line.startswith(("select", "rows", "store_option"))] == [
+        "select = a.*",
+        "select = b",
+        "rows = w=0:512",
+        "store_option = aws_region=eu-west-1",
+        "store_option = aws_secret_access_key=<redacted>",
+    ]
+    assert len(given) == len(lines) + 2  # two values where one default line was
+    with pytest.raises(st.InvalidOptionError, match=r'^option chunk_size="lots": '):
+        st.describe_options(chunk_size="lots")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk'"):
+        st.describe_options(chunk=1)
 
 
 def test_the_table_changes_every_option() -> None:

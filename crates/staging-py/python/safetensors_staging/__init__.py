@@ -26,16 +26,17 @@ Example:
 # tensor goes into its own device buffer when free memory leaves headroom, else it is assembled
 # in host memory through one bounded staging buffer), and what a read error means (an exception
 # naming the tensor, file and offset; nothing half-read is handed out). The modules:
-#   _load       stage, load_file, open, Stage
+#   _load       stage, load_file, open, Stage, describe_options
 #   _safe_open  safe_open (safetensors' API); _slicing: safe_slice and the rows an index needs
 #   _convert    loaded tensors as torch's, NumPy's, JAX's; _dtypes: the dtype table's views
 #   _device     device spellings; _serialize: saving and parsing a file's bytes
+#   _requires   the ImportError that names the extra to install where torch or JAX is missing
 #   _distributed  loads across a torch.distributed group; _engines: the vLLM/SGLang plumbing
 
 from ._load import PathLike as PathLike  # the types of `path` and `rows`, for annotations
 from ._load import Paths as Paths
 from ._load import RowSpec as RowSpec
-from ._load import Stage, load_file, open, stage
+from ._load import Stage, describe_options, load_file, open, stage
 from ._native import (
     BackendUnavailableError,
     Checkpoint,
@@ -74,6 +75,7 @@ __all__ = [
     "TensorInfo",
     "UnsupportedDtypeError",
     "__version__",
+    "describe_options",
     "load_file",
     "open",
     "safe_open",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 from ._device import torch_device
 from ._dtypes import torch_view
 from ._native import _DTYPES, UnsupportedDtypeError
+from ._requires import need
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +61,7 @@ class ToTorch:
     name = "pt"
 
     def __init__(self, gpu: Optional[int]) -> None:
+        need("torch", 'framework="pt"')
         self.gpu = gpu
 
     def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
@@ -108,6 +110,9 @@ class ToJax:
     """Arrays as `jax.Array` (through NumPy, with `ml_dtypes` for bfloat16 and float8)."""
 
     name = "flax"
+
+    def __init__(self) -> None:
+        need("jax.numpy", 'framework="flax"')
 
     def own(self, array: Any) -> Any:
         """JAX arrays own their memory already."""

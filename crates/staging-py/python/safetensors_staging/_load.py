@@ -22,6 +22,7 @@ from ._convert import to_torch, torch_from_bytes
 from ._device import resolve_device
 from ._dtypes import check_unsupported_dtypes, torch_view
 from ._native import Checkpoint, InvalidOptionError, TensorInfo
+from ._requires import need
 
 if TYPE_CHECKING:
     import torch
@@ -229,10 +230,13 @@ def stage(
         InvalidOptionError: a value the library does not parse (also a `ValueError`).
         TypeError: an unknown keyword.
         BackendUnavailableError: a GPU was asked for and no GPU backend is usable (the message
-            says why each was passed over).
+            says why in a few words, its `details` each backend passed over and why).
         StagingError: a read failed; the exception's subclass and `kind` say how, and its
             message names the tensor, file and offset.
+        ModuleNotFoundError: PyTorch is not installed (the message names the fix,
+            `pip install 'safetensors-staging[torch]'`).
     """
+    need("torch", "safetensors_staging.stage (and load_file)")
     check_unsupported_dtypes(unsupported_dtypes)
     spelled, gpu = resolve_device(device)
     if process_group is not None:
@@ -333,3 +337,38 @@ def open(path: Paths, **remote: Any) -> Checkpoint:
     if "store_options" in remote and remote["store_options"] is not None:
         remote["store_options"] = dict(remote["store_options"])
     return _native._open(paths_of(path), **remote)
+
+
+def describe_options(**options: Any) -> str:
+    """The library's load options these keywords give, as `stage --print-options` and C's
+    `stg_config_describe` print them for the same settings.
+
+    Args:
+        **options: `stage`'s option keywords (`device`, `backend`, `memory_cap`, `select`,
+            `rows`, `store_options`, ...), taken and checked as a load takes them; None keeps
+            a default.
+
+    Returns:
+        One `key = value` line per key, in the order of the options table (a repeatable key,
+        such as `select`, has a line per value), each ending in a newline; values are
+        spelled as the `stage` flags and `stg_config_set` take them, so the lines set again
+        give the same options. A key left at its default says so: `chunk_size = 16MiB  #
+        default`, or, where the default is a description rather than a value, a comment line
+        `# memory_cap = none (default)`. A secret is shown as `<redacted>`. Note that
+        `stage` and `load_file` default to `device="cpu"` where the library (and so this
+        description, with no `device`) says `auto`.
+
+    Raises:
+        InvalidOptionError: a value the library does not parse (also a `ValueError`).
+        TypeError: an unknown keyword.
+
+    Example:
+        ```python
+        print(st.describe_options(device="cuda:0", memory_cap="8GiB"), end="")
+        ```
+    """
+    if options.get("store_options") is not None:
+        options["store_options"] = dict(options["store_options"])
+    if options.get("rows") is not None and not callable(options["rows"]):
+        options["rows"] = dict(options["rows"])
+    return _native._options(**options)

@@ -3,6 +3,7 @@
 Checked against the built module by `python -m mypy.stubtest safetensors_staging._native`.
 """
 
+from functools import cached_property
 from os import PathLike
 from pathlib import Path
 from typing import (
@@ -65,16 +66,24 @@ class StagingError(Exception):
 
     The message is one line naming the file, and the tensor and offset where there is one.
     Each subclass says what went wrong; `except SafetensorError` (the same class) works as
-    with `safetensors`.
+    with `safetensors`. Where the `safetensors` package is installed, this class also derives
+    from `safetensors.SafetensorError`, so that `except safetensors.SafetensorError` catches
+    these errors too.
 
     Attributes:
         kind: the library's kind of error (`"not-found"`, `"read"`, `"device-allocation"`,
             ...), on the class and on each instance (an instance made from a library error
             carries that error's kind: `OutOfMemoryError` is `"device-allocation"` or
             `"host-allocation"`).
+        details: the longer story behind the one-line message, one str each: for a GPU asked
+            for and none usable, each GPU backend passed over with its full reason
+            (`"cufile: no CUDA driver: ..."`); empty for most errors.
     """
 
     kind: str
+    @cached_property
+    def details(self) -> List[str]:
+        """Set on an instance made from a library error; an empty list otherwise."""
 
 class MalformedCheckpointError(StagingError):
     """The checkpoint is not valid safetensors (header, index, offsets, a file shorter than its

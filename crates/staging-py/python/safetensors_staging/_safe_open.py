@@ -19,7 +19,9 @@ from ._load import paths_of
 from ._native import InvalidOptionError, SelectionError, StagingError
 from ._slicing import read_slice, safe_slice
 
-# `except SafetensorError` written for `safetensors` catches every error of this package.
+# `except SafetensorError` written for `safetensors` catches every error of this package; where
+# `safetensors` is installed, `StagingError` also derives from `safetensors.SafetensorError`, so
+# an `except` with that name imported from `safetensors` catches them too (errors.rs).
 SafetensorError = StagingError
 
 _FRAMEWORKS = {

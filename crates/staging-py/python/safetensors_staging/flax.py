@@ -38,12 +38,12 @@ def load(data: bytes) -> Dict[str, Any]:
     Returns:
         Every array by name, as `jax.Array`s.
     """
+    convert = _convert.ToJax()  # an ImportError naming the fix where JAX is not installed
     import jax.numpy as jnp
 
     start, tensors, _ = _serialize.parse(data)
     view = memoryview(data)
     out = {}
-    convert = _convert.ToJax()
     for name, dtype, shape, begin, end in tensors:
         out[name] = jnp.asarray(
             convert.array_of(bytes(view[start + begin : start + end]), dtype, shape, name)

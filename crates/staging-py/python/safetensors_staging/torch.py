@@ -17,10 +17,14 @@ import os
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-import torch
-
-from . import _convert, _dtypes, _load, _serialize
+from . import _convert, _dtypes, _load, _requires, _serialize
 from ._native import _DTYPES
+
+try:
+    import torch
+except ModuleNotFoundError as error:  # the message names the extra that installs torch
+    _requires.missing(error, "torch", "safetensors_staging.torch")
+    raise
 
 __all__ = ["load", "load_file", "load_model", "save", "save_file", "save_model"]
 
