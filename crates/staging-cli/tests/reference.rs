@@ -244,8 +244,9 @@ backend's reason when a GPU was asked for and none is usable) it is in the error
 - **`stage`** prints the error's one line on stderr and exits 1; `-v` adds the kind and the
   details, `--json` puts `{\"error\": {\"kind\", \"message\", \"file\", \"tensor\", \"details\"}}` on
   stdout.
-- **Python** raises the kind's exception class; every class derives from `StagingError`, and
-  the instance's `kind` attribute is the kind's name below. `PathNotFoundError` and
+- **Python** raises the kind's exception class; every class derives from `StagingError` (and,
+  where `safetensors` is installed, from `safetensors.SafetensorError`), the instance's `kind`
+  attribute is the kind's name below and its `details` the details. `PathNotFoundError` and
   `PathPermissionError` are also `FileNotFoundError` and `PermissionError`,
   `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`.
 - **C** returns the kind's `stg_status`, the message in `stg_load_last_error` (or
