@@ -215,11 +215,11 @@ def test_a_missing_framework_names_the_extra(
         print(sorted(stn.load_file(path)))
         """
     )
-    name = "PyTorch" if extra == "torch" else "JAX"
+    name, requirement = ("PyTorch", "torch") if extra == "torch" else ("JAX", "jax")
     assert out.splitlines() == [
         blocked,
         f"{needed_by} needs {name}, which is not installed: "
-        f"pip install 'safetensors-staging[{extra}]'",
+        f"pip install {requirement} (the [{extra}] extra of safetensors-staging)",
         "['w']",
     ]
 
@@ -236,6 +236,9 @@ def test_a_broken_framework_install_keeps_its_own_error() -> None:
     # torch's own dependency missing: not "torch is not installed"; the caller re-raises.
     assert _requires.missing(ModuleNotFoundError("no sympy", name="sympy"), "torch", "x") is None
     assert _requires.missing(ModuleNotFoundError("no", name="torch._C"), "torch", "x") is None
-    with pytest.raises(ModuleNotFoundError, match=r"^x needs JAX, .*\[flax\]'$") as raised:
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"^x needs JAX, .* pip install jax \(the \[flax\] extra of safetensors-staging\)$",
+    ) as raised:
         _requires.missing(ModuleNotFoundError("no jax", name="jax"), "jax.numpy", "x")
     assert raised.value.name == "jax" and raised.value.__cause__ is not None

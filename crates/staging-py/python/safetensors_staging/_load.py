@@ -234,7 +234,7 @@ def stage(
         StagingError: a read failed; the exception's subclass and `kind` say how, and its
             message names the tensor, file and offset.
         ModuleNotFoundError: PyTorch is not installed (the message names the fix,
-            `pip install 'safetensors-staging[torch]'`).
+            `pip install torch`, the `[torch]` extra).
     """
     need("torch", "safetensors_staging.stage (and load_file)")
     check_unsupported_dtypes(unsupported_dtypes)

@@ -1,5 +1,6 @@
 """The frameworks the package does not depend on (PyTorch, JAX): where a call needs one that is
-not installed, an ImportError that names the fix, `pip install 'safetensors-staging[EXTRA]'`."""
+not installed, an ImportError that names the fix, `pip install torch (the [torch] extra of
+safetensors-staging)`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import importlib
 from types import ModuleType
 
 # A framework's top-level module -> its name, and the extra of this package that installs it.
-FRAMEWORKS = {"torch": ("PyTorch", "torch"), "jax": ("JAX", "flax")}
+# The fix names the pip requirement itself: the extra's name on an index may not be this
+# package when it was installed from a checkout (`pip install './crates/staging-py[torch]'`).
+FRAMEWORKS = {"torch": ("PyTorch", "torch", "torch"), "jax": ("JAX", "jax", "flax")}
 
 
 def missing(error: ModuleNotFoundError, module: str, needed_by: str) -> None:
@@ -22,16 +25,16 @@ def missing(error: ModuleNotFoundError, module: str, needed_by: str) -> None:
 
     Raises:
         ModuleNotFoundError: "NEEDED_BY needs PyTorch, which is not installed: pip install
-            'safetensors-staging[torch]'" (its `name` the framework's top-level module),
-            caused by `error`.
+            torch (the [torch] extra of safetensors-staging)" (its `name` the framework's
+            top-level module), caused by `error`.
     """
     top = module.partition(".")[0]
     named = error.name or ""
     if top in FRAMEWORKS and (module == named or module.startswith(named + ".")):
-        name, extra = FRAMEWORKS[top]
+        name, requirement, extra = FRAMEWORKS[top]
         raise ModuleNotFoundError(
             f"{needed_by} needs {name}, which is not installed: "
-            f"pip install 'safetensors-staging[{extra}]'",
+            f"pip install {requirement} (the [{extra}] extra of safetensors-staging)",
             name=top,
         ) from error
 
