@@ -296,7 +296,10 @@ fn no_usable_gpu_is_one_short_line_with_details_behind_verbose() {
         &with_cuda(&[("STUB_CUDA_DEVICES", "0")]),
         dir.path(),
     );
-    fails_with(&out, "device cuda:0: no usable GPU: the NVIDIA driver sees no GPU");
+    fails_with(
+        &out,
+        "device cuda:0: no usable GPU: the NVIDIA driver sees no GPU",
+    );
 
     let out = run_stage(&[&file, "--device", "cuda:0", "-v"], &no_driver, dir.path());
     let lines: Vec<&str> = out.stderr.lines().collect();
@@ -310,9 +313,17 @@ fn no_usable_gpu_is_one_short_line_with_details_behind_verbose() {
         "{}",
         out.stderr
     );
-    assert!(lines[3].starts_with("  hipfile: no HIP runtime: "), "{}", out.stderr);
+    assert!(
+        lines[3].starts_with("  hipfile: no HIP runtime: "),
+        "{}",
+        out.stderr
+    );
 
-    let out = run_stage(&[&file, "--device", "cuda:0", "--json"], &no_driver, dir.path());
+    let out = run_stage(
+        &[&file, "--device", "cuda:0", "--json"],
+        &no_driver,
+        dir.path(),
+    );
     assert_eq!(out.code, Some(1));
     let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let error = &json["error"];

@@ -42,7 +42,11 @@ fn no_argument_prints_help_and_writes_nothing() {
     assert_eq!(out.code, Some(2));
     assert!(out.stderr.contains("Usage: stage"), "{}", out.stderr);
     assert!(out.stderr.contains("--demo"), "{}", out.stderr);
-    assert!(!out.stderr.contains("writing a synthetic"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("writing a synthetic"),
+        "{}",
+        out.stderr
+    );
     // Flags without a checkpoint or --demo: a usage error, not a synthetic load.
     let out = stage(&["--json"], dir.path());
     let error = error_json(&out);
@@ -58,7 +62,10 @@ fn demo_writes_loads_and_removes_a_synthetic_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = stage(&["--demo", "--synthetic-size", "4MiB"], dir.path());
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(out.stderr.starts_with("writing a synthetic 4.00 MiB checkpoint to "));
+    assert!(
+        out.stderr
+            .starts_with("writing a synthetic 4.00 MiB checkpoint to ")
+    );
     assert!(out.stdout.contains(" from 4 files in "), "{}", out.stdout);
     // A demo and a path: one or the other.
     let file = one_file(dir.path());
@@ -128,7 +135,14 @@ fn the_table_has_a_header_for_every_column_and_calls_host_memory_host() {
     let dir = tempfile::tempdir().unwrap();
     let file = one_file(dir.path());
     let out = stage(
-        &[&file, "--checksums", "--rows", "beta=1:3", "--device", "cpu"],
+        &[
+            &file,
+            "--checksums",
+            "--rows",
+            "beta=1:3",
+            "--device",
+            "cpu",
+        ],
         dir.path(),
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -146,11 +160,16 @@ fn the_table_has_a_header_for_every_column_and_calls_host_memory_host() {
     assert_eq!((path, rows), ("direct", "1..3"), "{}", lines[2]);
     assert_eq!(sha.len(), 64, "a SHA-256 in hex: {}", lines[2]);
     assert!(
-        out.stdout.contains("loaded 2 tensors, 116 B from 1 file in "),
+        out.stdout
+            .contains("loaded 2 tensors, 116 B from 1 file in "),
         "{}",
         out.stdout
     );
-    assert!(out.stdout.contains("\ndirect       host "), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("\ndirect       host "),
+        "{}",
+        out.stdout
+    );
     assert!(
         out.stdout
             .contains("peak held: 116 B of host memory (direct), 0 B of host memory (staged)"),
@@ -188,6 +207,10 @@ fn print_options_prints_key_value_lines() {
     assert_eq!(lines[0], "backend = auto  # default");
     assert!(lines.contains(&"chunk_size = 4MiB"), "{}", out.stdout);
     assert!(lines.contains(&"select = a.*"), "{}", out.stdout);
-    assert!(lines.contains(&"# memory_cap = none (default)"), "{}", out.stdout);
+    assert!(
+        lines.contains(&"# memory_cap = none (default)"),
+        "{}",
+        out.stdout
+    );
     assert!(!out.stdout.contains("Some("), "{}", out.stdout);
 }
