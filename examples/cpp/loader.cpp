@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
                 r.host_tensors, name.c_str(), mode.c_str(), static_cast<unsigned long long>(r.bytes_read));
   } catch (const stg::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
+    if (!e.details().empty()) std::cerr << e.details() << "\n";  // why, in full (no GPU: each backend)
     return 1;
   }
   return 0;

@@ -17,16 +17,22 @@
 
 namespace stg {
 
+// what(): the library's one-line message, or the status's description where there is none;
+// status() the code; details() the longer story, one line each (for STG_BACKEND_UNAVAILABLE
+// after a GPU was asked for: each backend passed over and why), often empty.
 class Error : public std::runtime_error {
  public:
-  Error(stg_status status, const std::string& message)
-      : std::runtime_error(std::string(stg_status_str(static_cast<uint32_t>(status))) +
-                           (message.empty() ? "" : ": " + message)),
-        status_(status) {}
+  Error(stg_status status, const std::string& message, std::string details = {})
+      : std::runtime_error(message.empty() ? std::string(stg_status_str(static_cast<uint32_t>(status)))
+                                           : message),
+        status_(status),
+        details_(std::move(details)) {}
   stg_status status() const { return status_; }
+  const std::string& details() const { return details_; }
 
  private:
   stg_status status_;
+  std::string details_;
 };
 
 namespace detail {
@@ -112,6 +118,9 @@ class Config {
   }
   const stg_config* get() const { return raw_.get(); }
   std::string last_error() const { return detail::last_error(raw_.get(), &stg_config_last_error); }
+  std::string last_error_details() const {
+    return detail::last_error(raw_.get(), &stg_config_last_error_details);
+  }
 
  private:
   Config& set(stg_status status) {
@@ -140,7 +149,7 @@ class Plan {
   Plan(const Config& config, const std::string& path, size_t ranks) : raw_(nullptr, &stg_plan_free) {
     stg_plan* out = nullptr;
     stg_status status = stg_plan_new(config.get(), path.c_str(), ranks, &out);
-    if (status != STG_OK) throw Error(status, config.last_error());
+    if (status != STG_OK) throw Error(status, config.last_error(), config.last_error_details());
     raw_.reset(out);
   }
   size_t size() const { return stg_plan_len(raw_.get()); }
@@ -162,7 +171,7 @@ class Load {
   Load(const Config& config, const std::string& path) : raw_(nullptr, &stg_load_free) {
     stg_load* out = nullptr;
     stg_status status = stg_load_new(config.get(), path.c_str(), &out);
-    if (status != STG_OK) throw Error(status, config.last_error());
+    if (status != STG_OK) throw Error(status, config.last_error(), config.last_error_details());
     raw_.reset(out);
   }
   // The next tensor in file order, or nullopt at the end.

@@ -616,7 +616,8 @@ void stg_config_free(struct stg_config *config);
 
  - `backend`: auto, host, cufile, hipfile (mock only in builds with it);
  - `device`: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU,
-   or `STG_BACKEND_UNAVAILABLE` naming what was passed over), hip or hip:N (hipFile only);
+   or `STG_BACKEND_UNAVAILABLE`, each backend passed over and why in
+   `stg_config_last_error_details`), hip or hip:N (hipFile only);
  - `memory_cap` (alias `device_memory`), `chunk_size` (also the staging size unless `staging_size` is set),
    `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
    (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans);
@@ -748,6 +749,21 @@ stg_status stg_config_last_error(const struct stg_config *config,
                                  char *buf,
                                  size_t len,
                                  size_t *written);
+
+/*
+ Copies the details of the last `stg_load_new` failure with this configuration into `buf`
+ (truncated to `len - 1` bytes and NUL-terminated; `*written` gets the full length): the
+ longer story behind `stg_config_last_error`'s one line, one detail per line (`\n`
+ between them), empty where the message says it all. For `STG_BACKEND_UNAVAILABLE` after a
+ GPU was asked for: each GPU backend passed over, and why (`cufile: no CUDA driver: ...`).
+
+ # Safety
+ `config` NULL or live; `buf` writable for `len` bytes; `written` valid for a write.
+ */
+stg_status stg_config_last_error_details(const struct stg_config *config,
+                                         char *buf,
+                                         size_t len,
+                                         size_t *written);
 
 /*
  Plans how a group of `ranks` ranks reads the checkpoint at `path` (what `stg_load_new` takes:

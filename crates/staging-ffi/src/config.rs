@@ -20,12 +20,20 @@ pub struct stg_config {
     /// A rank's share of a plan (`stg_config_set_plan_rank`).
     pub(crate) plan_selection: Option<Selection>,
     last_error: Mutex<String>,
+    /// The details of that failure (`Error::details()`), for `stg_config_last_error_details`.
+    last_details: Mutex<Vec<String>>,
 }
 
 impl stg_config {
-    /// Records the message of a failure, for `stg_config_last_error`.
-    fn fail(&self, error: &dyn std::error::Error) {
+    /// Records the message of a failure, for `stg_config_last_error`, and its details (the
+    /// library's, where it is the library's error), for `stg_config_last_error_details`.
+    fn fail(&self, error: &(dyn std::error::Error + 'static)) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
+        let details = error
+            .downcast_ref::<safetensors_staging::Error>()
+            .map(|e| e.details().to_vec())
+            .unwrap_or_default();
+        *self.last_details.lock().unwrap_or_else(|p| p.into_inner()) = details;
     }
 
     /// Sets `key` through the library's parser; a failure is kept for `stg_config_last_error`.
@@ -94,7 +102,7 @@ unsafe fn copy_config_text(
 ///
 /// # Safety
 /// `config` NULL or live; `path` NULL or NUL-terminated; `out` NULL or valid for a write.
-pub(crate) unsafe fn construct<T, E: std::error::Error>(
+pub(crate) unsafe fn construct<T, E: std::error::Error + 'static>(
     config: *const stg_config,
     path: *const c_char,
     out: *mut *mut T,
@@ -146,6 +154,7 @@ pub unsafe extern "C" fn stg_config_new(out: *mut *mut stg_config) -> stg_status
             user_data: std::ptr::null_mut(),
             plan_selection: None,
             last_error: Mutex::new(String::new()),
+            last_details: Mutex::new(Vec::new()),
         });
         // SAFETY: `out` is non-null and valid for a write by the caller's contract.
         unsafe { *out = Box::into_raw(config) };
@@ -170,7 +179,8 @@ pub unsafe extern "C" fn stg_config_free(config: *mut stg_config) {
 ///
 /// - `backend`: auto, host, cufile, hipfile (mock only in builds with it);
 /// - `device`: auto (a GPU when one is usable, else host memory), cpu, cuda, cuda:N or N (a GPU,
-///   or `STG_BACKEND_UNAVAILABLE` naming what was passed over), hip or hip:N (hipFile only);
+///   or `STG_BACKEND_UNAVAILABLE`, each backend passed over and why in
+///   `stg_config_last_error_details`), hip or hip:N (hipFile only);
 /// - `memory_cap` (alias `device_memory`), `chunk_size` (also the staging size unless `staging_size` is set),
 ///   `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
 ///   (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans);
@@ -398,6 +408,32 @@ pub unsafe extern "C" fn stg_config_last_error(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
+        })
+    }
+}
+
+/// Copies the details of the last `stg_load_new` failure with this configuration into `buf`
+/// (truncated to `len - 1` bytes and NUL-terminated; `*written` gets the full length): the
+/// longer story behind `stg_config_last_error`'s one line, one detail per line (`\n`
+/// between them), empty where the message says it all. For `STG_BACKEND_UNAVAILABLE` after a
+/// GPU was asked for: each GPU backend passed over, and why (`cufile: no CUDA driver: ...`).
+///
+/// # Safety
+/// `config` NULL or live; `buf` writable for `len` bytes; `written` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stg_config_last_error_details(
+    config: *const stg_config,
+    buf: *mut c_char,
+    len: usize,
+    written: *mut usize,
+) -> stg_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        copy_config_text(config, buf, len, written, |c| {
+            c.last_details
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .join("\n")
         })
     }
 }

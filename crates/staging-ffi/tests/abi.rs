@@ -51,6 +51,21 @@ fn config_error(config: *const stg_config) -> String {
         .into_owned()
 }
 
+fn config_details(config: *const stg_config) -> String {
+    let mut buf = vec![0 as c_char; 2048];
+    let mut written = 0;
+    // SAFETY: valid buffer and out-pointer.
+    let status = unsafe {
+        stg_config_last_error_details(config, buf.as_mut_ptr(), buf.len(), &mut written)
+    };
+    assert_eq!(status, STG_OK);
+    assert!(written < buf.len(), "{written} bytes of details");
+    // SAFETY: the call NUL-terminated the buffer.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 fn load_error(load: *const stg_load) -> String {
     let mut buf = vec![0 as c_char; 512];
     let mut written = 0;
@@ -804,11 +819,18 @@ fn a_gpu_asked_for_is_a_gpu_or_an_error_naming_what_was_passed_over() {
         );
         assert_eq!(load, sentinel());
         let message = config_error(c);
-        assert!(message.contains("device cuda:0 was asked for"), "{message}");
-        assert!(
-            message.contains("cufile: ") && message.contains("hipfile: "),
-            "{message}"
+        assert_eq!(
+            message,
+            "device cuda:0: no usable GPU: NVIDIA driver not found"
         );
+        let details = config_details(c);
+        let lines: Vec<&str> = details.lines().collect();
+        assert_eq!(lines.len(), 2, "{details}");
+        assert_eq!(
+            lines[0],
+            "cufile: no CUDA driver: libcuda.so could not be loaded (is the NVIDIA driver installed?)"
+        );
+        assert!(lines[1].starts_with("hipfile: no HIP runtime: "), "{details}");
         // The host backend and a GPU do not go together.
         assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
         assert_eq!(
@@ -820,6 +842,8 @@ fn a_gpu_asked_for_is_a_gpu_or_an_error_naming_what_was_passed_over() {
             "{}",
             config_error(c)
         );
+        // A failure with nothing more to tell leaves no details of an earlier one.
+        assert_eq!(config_details(c), "");
         stg_config_free(c);
     }
 }
