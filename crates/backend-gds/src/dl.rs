@@ -35,7 +35,16 @@ pub unsafe fn load(
         // SAFETY: the caller's contract.
         match unsafe { Library::new(&candidate) } {
             Ok(library) => return Ok((library, candidate)),
-            Err(e) => tried.push(format!("{}: {}", candidate.display(), loader_message(&e))),
+            Err(e) => {
+                // dlerror's message starts with the name itself when the file was not found
+                // ("libx.so: cannot open shared object file: ..."): the name once.
+                let (name, message) = (candidate.display().to_string(), loader_message(&e));
+                tried.push(if message.starts_with(&format!("{name}: ")) {
+                    message
+                } else {
+                    format!("{name}: {message}")
+                });
+            }
         }
     }
     Err(tried.join("; "))
@@ -50,4 +59,27 @@ pub unsafe fn symbol<T: Copy>(library: &Library, symbol: &str) -> Result<T, Stri
     unsafe { library.get::<T>(symbol.as_bytes()) }
         .map(|s| *s)
         .map_err(|e| loader_message(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code asserts by panicking
+
+    #[test]
+    fn a_missing_library_is_named_once_per_name_tried() {
+        // SAFETY: neither name exists, so nothing is loaded.
+        let tried = unsafe {
+            super::load(
+                None,
+                "STAGING_TEST_NO_SUCH_VARIABLE",
+                &["libstaging-none-a.so", "libstaging-none-b.so.1"],
+            )
+        }
+        .unwrap_err();
+        assert_eq!(
+            tried,
+            "libstaging-none-a.so: cannot open shared object file: No such file or directory; \
+             libstaging-none-b.so.1: cannot open shared object file: No such file or directory"
+        );
+    }
 }

@@ -197,6 +197,15 @@ fn flag(options: &ClientOptions, key: ClientConfigKey) -> object_store::Result<b
     }
 }
 
+/// Installs ring as rustls's crypto provider for the process, once, before any HTTP client is
+/// built (reqwest is built without a provider of its own, to leave aws-lc-rs out of the build).
+/// A provider someone else installed first (another library in a Python process) is used as it
+/// is.
+pub(crate) fn install_crypto() {
+    // `Err` only when a provider is already installed: that one serves.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn client_error(e: reqwest::Error) -> object_store::Error {
     object_store::Error::Generic {
         store: "HTTP client",
@@ -210,9 +219,7 @@ impl HttpConnector for Connector {
         let user_agent = options
             .get_config_value(&K::UserAgent)
             .unwrap_or_else(|| concat!("safetensors-staging/", env!("CARGO_PKG_VERSION")).into());
-        // rustls's crypto, ring, for every client of the process; a provider someone else
-        // installed first (another library in a Python process) is used as it is.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        install_crypto();
         let mut builder = reqwest::ClientBuilder::new().user_agent(user_agent);
         if let Some(login) = &self.login {
             let mut headers = reqwest::header::HeaderMap::new();

@@ -140,9 +140,27 @@ fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
             prepared.backend_name()
         );
     }
-    // Removed when dropped, after the load.
-    let (load, _synthetic) = open(args, prepared)?;
-    load_and_report(args, options, load)
+    let (load, synthetic) = open(args, prepared)?;
+    let result = load_and_report(args, options, load);
+    // The temporary checkpoint is removed after the load, and the user told so.
+    if let Some(dir) = synthetic {
+        let path = dir.path().to_path_buf();
+        match (dir.close(), args.json) {
+            (Ok(()), false) => {
+                let _ = writeln!(std::io::stderr(), "removed {}", path.display());
+            }
+            (Ok(()), true) => {}
+            (Err(e), _) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "stage: could not remove {}: {}",
+                    path.display(),
+                    io_words(&e)
+                );
+            }
+        }
+    }
+    result
 }
 
 /// Opens the paths given, or a synthetic checkpoint written for the run.
@@ -175,7 +193,7 @@ fn open(
             if !args.json {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "writing a synthetic {} checkpoint to {} ...",
+                    "writing a synthetic checkpoint of about {} to {} ...",
                     HumanBytes(size),
                     dir.display()
                 );

@@ -312,6 +312,10 @@ fn print_human(
         StagingPath::Host,
     ] {
         let count = report.paths.get(path);
+        // `stage` has no destination of its own: the row only where a caller's was used.
+        if path == StagingPath::Destination && count.tensors == 0 {
+            continue;
+        }
         writeln!(
             out,
             "{:<12} {:<12} {:>8} {:>12}",

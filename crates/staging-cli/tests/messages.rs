@@ -62,10 +62,14 @@ fn demo_writes_loads_and_removes_a_synthetic_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = stage(&["--demo", "--synthetic-size", "4MiB"], dir.path());
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(
-        out.stderr
-            .starts_with("writing a synthetic 4.00 MiB checkpoint to ")
-    );
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stderr);
+    let written = lines[0]
+        .strip_prefix("writing a synthetic checkpoint of about 4.00 MiB to ")
+        .and_then(|rest| rest.strip_suffix(" ..."))
+        .unwrap_or_else(|| panic!("{}", out.stderr));
+    assert_eq!(lines[1], format!("removed {written}"));
+    assert!(!Path::new(written).exists(), "{written} was left behind");
     assert!(out.stdout.contains(" from 4 files in "), "{}", out.stdout);
     // A demo and a path: one or the other.
     let file = one_file(dir.path());
@@ -170,6 +174,8 @@ fn the_table_has_a_header_for_every_column_and_calls_host_memory_host() {
         "{}",
         out.stdout
     );
+    // No destination in `stage`: no row for it.
+    assert!(!out.stdout.contains("destination"), "{}", out.stdout);
     assert!(
         out.stdout
             .contains("peak held: 116 B of host memory (direct), 0 B of host memory (staged)"),

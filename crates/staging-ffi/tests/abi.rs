@@ -55,9 +55,8 @@ fn config_details(config: *const stg_config) -> String {
     let mut buf = vec![0 as c_char; 2048];
     let mut written = 0;
     // SAFETY: valid buffer and out-pointer.
-    let status = unsafe {
-        stg_config_last_error_details(config, buf.as_mut_ptr(), buf.len(), &mut written)
-    };
+    let status =
+        unsafe { stg_config_last_error_details(config, buf.as_mut_ptr(), buf.len(), &mut written) };
     assert_eq!(status, STG_OK);
     assert!(written < buf.len(), "{written} bytes of details");
     // SAFETY: the call NUL-terminated the buffer.
@@ -830,7 +829,10 @@ fn a_gpu_asked_for_is_a_gpu_or_an_error_naming_what_was_passed_over() {
             lines[0],
             "cufile: no CUDA driver: libcuda.so could not be loaded (is the NVIDIA driver installed?)"
         );
-        assert!(lines[1].starts_with("hipfile: no HIP runtime: "), "{details}");
+        assert!(
+            lines[1].starts_with("hipfile: no HIP runtime: "),
+            "{details}"
+        );
         // The host backend and a GPU do not go together.
         assert_eq!(stg_config_set_backend(c, c"host".as_ptr()), STG_OK);
         assert_eq!(
