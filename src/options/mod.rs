@@ -332,7 +332,8 @@ impl LoadOptions {
 
     /// The options as `key = value` lines, one per key of [`specs`](Self::specs) in its order
     /// (one per value of a repeatable key), each value in the spelling [`set`](Self::set)
-    /// takes, so that the lines set again give these options. A key left unset shows its
+    /// takes, so that the lines set again give these options (all but a redacted store option's
+    /// value, which is shown as `<redacted>`, not kept). A key left unset shows its
     /// default: `chunk_size = 16MiB  # default` where the default is a value, a comment line
     /// (`# memory_cap = none (default)`) where it is a description. A store option that may hold
     /// a secret shows its key only (`aws_secret_access_key=<redacted>`). `stage

@@ -16,7 +16,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         return Err(format!("{text:?} is not a whole number of bytes"));
     }
     parse_size::parse_size(trimmed).map_err(|e| match e {
-        parse_size::Error::PosOverflow => format!("{text:?} is more bytes than 16 EiB"),
+        parse_size::Error::PosOverflow => {
+            format!("{text:?} does not fit in 64 bits (at most 16 EiB - 1 byte)")
+        }
         _ => format!("{text:?} is not a size: expected bytes or a number and a unit, like 4096, 512MiB or 2GiB"),
     })
 }

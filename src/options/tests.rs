@@ -355,10 +355,42 @@ fn describe_prints_every_key_in_the_spelling_set_takes() {
     "option chunk_size=\"1.5\": \"1.5\" is not a whole number of bytes"
 )]
 #[case(
-    "99999EiB",
-    "option chunk_size=\"99999EiB\": \"99999EiB\" is more bytes than 16 EiB"
+    "16EiB",
+    "option chunk_size=\"16EiB\": \"16EiB\" does not fit in 64 bits (at most 16 EiB - 1 byte)"
 )]
 fn a_bad_size_says_what_was_expected(#[case] value: &str, #[case] message: &str) {
     let error = LoadOptions::new().set("chunk_size", value).unwrap_err();
     assert_eq!(error.to_string(), message);
+}
+
+/// Every key of the table shows in `describe` as set once it is set to something other than
+/// its default: a key added to the table without its line in `values_of` fails here.
+#[test]
+fn describe_shows_every_key_once_set() {
+    for spec in LoadOptions::specs() {
+        let key = spec.name();
+        let value = match (spec.kind(), key) {
+            (_, "backend") => "host",
+            (_, "device") => "cuda:2",
+            (_, "cufile_mode") => "posix",
+            (_, "hipfile_mode") => "hipfile",
+            (_, "rows") => "w=1/2",
+            (_, "store_option") => "aws_region=x",
+            (_, "allow_redirect") => "cdn.example.com",
+            (ValueKind::Bool, _) if spec.default() == "true" => "false",
+            (ValueKind::Bool, _) => "true",
+            (ValueKind::Path, _) => "/lib.so",
+            (ValueKind::Repeated, _) => "a.*",
+            _ => "7",
+        };
+        let mut options = LoadOptions::new();
+        options.set(key, value).unwrap();
+        let text = options.describe();
+        let line = text
+            .lines()
+            .find(|line| line.starts_with(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("{key} not shown as set:\n{text}"));
+        assert!(!line.ends_with("# default"), "{key}: {line}");
+        assert_eq!(set_again(&text), options, "{key}");
+    }
 }

@@ -72,9 +72,17 @@ pub(crate) fn transport_failure(e: &(dyn std::error::Error + 'static)) -> Option
     let mut host = None;
     let mut words: Option<&str> = None;
     let mut tls_detail = None;
+    // Words are looked for from reqwest's error down: above it, object_store's messages may
+    // quote what a server answered.
+    let mut below_reqwest = false;
     let mut source = Some(e);
     while let Some(error) = source {
         if let Some(request) = error.downcast_ref::<reqwest::Error>() {
+            if request.status().is_some() {
+                // The server answered: its status says what went wrong.
+                return None;
+            }
+            below_reqwest = true;
             if let Some(url) = request.url() {
                 host.get_or_insert_with(|| host_port(url));
             }
@@ -95,12 +103,13 @@ pub(crate) fn transport_failure(e: &(dyn std::error::Error + 'static)) -> Option
         if host.is_none() {
             host = url_in(&text).map(|url| host_port(&url));
         }
-        if text.contains("dns error") || text.contains("failed to lookup address") {
-            words = Some("dns");
-        } else if error.downcast_ref::<rustls::Error>().is_some()
+        let dns = text.contains("dns error") || text.contains("failed to lookup address");
+        let tls = error.downcast_ref::<rustls::Error>().is_some()
             || text.contains("tls handshake")
-            || text.contains("invalid peer certificate")
-        {
+            || text.contains("invalid peer certificate");
+        if below_reqwest && dns {
+            words = Some("dns");
+        } else if below_reqwest && tls {
             words = Some("tls");
             tls_detail = Some(text);
         }

@@ -61,7 +61,7 @@ struct Args {
     #[arg(long, conflicts_with = "paths")]
     demo: bool,
     /// Size of the --demo checkpoint [default: 1GiB].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, conflicts_with = "paths")]
     synthetic_size: Option<u64>,
     /// Write the --demo checkpoint into this directory and keep it (for benchmarks and docs).
     #[arg(long, conflicts_with = "paths")]
@@ -90,10 +90,13 @@ impl Args {
 }
 
 fn main() -> ExitCode {
-    let matches = staging_cli::with_load_options(Args::command()).get_matches();
+    let matches = match staging_cli::with_load_options(Args::command()).try_get_matches() {
+        Ok(matches) => matches,
+        Err(e) => command_line_error(e),
+    };
     let args = match Args::from_arg_matches(&matches) {
         Ok(args) => args,
-        Err(e) => e.exit(),
+        Err(e) => command_line_error(e),
     };
     let result = staging_cli::load_options(&matches)
         .map_err(BoxError::from)
@@ -163,6 +166,25 @@ fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
     result
 }
 
+/// A command line clap cannot take (an unknown flag, a missing value, a conflict): clap's own
+/// message and exit status 2, as every clap program; with `--json` also the error object on
+/// stdout (kind `usage`). Help and version are printed as asked.
+fn command_line_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind as Clap;
+    let shown_as_asked = matches!(
+        e.kind(),
+        Clap::DisplayHelp | Clap::DisplayVersion | Clap::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !shown_as_asked && std::env::args_os().any(|arg| arg == "--json") {
+        let rendered = e.render().to_string();
+        let first = rendered.lines().next().unwrap_or_default();
+        let message = first.strip_prefix("error: ").unwrap_or(first);
+        // Best effort: clap's message on stderr and the exit status say it too.
+        let _ = output::Failure::usage(message).print_json();
+    }
+    e.exit()
+}
+
 /// Opens the paths given, or a synthetic checkpoint written for the run.
 fn open(
     args: &Args,
@@ -179,14 +201,14 @@ fn open(
             let size = args.synthetic_size.unwrap_or(1 << 30);
             let (dir, temporary) = match &args.keep_synthetic {
                 Some(dir) => {
-                    std::fs::create_dir_all(dir)
-                        .map_err(|e| format!("{}: {}", dir.display(), io_words(&e)))?;
+                    std::fs::create_dir_all(dir).map_err(|e| output::Failure::io(dir, &e))?;
                     (dir.clone(), None)
                 }
                 None => {
                     let tmp = tempfile::Builder::new()
                         .prefix("stage-synthetic-")
-                        .tempdir()?;
+                        .tempdir()
+                        .map_err(|e| output::Failure::io(&std::env::temp_dir(), &e))?;
                     (tmp.path().to_path_buf(), Some(tmp))
                 }
             };
@@ -211,11 +233,11 @@ fn open(
 /// alone.
 fn write_synthetic(dir: &std::path::Path, size: u64) -> Result<(), BoxError> {
     let written = staging_core::write::write_synthetic(dir, size, 0x5eed)
-        .map_err(|e| format!("{}: writing the synthetic checkpoint: {e}", dir.display()))?;
+        .map_err(|e| output::Failure::io(dir, &e))?;
     for file in written.files.iter().chain([&written.index]) {
         std::fs::File::open(file)
             .and_then(|f| f.sync_all())
-            .map_err(|e| format!("{}: flushing: {}", file.display(), io_words(&e)))?;
+            .map_err(|e| output::Failure::io(file, &e))?;
     }
     Ok(())
 }
@@ -270,9 +292,12 @@ fn load_and_report(
     if let Some(ledger) = load.ledger() {
         let leaked = ledger.outstanding();
         if !leaked.is_empty() {
-            return Err(format!(
-                "mock ledger: {} buffers were never returned: {leaked:?}",
-                leaked.len()
+            return Err(output::Failure::new(
+                ErrorKind::Internal,
+                format!(
+                    "mock ledger: {} buffers were never returned: {leaked:?}",
+                    leaked.len()
+                ),
             )
             .into());
         }

@@ -62,6 +62,18 @@ impl Failure {
         }
     }
 
+    /// A file or directory of the command's own (the demo's) could not be made, written or
+    /// flushed: `PATH: why`, kind `io` (or `not-found`, `permission-denied`), naming the file.
+    pub(crate) fn io(path: &std::path::Path, error: &io::Error) -> Self {
+        Self {
+            file: Some(path.display().to_string()),
+            ..Self::new(
+                ErrorKind::of_io(error, ErrorKind::Io),
+                format!("{}: {}", path.display(), staging_core::io_words(error)),
+            )
+        }
+    }
+
     /// The command line asks for nothing it can do.
     pub(crate) fn usage(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Usage, message)
@@ -229,7 +241,8 @@ fn path_word(path: StagingPath) -> &'static str {
 fn memory_word(path: StagingPath, report: &LoadReport) -> &'static str {
     match path {
         StagingPath::Destination => "the caller's",
-        StagingPath::Device if report.backend == "host" => "host",
+        // The mock backend is the host backend behind a ledger: host memory too.
+        StagingPath::Device if matches!(report.backend.as_str(), "host" | "mock") => "host",
         StagingPath::Device => "device",
         StagingPath::Host => "host",
     }

@@ -189,16 +189,31 @@ fn the_table_has_a_header_for_every_column_and_calls_host_memory_host() {
 fn backends_passed_over_are_shown_with_verbose_only() {
     let dir = tempfile::tempdir().unwrap();
     let file = one_file(dir.path());
-    // `auto` on a machine without a GPU: the GPU backends are passed over.
+    // What `auto` passed over, as the report has it (on a machine without a GPU, both GPU
+    // backends; with one, perhaps none).
+    let out = stage(&[&file, "--json"], dir.path());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let passed_over: Vec<String> = report["passed_over"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|why| format!("passed over: {}", why.as_str().unwrap()))
+        .collect();
     let out = stage(&[&file], dir.path());
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(!out.stdout.contains("passed over"), "{}", out.stdout);
     let out = stage(&[&file, "-v"], dir.path());
-    assert!(
-        out.stdout.contains("\npassed over: cufile: no CUDA driver"),
-        "{}",
-        out.stdout
-    );
+    let shown: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|line| line.starts_with("passed over: "))
+        .collect();
+    assert_eq!(shown, passed_over, "{}", out.stdout);
+    if report["backend"] == "host" {
+        // `auto` ended on the host backend: the GPU backends were passed over, each with why.
+        assert_eq!(shown.len(), 2, "{}", out.stdout);
+    }
 }
 
 #[test]
@@ -219,4 +234,49 @@ fn print_options_prints_key_value_lines() {
         out.stdout
     );
     assert!(!out.stdout.contains("Some("), "{}", out.stdout);
+}
+
+#[test]
+fn a_command_line_clap_rejects_exits_2_and_json_still_gets_an_error_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = one_file(dir.path());
+    let out = stage(&[&file, "--no-such-flag"], dir.path());
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with("error: unexpected argument '--no-such-flag' found"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    let out = stage(&[&file, "--synthetic-size", "8MiB", "--json"], dir.path());
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["error"]["kind"], "usage");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be used with"),
+        "{json}"
+    );
+}
+
+#[test]
+fn a_file_of_the_demo_that_cannot_be_made_is_an_io_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file where the demo's directory should go.
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, b"").unwrap();
+    let target = blocker.join("ckpt");
+    let target = target.to_str().unwrap();
+    let out = stage(&["--keep-synthetic", target, "--json"], dir.path());
+    let error = error_json(&out);
+    assert_eq!(error["kind"], "io", "{error}");
+    assert_eq!(error["file"], target, "{error}");
+    assert_eq!(
+        error["message"],
+        format!("{target}: not a directory"),
+        "{error}"
+    );
 }

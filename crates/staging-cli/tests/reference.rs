@@ -243,7 +243,8 @@ backend's reason when a GPU was asked for and none is usable) it is in the error
 
 - **`stage`** prints the error's one line on stderr and exits 1; `-v` adds the kind and the
   details, `--json` puts `{\"error\": {\"kind\", \"message\", \"file\", \"tensor\", \"details\"}}` on
-  stdout.
+  stdout. Its own misuse (no checkpoint given, a flag it does not take) is kind `usage`; a
+  command line it cannot parse exits 2, as every clap program.
 - **Python** raises the kind's exception class; every class derives from `StagingError` (and,
   where `safetensors` is installed, from `safetensors.SafetensorError`), the instance's `kind`
   attribute is the kind's name below and its `details` the details. `PathNotFoundError` and

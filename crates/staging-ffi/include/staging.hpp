@@ -1,7 +1,8 @@
 // staging.hpp: a small header-only C++17 RAII wrapper over staging_ffi.h, installed beside it.
 //
 // Every handle is move-only and frees itself; every failing call throws stg::Error with the
-// status and the library's full message (file, tensor, offset).
+// status: opening a load with the library's one-line message and its details, reading the next
+// tensor with the message (file, tensor, offset), the other calls with the status's description.
 #pragma once
 
 #include <cstdint>
