@@ -391,6 +391,9 @@ fn describe_shows_every_key_once_set() {
             .find(|line| line.starts_with(&format!("{key} = ")))
             .unwrap_or_else(|| panic!("{key} not shown as set:\n{text}"));
         assert!(!line.ends_with("# default"), "{key}: {line}");
-        assert_eq!(set_again(&text), options, "{key}");
+        // A redacted value is not kept (a build without `remote` redacts every store option).
+        if !line.contains("<redacted>") {
+            assert_eq!(set_again(&text), options, "{key}");
+        }
     }
 }
