@@ -45,7 +45,11 @@ fn kind(error: &Error) -> &'static str {
 #[case::trailing_bytes("trailing_bytes", "header", "trailing bytes")]
 #[case::truncated_file("truncated_file", "header", "truncated")]
 #[case::index_invalid_json("index_invalid_json", "index", "expected a map")]
-#[case::index_without_weight_map("index_without_weight_map", "index", "missing field `weight_map`")]
+#[case::index_without_weight_map(
+    "index_without_weight_map",
+    "index",
+    "no `weight_map`, so not a safetensors index (a config.json? give the checkpoint's directory or its .safetensors files)"
+)]
 #[case::index_missing_shard(
     "index_missing_shard",
     "index",

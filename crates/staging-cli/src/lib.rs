@@ -51,7 +51,8 @@ pub fn with_load_options(command: Command) -> Command {
 }
 
 /// The load options the flags of [`with_load_options`] give, each value through
-/// [`LoadOptions::set`] (repeated flags in the order given).
+/// [`LoadOptions::set`] (repeated flags in the order given). A value the library refuses is
+/// named by its flag (`option --chunk-size="lots": ...`), as the user spelled it.
 pub fn load_options(matches: &ArgMatches) -> Result<LoadOptions, safetensors_staging::Error> {
     let mut options = LoadOptions::new();
     for spec in LoadOptions::specs() {
@@ -59,7 +60,16 @@ pub fn load_options(matches: &ArgMatches) -> Result<LoadOptions, safetensors_sta
         // `try_get_many`: an id this command never defined (a caller's own) is simply absent.
         if let Ok(Some(values)) = matches.try_get_many::<String>(key) {
             for value in values {
-                options.set(key, value)?;
+                options.set(key, value).map_err(|e| match e {
+                    safetensors_staging::Error::InvalidOption { value, reason, .. } => {
+                        safetensors_staging::Error::InvalidOption {
+                            key: format!("--{}", spec.flag()),
+                            value,
+                            reason,
+                        }
+                    }
+                    other => other,
+                })?;
             }
         }
     }
@@ -125,6 +135,6 @@ mod tests {
         assert_eq!(options.memory_cap, Some(1 << 30));
         assert_eq!(options.select, ["a.*", "b"]);
         let error = parse(&["--chunk-size", "lots"]).unwrap_err();
-        assert!(error.contains("option chunk_size=\"lots\""), "{error}");
+        assert!(error.contains("option --chunk-size=\"lots\""), "{error}");
     }
 }

@@ -91,7 +91,7 @@ fn each_failure_is_one_line_in_words() {
         ),
         (
             vec![file.as_str(), "--chunk-size", "lots"],
-            "stage: error: option chunk_size=\"lots\": \"lots\" is not a size: expected bytes or a number and a unit, like 4096, 512MiB or 2GiB".to_owned(),
+            "stage: error: option --chunk-size=\"lots\": \"lots\" is not a size: expected bytes or a number and a unit, like 4096, 512MiB or 2GiB".to_owned(),
         ),
         (
             vec![file.as_str(), "--select", "gamma*"],

@@ -45,8 +45,18 @@ impl Checkpoint {
             ));
         }
         let text = file.read_exact(0, size)?;
-        let index: IndexFile =
-            serde_json::from_slice(&text).map_err(|e| Error::index(index_path, e.to_string()))?;
+        let index: IndexFile = serde_json::from_slice(&text).map_err(|e| {
+            let reason = e.to_string();
+            // A JSON file that is no index at all (a model's config.json, given as its path).
+            let reason = if reason.starts_with("missing field `weight_map`") {
+                "no `weight_map`, so not a safetensors index (a config.json? give the \
+                 checkpoint's directory or its .safetensors files)"
+                    .to_owned()
+            } else {
+                reason
+            };
+            Error::index(index_path, reason)
+        })?;
 
         // Shards in natural order of their names; names resolving to one file are one shard.
         let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
