@@ -197,8 +197,9 @@ fn flag(options: &ClientOptions, key: ClientConfigKey) -> object_store::Result<b
     }
 }
 
-/// Installs ring as rustls's crypto provider for the process, once, before any HTTP client is
-/// built (reqwest is built without a provider of its own, to leave aws-lc-rs out of the build).
+/// Installs ring as rustls's crypto provider for the process, before any HTTP client is built:
+/// every store is given this connector, so every client of object_store's is built here
+/// (reqwest is built without a provider of its own, to leave aws-lc-rs out of the build).
 /// A provider someone else installed first (another library in a Python process) is used as it
 /// is.
 pub(crate) fn install_crypto() {

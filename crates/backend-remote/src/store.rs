@@ -141,8 +141,6 @@ fn build_store(
         .root
         .split_once("://")
         .map_or("", |(_, authority)| authority);
-    // Before any client of the store is built, ours (the connector's) or object_store's own.
-    crate::client::install_crypto();
     let store: Arc<dyn ObjectStore> = match location.scheme {
         Scheme::S3 => {
             let builder = AmazonS3Builder::from_env()

@@ -92,23 +92,19 @@ impl Failure {
                 details: own.details.clone(),
             };
         }
-        if let Some(e) = error.downcast_ref::<safetensors_staging::Error>() {
-            return Self {
-                kind: e.kind(),
-                message,
-                file: e.file().map(|p| p.display().to_string()),
-                tensor: e.tensor().map(str::to_owned),
-                details: e.details().to_vec(),
+        let library =
+            |kind, file: Option<&std::path::Path>, tensor: Option<&str>, details: &[String]| Self {
+                kind,
+                message: message.clone(),
+                file: file.map(|p| p.display().to_string()),
+                tensor: tensor.map(str::to_owned),
+                details: details.to_vec(),
             };
+        if let Some(e) = error.downcast_ref::<safetensors_staging::Error>() {
+            return library(e.kind(), e.file(), e.tensor(), e.details());
         }
         if let Some(e) = error.downcast_ref::<staging_core::Error>() {
-            return Self {
-                kind: e.kind(),
-                message,
-                file: e.file().map(|p| p.display().to_string()),
-                tensor: e.tensor().map(str::to_owned),
-                details: Vec::new(),
-            };
+            return library(e.kind(), e.file(), e.tensor(), &[]);
         }
         let kind = if error.downcast_ref::<io::Error>().is_some() {
             ErrorKind::Io

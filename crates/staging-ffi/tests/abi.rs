@@ -38,31 +38,29 @@ fn checkpoint(dir: &std::path::Path) -> CString {
     CString::new(path.to_str().unwrap()).unwrap()
 }
 
-fn config_error(config: *const stg_config) -> String {
-    let mut buf = vec![0 as c_char; 512];
+/// The text one of the configuration's copying calls gives, whole (checked not truncated).
+fn config_text(
+    config: *const stg_config,
+    copy: unsafe extern "C" fn(*const stg_config, *mut c_char, usize, *mut usize) -> stg_status,
+) -> String {
+    let mut buf = vec![0 as c_char; 2048];
     let mut written = 0;
     // SAFETY: valid buffer and out-pointer.
-    let status =
-        unsafe { stg_config_last_error(config, buf.as_mut_ptr(), buf.len(), &mut written) };
+    let status = unsafe { copy(config, buf.as_mut_ptr(), buf.len(), &mut written) };
     assert_eq!(status, STG_OK);
+    assert!(written < buf.len(), "{written} bytes");
     // SAFETY: the call NUL-terminated the buffer.
     unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned()
 }
 
+fn config_error(config: *const stg_config) -> String {
+    config_text(config, stg_config_last_error)
+}
+
 fn config_details(config: *const stg_config) -> String {
-    let mut buf = vec![0 as c_char; 2048];
-    let mut written = 0;
-    // SAFETY: valid buffer and out-pointer.
-    let status =
-        unsafe { stg_config_last_error_details(config, buf.as_mut_ptr(), buf.len(), &mut written) };
-    assert_eq!(status, STG_OK);
-    assert!(written < buf.len(), "{written} bytes of details");
-    // SAFETY: the call NUL-terminated the buffer.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
+    config_text(config, stg_config_last_error_details)
 }
 
 fn load_error(load: *const stg_load) -> String {
