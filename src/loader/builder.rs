@@ -195,6 +195,17 @@ impl<'d> Loader<'d> {
         let Some(first) = paths.first() else {
             return Ok(Checkpoint::from_files::<_, &Path>([])?);
         };
+        if let [one] = paths {
+            let found = Source::hub(
+                one.as_ref(),
+                #[cfg(feature = "remote")]
+                &self.remote_options(),
+            )?;
+            if let Some((source, found)) = found {
+                return source.read_headers(&found);
+            }
+        }
+        super::prepared::refuse_hub_among(paths)?;
         let source = Source::of(
             first.as_ref(),
             #[cfg(feature = "remote")]
@@ -284,7 +295,10 @@ impl<'d> Loader<'d> {
     /// needs (the device, pinned bounce buffers), never its driver library (libcufile,
     /// libhipfile), and the report gives no reason about one.
     pub fn prepare_for(self, path: impl AsRef<Path>) -> Result<Prepared<'d>> {
-        let remote = staging_core::is_url(path.as_ref());
+        // A model on the Hub may be in the cache (a local load): its backend is opened as for
+        // local files.
+        let path = path.as_ref();
+        let remote = staging_core::is_url(path) && !super::source::is_hub(path);
         self.prepare_with(remote)
     }
 

@@ -13,7 +13,7 @@ use staging_core::{
 
 #[cfg(doc)]
 use super::Loader;
-use super::source::Source;
+use super::source::{Source, is_hub};
 use super::{Load, Setup};
 use crate::backend::{Chosen, Opened};
 use crate::error::Result;
@@ -110,6 +110,10 @@ impl<'d> Prepared<'d> {
     /// directory).
     pub fn open(&mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
         let path = path.as_ref();
+        if let Some((source, paths)) = self.hub_source(path)? {
+            let checkpoint = source.read_headers(&paths)?;
+            return self.load(checkpoint, source);
+        }
         let source = self.source_of(path, Revalidate::Yes)?;
         let checkpoint = source.open(path)?;
         self.load(checkpoint, source)
@@ -122,6 +126,7 @@ impl<'d> Prepared<'d> {
         P: AsRef<Path>,
     {
         let files: Vec<P> = files.into_iter().collect();
+        refuse_hub_among(&files)?;
         let source = match files.first() {
             Some(first) => self.source_of(first.as_ref(), Revalidate::Yes)?,
             None => Source::Local,
@@ -139,6 +144,21 @@ impl<'d> Prepared<'d> {
             None => Source::Local,
         };
         self.load(checkpoint, source)
+    }
+
+    /// A Hub path's source and what to open in it (see `Source::hub`); its store is kept for
+    /// the loads of the checkpoint read here ([`open_checkpoint`](Self::open_checkpoint)).
+    fn hub_source(&mut self, path: &Path) -> Result<Option<(Source, Vec<std::path::PathBuf>)>> {
+        let found = Source::hub(
+            path,
+            #[cfg(feature = "remote")]
+            &self.remote,
+        )?;
+        #[cfg(feature = "remote")]
+        if let Some((Source::Remote(store), _)) = &found {
+            self.store = Some(store.clone());
+        }
+        Ok(found)
     }
 
     /// Where `path` is read from: a URL's store (the one already open when it holds `path`,
@@ -177,6 +197,12 @@ impl<'d> Prepared<'d> {
     /// result ([`open_checkpoint`](Self::open_checkpoint)) opens no second client and asks
     /// nothing again of what was asked here.
     pub fn read_headers<P: AsRef<Path>>(&mut self, paths: &[P]) -> Result<Checkpoint> {
+        if let [one] = paths
+            && let Some((source, found)) = self.hub_source(one.as_ref())?
+        {
+            return source.read_headers(&found);
+        }
+        refuse_hub_among(paths)?;
         match paths.first() {
             Some(first) => self
                 .source_of(first.as_ref(), Revalidate::Yes)?
@@ -335,6 +361,22 @@ impl<'d> Prepared<'d> {
             #[cfg(feature = "mock")]
             ledger,
         })
+    }
+}
+
+/// A Hub path is one checkpoint, given alone: never one of several files.
+pub(super) fn refuse_hub_among<P: AsRef<Path>>(paths: &[P]) -> Result<()> {
+    match paths.iter().find(|p| is_hub(p.as_ref())) {
+        Some(hub) => Err(staging_core::Error::Io {
+            path: hub.as_ref().to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a Hub path (hf://) names a whole checkpoint: give it alone, not as one of \
+                 several files (hf://org/name/file.safetensors names one file)",
+            ),
+        }
+        .into()),
+        None => Ok(()),
     }
 }
 

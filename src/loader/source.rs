@@ -9,6 +9,13 @@ use staging_core::Checkpoint;
 use crate::error::Error;
 use crate::error::Result;
 
+/// Whether `path` names a model on the Hugging Face Hub (`hf://...`).
+pub(crate) fn is_hub(path: &Path) -> bool {
+    path.to_str()
+        .and_then(|s| s.split_once("://"))
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("hf"))
+}
+
 /// Where a checkpoint's bytes come from.
 pub(super) enum Source {
     /// The local file system.
@@ -30,6 +37,29 @@ impl Source {
         #[cfg(feature = "remote")]
         {
             Ok(Self::Remote(open()?))
+        }
+        #[cfg(not(feature = "remote"))]
+        Err(Error::NotBuilt("remote"))
+    }
+
+    /// Where a Hub path (`hf://org/name[@revision][/path]`) is read from, and what to open
+    /// there: the snapshot in the Hugging Face cache when it holds every file (a local
+    /// load), else the Hub's store, which writes the cache as it reads (unless the options
+    /// say not to). `None` when `path` is not a Hub path.
+    pub(super) fn hub(
+        path: &Path,
+        #[cfg(feature = "remote")] options: &backend_remote::Options,
+    ) -> Result<Option<(Self, Vec<PathBuf>)>> {
+        if !is_hub(path) {
+            return Ok(None);
+        }
+        #[cfg(feature = "remote")]
+        {
+            use backend_remote::hub::Opened;
+            Ok(Some(match backend_remote::hub::open(path, options)? {
+                Opened::Cached { path, .. } => (Self::Local, vec![path]),
+                Opened::Streamed { remote, paths, .. } => (Self::Remote(remote), paths),
+            }))
         }
         #[cfg(not(feature = "remote"))]
         Err(Error::NotBuilt("remote"))

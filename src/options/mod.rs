@@ -149,6 +149,11 @@ pub struct LoadOptions {
     /// `allow_redirect` (repeatable): for a URL, a host a redirect may lead to besides the one
     /// asked for (`cdn.example.com`, `*.example.com`, or `*` for any).
     pub allow_redirects: Vec<String>,
+    /// `cache`: a model from the Hub (`hf://`) is written into the Hugging Face cache as it
+    /// streams (default true); false streams it without writing anything.
+    pub cache: bool,
+    /// `cache_dir`: the Hugging Face cache (default `HF_HUB_CACHE`, else `$HF_HOME/hub`).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -180,6 +185,8 @@ impl std::fmt::Debug for LoadOptions {
             bandwidth,
             store_options,
             allow_redirects,
+            cache,
+            cache_dir,
         } = self;
         f.debug_struct("LoadOptions")
             .field("backend", backend)
@@ -207,6 +214,8 @@ impl std::fmt::Debug for LoadOptions {
             .field("bandwidth", bandwidth)
             .field("store_options", &redacted_store_options(store_options))
             .field("allow_redirects", allow_redirects)
+            .field("cache", cache)
+            .field("cache_dir", cache_dir)
             .finish()
     }
 }
@@ -273,6 +282,8 @@ impl Default for LoadOptions {
             bandwidth: None,
             store_options: Vec::new(),
             allow_redirects: Vec::new(),
+            cache: true,
+            cache_dir: None,
         }
     }
 }
@@ -412,6 +423,8 @@ impl LoadOptions {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
             "allow_redirect" => self.allow_redirects.clone(),
+            "cache" => vec![self.cache.to_string()],
+            "cache_dir" => path(&self.cache_dir),
             _ => Vec::new(),
         }
     }
@@ -557,6 +570,8 @@ impl LoadOptions {
         options.bandwidth = self.bandwidth;
         options.config.clone_from(&self.store_options);
         options.allow_redirects.clone_from(&self.allow_redirects);
+        options.hub_cache = self.cache;
+        options.hub_cache_dir.clone_from(&self.cache_dir);
         options
     }
 

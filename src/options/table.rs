@@ -509,6 +509,28 @@ pub(super) static OPTIONS: &[OptionSpec] = &[
             Ok(())
         },
     ),
+    spec(
+        "cache",
+        Bool,
+        "BOOL",
+        Value("true"),
+        "hf:// models: write what streams into the Hugging Face cache, as huggingface_hub would (false: stream without writing)",
+        |o, v| {
+            o.cache = parse_bool(v)?;
+            Ok(())
+        },
+    ),
+    spec(
+        "cache_dir",
+        Path,
+        "PATH",
+        Described("$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub"),
+        "hf:// models: the Hugging Face cache",
+        |o, v| {
+            o.cache_dir = Some(parse_path(v)?);
+            Ok(())
+        },
+    ),
 ];
 
 /// The option `key` spells (its name or an alias).

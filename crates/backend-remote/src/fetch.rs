@@ -11,6 +11,7 @@ use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 
 use crate::client::RefusedRedirect;
+use crate::hub::HubFailure;
 use crate::location::redacted_text;
 use crate::reader::Object;
 use crate::store::Inner;
@@ -18,6 +19,13 @@ use crate::version::Version;
 
 /// The `io::ErrorKind` closest to an object_store error.
 fn kind_of(e: &object_store::Error) -> io::ErrorKind {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if let Some(hub) = error.downcast_ref::<HubFailure>() {
+            return hub.0.kind();
+        }
+        source = error.source();
+    }
     match e {
         object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
         object_store::Error::PermissionDenied { .. }
@@ -34,6 +42,10 @@ pub(crate) fn describe(e: &object_store::Error) -> String {
     while let Some(error) = source {
         if let Some(refused) = error.downcast_ref::<RefusedRedirect>() {
             return refused.to_string();
+        }
+        // The Hub's own words (its error codes, a signed URL refused) are shown as they are.
+        if let Some(hub) = error.downcast_ref::<HubFailure>() {
+            return redacted_text(&hub.to_string());
         }
         source = error.source();
     }
@@ -262,7 +274,22 @@ impl Inner {
                 at(format!("the body ended after {filled} bytes")),
             )));
         }
+        // A model from the Hub: the bytes go into the Hugging Face cache too.
+        if let Some(cache) = self.cache.get() {
+            cache
+                .received(object.key.as_ref(), offset, dst)
+                .map_err(Failure::Request)?;
+        }
         Ok(())
+    }
+
+    /// After a read of `object`: a model from the Hub commits the file to the cache once it
+    /// is whole and its SHA-256 is right, or fails naming it.
+    pub(crate) fn settle(&self, object: &Object) -> io::Result<()> {
+        match self.cache.get() {
+            Some(cache) => cache.settle(object.key.as_ref()),
+            None => Ok(()),
+        }
     }
 }
 

@@ -56,6 +56,7 @@
 // tokio runtime, and calls that block on it).
 mod client;
 mod fetch;
+pub mod hub;
 mod location;
 mod options;
 mod pace;

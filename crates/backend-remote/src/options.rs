@@ -44,6 +44,13 @@ pub struct Options {
     /// `*.core.windows.net`), needs none; any other is refused with an error naming both hosts
     /// (default: none).
     pub allow_redirects: Vec<String>,
+    /// A model from the Hugging Face Hub (`hf://`) is written into the Hugging Face cache as
+    /// it streams, as `huggingface_hub` would have written it (default true); off, it streams
+    /// without writing anything, and a model already in the cache is read from the network.
+    pub hub_cache: bool,
+    /// The Hugging Face cache (default: `HF_HUB_CACHE`, else `$HF_HOME/hub`, as
+    /// `huggingface_hub` finds it).
+    pub hub_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Options {
@@ -59,6 +66,8 @@ impl std::fmt::Debug for Options {
             .field("config", &redacted_options(&self.config))
             .field("interrupt", &self.interrupt)
             .field("allow_redirects", &self.allow_redirects)
+            .field("hub_cache", &self.hub_cache)
+            .field("hub_cache_dir", &self.hub_cache_dir)
             .finish()
     }
 }
@@ -174,6 +183,8 @@ impl Default for Options {
             config: Vec::new(),
             interrupt: None,
             allow_redirects: Vec::new(),
+            hub_cache: true,
+            hub_cache_dir: None,
         }
     }
 }

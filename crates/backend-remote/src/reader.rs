@@ -64,7 +64,8 @@ impl RemoteReader {
 
     /// Fills `dst` with `file`'s bytes from `offset` (all of them, or an error).
     pub fn read_into(&self, file: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
-        self.inner.block_on(self.inner.fetch(file, offset, dst))
+        self.inner.block_on(self.inner.fetch(file, offset, dst))?;
+        self.inner.settle(file)
     }
 }
 

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
+use crate::options::Interrupt;
 use crate::store::Inner;
 
 /// The `Remote`'s runtime, shut down without blocking when dropped: dropping a tokio runtime
@@ -64,8 +65,20 @@ impl Inner {
     /// Runs `future` to its end on this store's runtime, blocking this thread: a plain thread
     /// or a blocking thread of another runtime, never an async task. Interruptible.
     pub(crate) fn block_on<T>(&self, future: impl Future<Output = io::Result<T>>) -> io::Result<T> {
-        let runtime = self.runtime.get()?;
-        let future = self.interruptible(future);
+        self.runtime.block_on(self.interrupt.as_ref(), future)
+    }
+}
+
+impl OwnedRuntime {
+    /// Runs `future` to its end on this runtime, blocking this thread: a plain thread or a
+    /// blocking thread of another runtime, never an async task. Ended early by `interrupt`.
+    pub(crate) fn block_on<T>(
+        &self,
+        interrupt: Option<&Interrupt>,
+        future: impl Future<Output = io::Result<T>>,
+    ) -> io::Result<T> {
+        let runtime = self.get()?;
+        let future = interruptible(interrupt, future);
         if tokio::runtime::Handle::try_current().is_err() {
             return runtime.block_on(future);
         }
@@ -78,26 +91,29 @@ impl Inner {
         let _entered = runtime.enter();
         futures::executor::block_on(future)
     }
+}
 
-    /// `future`, ended early with an "interrupted" error once the interrupt predicate fires.
-    async fn interruptible<T>(&self, future: impl Future<Output = io::Result<T>>) -> io::Result<T> {
-        let Some(interrupt) = &self.interrupt else {
-            return future.await;
-        };
-        let watch = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if interrupt.fired() {
-                    // Not `ErrorKind::Interrupted`: readers retry that one, as for EINTR.
-                    return io::Error::other("interrupted");
-                }
+/// `future`, ended early with an "interrupted" error once the interrupt predicate fires.
+async fn interruptible<T>(
+    interrupt: Option<&Interrupt>,
+    future: impl Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let Some(interrupt) = interrupt else {
+        return future.await;
+    };
+    let watch = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if interrupt.fired() {
+                // Not `ErrorKind::Interrupted`: readers retry that one, as for EINTR.
+                return io::Error::other("interrupted");
             }
-        };
-        let future = std::pin::pin!(future);
-        let watch = std::pin::pin!(watch);
-        match futures::future::select(future, watch).await {
-            futures::future::Either::Left((done, _)) => done,
-            futures::future::Either::Right((interrupted, _)) => Err(interrupted),
         }
+    };
+    let future = std::pin::pin!(future);
+    let watch = std::pin::pin!(watch);
+    match futures::future::select(future, watch).await {
+        futures::future::Either::Left((done, _)) => done,
+        futures::future::Either::Right((interrupted, _)) => Err(interrupted),
     }
 }

@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use object_store::path::Path as Key;
@@ -18,6 +18,7 @@ use staging_core::{EntryKind, Error, FileIdentity, Store, StoreFile};
 
 use crate::client::{Connector, Redirects};
 use crate::fetch::{describe, io_error};
+use crate::hub::HubCache;
 use crate::location::{Location, Login, Scheme, redacted_path};
 use crate::options::{Interrupt, Options};
 use crate::pace::Pace;
@@ -63,6 +64,8 @@ pub(crate) struct Inner {
     pub(crate) gets: AtomicU64,
     pub(crate) heads: AtomicU64,
     pub(crate) bytes: AtomicU64,
+    /// For a model on the Hub: the cache every byte read is also written into.
+    pub(crate) cache: OnceLock<HubCache>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -243,7 +246,36 @@ impl Remote {
         };
         let runtime = OwnedRuntime::start()
             .map_err(|e| invalid(format!("cannot start the I/O runtime: {e}")))?;
-        Ok(Self {
+        Ok(Self::assemble(
+            root, store, options, runtime, redirects, login,
+        ))
+    }
+
+    /// A `Remote` of `store` at `root` (the Hub's endpoint), on `runtime` (already serving
+    /// the Hub's API requests).
+    pub(crate) fn for_hub(
+        root: &Path,
+        store: Arc<dyn ObjectStore>,
+        options: &Options,
+        runtime: OwnedRuntime,
+    ) -> Result<Self, Error> {
+        let invalid = |message: String| path_error(root, io::ErrorKind::InvalidInput, message);
+        let location = Location::parse(root).map_err(&invalid)?;
+        let redirects = Arc::new(Redirects::new(location.scheme, &options.allow_redirects));
+        Ok(Self::assemble(
+            location, store, options, runtime, redirects, None,
+        ))
+    }
+
+    fn assemble(
+        root: Location,
+        store: Arc<dyn ObjectStore>,
+        options: &Options,
+        runtime: OwnedRuntime,
+        redirects: Arc<Redirects>,
+        login: Option<Login>,
+    ) -> Self {
+        Self {
             inner: Arc::new(Inner {
                 root,
                 store,
@@ -261,8 +293,14 @@ impl Remote {
                 gets: AtomicU64::new(0),
                 heads: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
+                cache: OnceLock::new(),
             }),
-        })
+        }
+    }
+
+    /// Writes every byte read of the files `cache` knows into the Hugging Face cache.
+    pub(crate) fn set_cache(&self, cache: HubCache) {
+        let _ = self.inner.cache.set(cache);
     }
 
     /// The reader of this store's objects into host memory.
@@ -404,6 +442,7 @@ impl StoreFile for RemoteFile {
         if len > 0 {
             self.inner
                 .block_on(self.inner.fetch(&self.object, offset, &mut buf))
+                .and_then(|()| self.inner.settle(&self.object))
                 .map_err(|e| at_path(&self.path, e))?;
         }
         Ok(buf)

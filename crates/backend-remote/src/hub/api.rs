@@ -1,0 +1,587 @@
+//! The Hub's HTTP API as `huggingface_hub` speaks it: a revision resolved to its commit, the
+//! tree of files at that commit, a file's `resolve` URL (and where it redirects: the storage
+//! CDN, by a signed URL), and the Hub's error codes in words.
+//!
+//! The client follows no redirect by itself: a `resolve` answers an LFS file with a redirect to
+//! another host (the CDN), which is followed here on purpose (the one redirect to another host
+//! a load follows without being told to), at most [`MAX_HOPS`] hops, and the token is sent to
+//! the Hub's own host only, never to the CDN.
+
+use std::io;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Method, StatusCode};
+
+use super::HubPath;
+use crate::fetch::transport_failure;
+use crate::location::redacted;
+
+/// Redirects followed for one request at most: a `resolve` of a renamed repository (on the
+/// Hub), then the CDN's own.
+pub(crate) const MAX_HOPS: usize = 5;
+
+/// One file of the tree at a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TreeFile {
+    /// Its path in the repository (`1_Pooling/config.json`).
+    pub(crate) path: String,
+    /// Its size in bytes.
+    pub(crate) size: u64,
+    /// The git blob id (the blob's name in the cache for a file not in LFS).
+    pub(crate) oid: String,
+    /// The SHA-256 of an LFS file (its blob's name in the cache, and what its bytes are
+    /// checked against).
+    pub(crate) sha256: Option<String>,
+}
+
+impl TreeFile {
+    /// The file's blob name in the cache: its SHA-256 for an LFS file, else its git blob id
+    /// (what `huggingface_hub` takes from the `ETag`s of a `resolve`).
+    pub(crate) fn blob(&self) -> &str {
+        self.sha256.as_deref().unwrap_or(&self.oid)
+    }
+}
+
+/// The Hub at one endpoint, with the caller's token.
+#[derive(Debug, Clone)]
+pub(crate) struct Api {
+    pub(crate) client: reqwest::Client,
+    /// `HF_ENDPOINT` without a trailing `/` (`https://huggingface.co`).
+    pub(crate) endpoint: url::Url,
+    /// Sent as `Authorization: Bearer` to the endpoint's host only.
+    token: Option<HeaderValue>,
+}
+
+/// A failed request to the Hub, in words, of the closest kind.
+pub(crate) fn hub_error(kind: io::ErrorKind, message: impl Into<String>) -> io::Error {
+    io::Error::new(kind, message.into())
+}
+
+/// What a request that got no answer says.
+fn transport(e: &reqwest::Error, url: &str) -> io::Error {
+    let kind = if e.is_timeout() {
+        io::ErrorKind::TimedOut
+    } else {
+        io::ErrorKind::Other
+    };
+    let words = transport_failure(e).unwrap_or_else(|| e.to_string());
+    hub_error(kind, format!("{}: {}", redacted(url), redacted(&words)))
+}
+
+/// What an answer with an error status says: the Hub's own code (`X-Error-Code`) in words
+/// naming the repository, revision or file.
+pub(crate) fn status_error(
+    status: StatusCode,
+    headers: &HeaderMap,
+    what: &HubPath,
+    file: Option<&str>,
+    has_token: bool,
+) -> io::Error {
+    let code = headers
+        .get("x-error-code")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let message = headers
+        .get("x-error-message")
+        .and_then(|v| v.to_str().ok())
+        .map(|m| format!(" (the Hub says: {m})"))
+        .unwrap_or_default();
+    let repo = &what.repo;
+    let revision = what.revision_or_main();
+    let token_hint = if has_token {
+        "the token given (HF_TOKEN or the token file) has no access to it"
+    } else {
+        "no token was given: set HF_TOKEN, or log in with `hf auth login`"
+    };
+    use io::ErrorKind as K;
+    match (code, status) {
+        ("GatedRepo", _) => hub_error(
+            K::PermissionDenied,
+            format!(
+                "{repo} is a gated model: a token with access to it is needed ({token_hint}; \
+                 ask for access on the model's page){message}"
+            ),
+        ),
+        ("RepoNotFound", _) => hub_error(
+            K::NotFound,
+            format!("no model {repo} on the Hub, or it is private and {token_hint}{message}"),
+        ),
+        ("RevisionNotFound", _) => hub_error(
+            K::NotFound,
+            format!("{repo} has no revision {revision:?} (a branch, tag or commit){message}"),
+        ),
+        ("EntryNotFound", _) => hub_error(
+            K::NotFound,
+            format!(
+                "{repo} at {revision} has no file {}{message}",
+                file.unwrap_or("(unknown)")
+            ),
+        ),
+        (_, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => hub_error(
+            K::PermissionDenied,
+            format!("{repo}: access refused ({status}; {token_hint}){message}"),
+        ),
+        (_, StatusCode::NOT_FOUND) => hub_error(
+            K::NotFound,
+            format!(
+                "{repo}: not found ({}){message}",
+                file.map_or_else(|| format!("revision {revision}"), |f| format!("file {f}"))
+            ),
+        ),
+        _ => hub_error(
+            K::Other,
+            format!("{repo}: the Hub answered {status}{message}"),
+        ),
+    }
+}
+
+/// Whether a status is worth asking again: the server's trouble, or too many requests.
+pub(crate) fn transient(status: StatusCode) -> bool {
+    status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+/// Where a `resolve` of a file sends its bytes from.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    /// The URL to `GET` ranges of: the CDN's signed URL (no token goes there), or the
+    /// `resolve` URL itself.
+    pub(crate) url: url::Url,
+}
+
+impl Api {
+    pub(crate) fn new(
+        client: reqwest::Client,
+        endpoint: url::Url,
+        token: Option<String>,
+    ) -> io::Result<Self> {
+        let token = token
+            .map(|t| {
+                let mut value = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    hub_error(
+                        io::ErrorKind::InvalidInput,
+                        "the Hub token holds characters an HTTP header cannot carry",
+                    )
+                })?;
+                value.set_sensitive(true);
+                Ok::<_, io::Error>(value)
+            })
+            .transpose()?;
+        Ok(Self {
+            client,
+            endpoint,
+            token,
+        })
+    }
+
+    pub(crate) fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Whether `url` is on the endpoint's host (and port): the token may go there.
+    pub(crate) fn on_hub(&self, url: &url::Url) -> bool {
+        url.scheme() == self.endpoint.scheme()
+            && url.host_str() == self.endpoint.host_str()
+            && url.port_or_known_default() == self.endpoint.port_or_known_default()
+    }
+
+    /// `{endpoint}/{segments...}`, each segment percent-encoded as a path segment.
+    pub(crate) fn url(&self, segments: &[&str]) -> url::Url {
+        let mut url = self.endpoint.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty();
+            for segment in segments {
+                for part in segment.split('/') {
+                    path.push(part);
+                }
+            }
+        }
+        url
+    }
+
+    /// A request to `url`, with the token when `url` is on the Hub's host.
+    pub(crate) fn request(&self, method: Method, url: &url::Url) -> reqwest::RequestBuilder {
+        let builder = self.client.request(method, url.clone());
+        match &self.token {
+            Some(token) if self.on_hub(url) => {
+                builder.header(reqwest::header::AUTHORIZATION, token.clone())
+            }
+            _ => builder,
+        }
+    }
+
+    /// Sends a request, retrying a transport failure or a transient status `retries` times.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        url: &url::Url,
+        retries: usize,
+        backoff: Duration,
+    ) -> io::Result<reqwest::Response> {
+        let mut attempt = 0;
+        loop {
+            let result = self.request(method.clone(), url).send().await;
+            match result {
+                Ok(response) if transient(response.status()) && attempt < retries => {}
+                Ok(response) => return Ok(response),
+                Err(e) if attempt < retries && !e.is_builder() => {
+                    let _ = e;
+                }
+                Err(e) => return Err(transport(&e, url.as_str())),
+            }
+            tokio::time::sleep(
+                backoff
+                    .saturating_mul(1 << attempt.min(8))
+                    .min(Duration::from_secs(15)),
+            )
+            .await;
+            attempt += 1;
+        }
+    }
+
+    /// A JSON document of the API, or the Hub's error in words.
+    async fn json(
+        &self,
+        url: &url::Url,
+        what: &HubPath,
+        retries: usize,
+        backoff: Duration,
+    ) -> io::Result<serde_json::Value> {
+        let response = self.send(Method::GET, url, retries, backoff).await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(status_error(
+                status,
+                response.headers(),
+                what,
+                None,
+                self.has_token(),
+            ));
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| transport(&e, url.as_str()))?;
+        serde_json::from_slice(&body).map_err(|e| {
+            hub_error(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the Hub's answer is not JSON: {e}",
+                    redacted(url.as_str())
+                ),
+            )
+        })
+    }
+
+    /// The commit `what`'s revision names (`GET /api/models/{repo}/revision/{rev}`).
+    pub(crate) async fn commit(
+        &self,
+        what: &HubPath,
+        retries: usize,
+        backoff: Duration,
+    ) -> io::Result<String> {
+        let revision = what.revision_or_main();
+        let url = self.url(&["api", "models", &what.repo, "revision"]);
+        // The revision is one segment (`refs/pr/1` is sent as `refs%2Fpr%2F1`).
+        let mut url = url;
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.push(revision);
+        }
+        let info = self.json(&url, what, retries, backoff).await?;
+        let sha = info
+            .get("sha")
+            .and_then(|s| s.as_str())
+            .filter(|s| is_commit(s))
+            .ok_or_else(|| {
+                hub_error(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: the Hub's answer names no commit (no 40-hex \"sha\")",
+                        redacted(url.as_str())
+                    ),
+                )
+            })?;
+        Ok(sha.to_owned())
+    }
+
+    /// Every file of the repository at `commit` (`GET /api/models/{repo}/tree/{commit}?recursive=true`,
+    /// following the `Link` header of a long listing).
+    pub(crate) async fn tree(
+        &self,
+        what: &HubPath,
+        commit: &str,
+        retries: usize,
+        backoff: Duration,
+    ) -> io::Result<Vec<TreeFile>> {
+        let mut url = self.url(&["api", "models", &what.repo, "tree", commit]);
+        url.query_pairs_mut()
+            .append_pair("recursive", "true")
+            .append_pair("expand", "false");
+        let mut files = Vec::new();
+        let mut next = Some(url);
+        let mut pages = 0;
+        while let Some(url) = next.take() {
+            pages += 1;
+            if pages > 10_000 {
+                return Err(hub_error(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: the tree listing does not end", what.repo),
+                ));
+            }
+            let response = self.send(Method::GET, &url, retries, backoff).await?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(status_error(
+                    status,
+                    response.headers(),
+                    what,
+                    None,
+                    self.has_token(),
+                ));
+            }
+            next = next_link(response.headers())
+                .and_then(|link| url.join(&link).ok())
+                .filter(|link| self.on_hub(link));
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| transport(&e, url.as_str()))?;
+            let entries: Vec<serde_json::Value> = serde_json::from_slice(&body).map_err(|e| {
+                hub_error(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: the tree listing is not a JSON list: {e}", what.repo),
+                )
+            })?;
+            for entry in entries {
+                if entry.get("type").and_then(|t| t.as_str()) != Some("file") {
+                    continue;
+                }
+                files.push(tree_file(&entry).ok_or_else(|| {
+                    hub_error(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{}: a tree entry is not a file as the Hub lists one: {entry}",
+                            what.repo
+                        ),
+                    )
+                })?);
+            }
+        }
+        Ok(files)
+    }
+
+    /// Where `url` (a file's `resolve` URL) sends its bytes from: a `HEAD` without following
+    /// redirects, then each redirect by hand (at most [`MAX_HOPS`]): one to another host is the
+    /// CDN's signed URL.
+    pub(crate) async fn resolve(
+        &self,
+        url: &url::Url,
+        what: &HubPath,
+        file: &str,
+        retries: usize,
+        backoff: Duration,
+    ) -> io::Result<Resolved> {
+        let mut at = url.clone();
+        for _ in 0..=MAX_HOPS {
+            if !self.on_hub(&at) {
+                return Ok(Resolved { url: at });
+            }
+            let response = self.send(Method::HEAD, &at, retries, backoff).await?;
+            let status = response.status();
+            if status.is_redirection() {
+                at = redirect_target(&at, response.headers())?;
+                continue;
+            }
+            if status.is_success() {
+                return Ok(Resolved { url: at });
+            }
+            return Err(status_error(
+                status,
+                response.headers(),
+                what,
+                Some(file),
+                self.has_token(),
+            ));
+        }
+        Err(redirect_loop(url))
+    }
+}
+
+/// The error of a request redirected more than [`MAX_HOPS`] times.
+pub(crate) fn redirect_loop(url: &url::Url) -> io::Error {
+    hub_error(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{}: redirected more than {MAX_HOPS} times (a redirect loop?)",
+            redacted(url.as_str())
+        ),
+    )
+}
+
+/// The URL a redirect answer points at, relative to `from`.
+pub(crate) fn redirect_target(from: &url::Url, headers: &HeaderMap) -> io::Result<url::Url> {
+    let location = headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            hub_error(
+                io::ErrorKind::InvalidData,
+                format!("{}: a redirect without a Location", redacted(from.as_str())),
+            )
+        })?;
+    let to = from.join(location).map_err(|e| {
+        hub_error(
+            io::ErrorKind::InvalidData,
+            format!("{}: a redirect to a bad URL: {e}", redacted(from.as_str())),
+        )
+    })?;
+    if !matches!(to.scheme(), "http" | "https") {
+        return Err(hub_error(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: a redirect to a {}:// URL",
+                redacted(from.as_str()),
+                to.scheme()
+            ),
+        ));
+    }
+    // From https to plain http only on the same host is refused too: a downgrade.
+    if from.scheme() == "https" && to.scheme() == "http" {
+        return Err(hub_error(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: a redirect from https to plain http ({}) is refused",
+                redacted(from.as_str()),
+                redacted(to.as_str())
+            ),
+        ));
+    }
+    Ok(to)
+}
+
+/// The `rel="next"` target of a `Link` header.
+fn next_link(headers: &HeaderMap) -> Option<String> {
+    let link = headers.get(reqwest::header::LINK)?.to_str().ok()?;
+    link.split(',').find_map(|part| {
+        let (target, params) = part.split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim().replace(' ', "") == "rel=\"next\"")
+            .then(|| {
+                target
+                    .trim()
+                    .trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .to_owned()
+            })
+    })
+}
+
+/// A tree entry of type `file` as a [`TreeFile`]; `None` when a field is missing or odd.
+fn tree_file(entry: &serde_json::Value) -> Option<TreeFile> {
+    let path = entry.get("path")?.as_str()?.to_owned();
+    let size = entry.get("size")?.as_u64()?;
+    let oid = entry.get("oid")?.as_str()?.to_owned();
+    if !is_hex(&oid) {
+        return None;
+    }
+    let sha256 = match entry.get("lfs") {
+        Some(serde_json::Value::Null) | None => None,
+        Some(lfs) => {
+            let sha = lfs.get("oid")?.as_str()?;
+            let lfs_size = lfs.get("size")?.as_u64()?;
+            if sha.len() != 64 || !is_hex(sha) || lfs_size != size {
+                return None;
+            }
+            Some(sha.to_ascii_lowercase())
+        }
+    };
+    Some(TreeFile {
+        path,
+        size,
+        oid: oid.to_ascii_lowercase(),
+        sha256,
+    })
+}
+
+fn is_hex(text: &str) -> bool {
+    !text.is_empty() && text.len() <= 128 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `text` is a full commit id (40 hex digits).
+pub(crate) fn is_commit(text: &str) -> bool {
+    text.len() == 40 && is_hex(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_entries_parse_as_the_hub_lists_them() {
+        let lfs = serde_json::json!({"type":"file","oid":"ab12","size":10,"path":"m.safetensors",
+            "lfs":{"oid":"A".repeat(64),"size":10,"pointerSize":134}});
+        let file = tree_file(&lfs).unwrap();
+        assert_eq!(file.sha256.as_deref(), Some("a".repeat(64).as_str()));
+        assert_eq!(file.blob(), "a".repeat(64));
+        let plain = serde_json::json!({"type":"file","oid":"cd34","size":3,"path":"config.json"});
+        assert_eq!(tree_file(&plain).unwrap().blob(), "cd34");
+        for bad in [
+            serde_json::json!({"type":"file","oid":"../x","size":3,"path":"a"}),
+            serde_json::json!({"type":"file","oid":"ab","size":-1,"path":"a"}),
+            serde_json::json!({"type":"file","oid":"ab","size":3,"path":"a",
+                "lfs":{"oid":"../../etc/passwd","size":3}}),
+            serde_json::json!({"type":"file","oid":"ab","size":3,"path":"a",
+                "lfs":{"oid":"a".repeat(64),"size":4}}),
+        ] {
+            assert_eq!(tree_file(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn next_links_are_found() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            reqwest::header::LINK,
+            HeaderValue::from_static("<https://hf.co/api/x?cursor=2>; rel=\"next\""),
+        );
+        assert_eq!(
+            next_link(&headers).as_deref(),
+            Some("https://hf.co/api/x?cursor=2")
+        );
+        assert_eq!(next_link(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn redirects_keep_to_http_and_never_downgrade() {
+        let from = url::Url::parse("https://hf.co/o/n/resolve/c/f").unwrap();
+        let with = |location: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                reqwest::header::LOCATION,
+                HeaderValue::from_static(location),
+            );
+            redirect_target(&from, &headers)
+        };
+        assert_eq!(
+            with("https://cdn.hf.co/x?sig=1").unwrap().as_str(),
+            "https://cdn.hf.co/x?sig=1"
+        );
+        assert_eq!(
+            with("/o/m/resolve/c/f").unwrap().as_str(),
+            "https://hf.co/o/m/resolve/c/f"
+        );
+        assert!(
+            with("http://cdn.hf.co/x")
+                .unwrap_err()
+                .to_string()
+                .contains("plain http")
+        );
+        assert!(
+            with("file:///etc/passwd")
+                .unwrap_err()
+                .to_string()
+                .contains("file://")
+        );
+    }
+}

@@ -1,0 +1,640 @@
+//! Models on the Hugging Face Hub (`hf://org/name[@revision][/path]`), streamed onto the
+//! device while they download, and written into the Hugging Face cache as `huggingface_hub`
+//! would have written them, so every other tool finds them there.
+//!
+//! [`open`] does what `snapshot_download` followed by a load does, in one pass:
+//!
+//! 1. the revision is resolved to a commit (`GET /api/models/{repo}/revision/{rev}`), or, with
+//!    `HF_HUB_OFFLINE`, read from the cache's `refs/`;
+//! 2. the files at that commit are listed (`/tree/{commit}?recursive=true`) and the weights
+//!    chosen as the loaders choose them: under the path given (the repository's root by
+//!    default), `model.safetensors.index.json`, else `model.safetensors`, else every
+//!    `*.safetensors` there in natural order;
+//! 3. when the cache already holds every one of them (and the small files), the load is a
+//!    local load of the snapshot: no byte of the weights goes over the network
+//!    ([`Opened::Cached`]);
+//! 4. else the small files a model needs beside its weights (`config.json`, the tokenizer:
+//!    every file that is not a weight) are fetched into the snapshot, `refs/<revision>` is
+//!    written, and the weights are read through a [`Remote`] whose store is the Hub
+//!    ([`store`]), each byte written into the cache as it arrives ([`cache`]) and each file
+//!    committed once its SHA-256 is the one the Hub lists ([`Opened::Streamed`]).
+//!
+//! Configuration is `huggingface_hub`'s environment: `HF_ENDPOINT` (a mirror), `HF_TOKEN`
+//! (else `HUGGING_FACE_HUB_TOKEN`, else the token file `hf auth login` writes:
+//! `HF_TOKEN_PATH`, default `$HF_HOME/token`), `HF_HUB_CACHE` (else `HUGGINGFACE_HUB_CACHE`,
+//! else `$HF_HOME/hub`; `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`, else
+//! `~/.cache/huggingface`), `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`), and the proxy
+//! variables (`HTTPS_PROXY`, `NO_PROXY`). [`Options::hub_cache`] off streams without writing
+//! anything; [`Options::hub_cache_dir`] puts the cache elsewhere.
+//!
+//! Not spoken: the Xet protocol (files the Hub stores in Xet are read through the same
+//! `resolve` redirect as LFS files, which the Hub serves for every file), datasets and spaces.
+
+mod api;
+mod cache;
+mod path;
+mod store;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub(crate) use cache::HubCache;
+pub use path::{HubPath, is_hub, is_repo_id};
+pub(crate) use store::HubFailure;
+
+use api::{Api, TreeFile, is_commit};
+use cache::RepoCache;
+use staging_core::Error;
+
+use crate::options::Options;
+use crate::runtime::OwnedRuntime;
+use crate::store::Remote;
+
+/// A Hub path opened ([`open`]).
+#[derive(Debug)]
+pub enum Opened {
+    /// Every file is in the cache: load this local path (a directory, index or file in the
+    /// snapshot).
+    Cached {
+        /// What to load.
+        path: PathBuf,
+        /// The commit the revision named.
+        commit: String,
+    },
+    /// Read through `remote` (its store is the Hub at `commit`).
+    Streamed {
+        /// The store the files are read through.
+        remote: Remote,
+        /// What to open: one index, or the weight files in order.
+        paths: Vec<PathBuf>,
+        /// The commit the revision named.
+        commit: String,
+    },
+}
+
+/// `huggingface_hub`'s idea of true (`1`, `ON`, `YES`, `TRUE`, any case).
+fn is_true(value: Option<String>) -> bool {
+    value.is_some_and(|v| matches!(v.to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE"))
+}
+
+/// A variable of the environment, when set and not empty.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// `~` at the start of `path` as the home directory.
+fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), var("HOME")) {
+        (Some(rest), Some(home)) => Path::new(&home).join(rest),
+        _ if path == "~" => var("HOME").map_or_else(|| PathBuf::from(path), PathBuf::from),
+        _ => PathBuf::from(path),
+    }
+}
+
+/// `HF_HOME`, as `huggingface_hub` finds it.
+fn hf_home() -> PathBuf {
+    if let Some(home) = var("HF_HOME") {
+        return expand_home(&home);
+    }
+    let cache = var("XDG_CACHE_HOME").map_or_else(|| expand_home("~/.cache"), |c| expand_home(&c));
+    cache.join("huggingface")
+}
+
+/// The Hub cache `huggingface_hub` uses: `HF_HUB_CACHE`, else `HUGGINGFACE_HUB_CACHE`, else
+/// `$HF_HOME/hub`.
+pub fn default_cache_dir() -> PathBuf {
+    var("HF_HUB_CACHE")
+        .or_else(|| var("HUGGINGFACE_HUB_CACHE"))
+        .map_or_else(|| hf_home().join("hub"), |dir| expand_home(&dir))
+}
+
+/// The token `huggingface_hub` sends: `HF_TOKEN`, else `HUGGING_FACE_HUB_TOKEN`, else the
+/// token file (`HF_TOKEN_PATH`, else `$HF_HOME/token`).
+fn token() -> Option<String> {
+    let clean = |t: String| Some(t.trim().to_owned()).filter(|t| !t.is_empty());
+    if let Some(token) = var("HF_TOKEN").or_else(|| var("HUGGING_FACE_HUB_TOKEN")) {
+        return clean(token);
+    }
+    let path = var("HF_TOKEN_PATH").map_or_else(|| hf_home().join("token"), |p| expand_home(&p));
+    std::fs::read_to_string(path).ok().and_then(clean)
+}
+
+/// `HF_ENDPOINT`, else `https://huggingface.co`, without a trailing `/`.
+fn endpoint() -> Result<url::Url, String> {
+    let text = var("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".to_owned());
+    let trimmed = text.trim_end_matches('/');
+    let url =
+        url::Url::parse(trimmed).map_err(|e| format!("HF_ENDPOINT={text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("HF_ENDPOINT={text:?} is not an http(s) URL"));
+    }
+    if url.query().is_some() || !url.username().is_empty() {
+        return Err(format!(
+            "HF_ENDPOINT={text:?}: a query or login is not supported"
+        ));
+    }
+    Ok(url)
+}
+
+/// Whether `name` is a weight file of a format other than the safetensors chosen (these are
+/// never fetched as small files).
+fn is_weight(name: &str) -> bool {
+    const WEIGHTS: &[&str] = &[
+        ".safetensors",
+        ".bin",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".h5",
+        ".msgpack",
+        ".onnx",
+        ".onnx_data",
+        ".gguf",
+        ".ot",
+        ".tflite",
+        ".mlmodel",
+        ".npz",
+        ".pkl",
+        ".tar",
+        ".zip",
+        ".mlpackage",
+        ".nemo",
+        ".engine",
+        ".plan",
+    ];
+    let lower = name.to_ascii_lowercase();
+    WEIGHTS.iter().any(|ext| lower.ends_with(ext))
+        || lower.contains(".safetensors.")
+        || lower.ends_with(".index.json") && lower.contains("safetensors")
+        || lower.ends_with(".index.json") && lower.contains("pytorch_model")
+}
+
+/// The weight files the loaders would read under `dir` (`""`: the root), and the index, if
+/// one names them: `model.safetensors.index.json`, else `model.safetensors`, else every
+/// `*.safetensors` there in natural order. `Err` says what is there instead.
+fn choose(files: &[TreeFile], what: &HubPath) -> Result<(Option<String>, Vec<String>), String> {
+    let given = what.path.as_deref().unwrap_or("");
+    let exact = files.iter().find(|f| f.path == given);
+    if let Some(file) = exact {
+        if given.ends_with(".json") {
+            return Ok((Some(file.path.clone()), Vec::new()));
+        }
+        return Ok((None, vec![file.path.clone()]));
+    }
+    let dir = if given.is_empty() {
+        String::new()
+    } else {
+        format!("{given}/")
+    };
+    let in_dir = |name: &str| {
+        name.strip_prefix(dir.as_str())
+            .filter(|rest| !rest.contains('/'))
+            .is_some()
+    };
+    let index = format!("{dir}model.safetensors.index.json");
+    if files.iter().any(|f| f.path == index) {
+        return Ok((Some(index), Vec::new()));
+    }
+    let single = format!("{dir}model.safetensors");
+    if files.iter().any(|f| f.path == single) {
+        return Ok((None, vec![single]));
+    }
+    let mut found: Vec<String> = files
+        .iter()
+        .map(|f| f.path.clone())
+        .filter(|p| in_dir(p) && p.ends_with(".safetensors"))
+        .filter(|p| !p.rsplit('/').next().unwrap_or("").starts_with('.'))
+        .collect();
+    if found.is_empty() {
+        if !given.is_empty() && !files.iter().any(|f| f.path.starts_with(&dir)) {
+            return Err(format!("{} has no file or folder {given}", what.repo));
+        }
+        let others: Vec<&str> = files
+            .iter()
+            .map(|f| f.path.as_str())
+            .filter(|p| in_dir(p) && is_weight(p))
+            .take(5)
+            .collect();
+        let there = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (weights in other formats: {})", others.join(", "))
+        };
+        return Err(format!(
+            "{} has no safetensors weights in {}{there}",
+            what.repo,
+            if given.is_empty() { "its root" } else { given }
+        ));
+    }
+    found.sort_by(|a, b| staging_core::natural_cmp(a, b));
+    Ok((None, found))
+}
+
+/// An error about `what`, as the core reports one.
+fn error_at(what: &HubPath, e: io::Error) -> Error {
+    Error::Io {
+        path: PathBuf::from(what.to_string()),
+        source: e,
+    }
+}
+
+/// Opens `path` (`hf://...`): resolves its revision, and either finds every file in the cache
+/// or prepares the load that streams them (writing the cache as they arrive, unless
+/// [`Options::hub_cache`] is off). Errors name the repository, revision or file, in the Hub's
+/// own terms (a gated model needs a token with access; no such model, revision or file).
+pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
+    let text = path.to_str().ok_or_else(|| Error::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "a Hub path must be UTF-8"),
+    })?;
+    let what = HubPath::parse(text).map_err(|why| Error::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, why),
+    })?;
+    let invalid = |why: String| error_at(&what, io::Error::new(io::ErrorKind::InvalidInput, why));
+    let cache_root = options
+        .hub_cache_dir
+        .clone()
+        .unwrap_or_else(default_cache_dir);
+    let dirs = RepoCache::new(&cache_root, &what.cache_folder());
+    let offline = is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE"));
+    if offline {
+        return open_offline(&what, &dirs);
+    }
+    let endpoint = endpoint().map_err(&invalid)?;
+    let client = hub_client(options).map_err(|e| error_at(&what, e))?;
+    let api = Api::new(client, endpoint.clone(), token()).map_err(|e| error_at(&what, e))?;
+    // The store's runtime (and its interrupt) serves the API's requests too.
+    let root = format!(
+        "{}://{}",
+        endpoint.scheme(),
+        endpoint.host_str().unwrap_or_default()
+    ) + &endpoint.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let runtime = OwnedRuntime::start().map_err(|e| {
+        error_at(
+            &what,
+            io::Error::other(format!("cannot start the I/O runtime: {e}")),
+        )
+    })?;
+    let (retries, backoff) = (options.max_retries, options.retry_backoff);
+    let commit = runtime
+        .block_on(
+            options.interrupt.as_ref(),
+            api.commit(&what, retries, backoff),
+        )
+        .map_err(|e| error_at(&what, e))?;
+    let tree = runtime
+        .block_on(
+            options.interrupt.as_ref(),
+            api.tree(&what, &commit, retries, backoff),
+        )
+        .map_err(|e| error_at(&what, e))?;
+    let (index, weights) = choose(&tree, &what)
+        .map_err(|why| error_at(&what, io::Error::new(io::ErrorKind::NotFound, why)))?;
+    let by_path: HashMap<&str, &TreeFile> = tree.iter().map(|f| (f.path.as_str(), f)).collect();
+    // The files read whole: every file that is not a weight, and the index.
+    let small: Vec<&TreeFile> = tree
+        .iter()
+        .filter(|f| !is_weight(&f.path) || Some(&f.path) == index.as_ref())
+        .collect();
+    let weight_names: Vec<String> = match &index {
+        Some(index) => {
+            // The index's shards are known once it is read; it is small, and read whole.
+            let file = by_path
+                .get(index.as_str())
+                .copied()
+                .ok_or_else(|| invalid(format!("{} lists no {index}", what.repo)))?;
+            // From the cache when it has it (a warm start asks nothing more of the Hub).
+            let cached = std::fs::read(dirs.snapshot(&commit).join(index))
+                .ok()
+                .filter(|bytes| options.hub_cache && cache::check_whole(file, bytes).is_ok());
+            let bytes = match cached {
+                Some(bytes) => bytes,
+                None => runtime
+                    .block_on(
+                        options.interrupt.as_ref(),
+                        fetch_whole(&api, &what, &commit, file, retries, backoff),
+                    )
+                    .map_err(|e| error_at(&what, e))?,
+            };
+            shards_of(&bytes, index)
+                .map_err(|why| error_at(&what, io::Error::new(io::ErrorKind::InvalidData, why)))?
+        }
+        None => weights.clone(),
+    };
+    let snapshot = dirs.snapshot(&commit);
+    let local_path = snapshot.join(what.path.as_deref().unwrap_or(""));
+    let in_cache = |f: &TreeFile| snapshot.join(&f.path).is_file() && dirs.blob(f.blob()).is_file();
+    let all_weights_cached = weight_names
+        .iter()
+        .all(|name| by_path.get(name.as_str()).is_some_and(|f| in_cache(f)));
+    if options.hub_cache && all_weights_cached && small.iter().all(|f| in_cache(f)) {
+        dirs.write_ref(what.revision_or_main(), &commit)
+            .map_err(|e| error_at(&what, e))?;
+        return Ok(Opened::Cached {
+            path: cached_target(&local_path, &snapshot, &index, &weights),
+            commit,
+        });
+    }
+    // The Remote's keys: each file's resolve path under the endpoint.
+    let key_of = |name: &str| -> String {
+        let url = api.url(&[&what.repo, "resolve", &commit, name]);
+        url.path().trim_start_matches('/').to_owned()
+    };
+    let mut files = HashMap::new();
+    for name in weight_names.iter().chain(index.iter()) {
+        let file = by_path.get(name.as_str()).copied().ok_or_else(|| {
+            error_at(
+                &what,
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "{} at {commit} has no file {name} (its index names it)",
+                        what.repo
+                    ),
+                ),
+            )
+        })?;
+        let decoded = percent_encoding::percent_decode_str(&key_of(name))
+            .decode_utf8_lossy()
+            .into_owned();
+        files.insert(decoded, file.clone());
+    }
+    if options.hub_cache {
+        dirs.prepare(&commit).map_err(|e| error_at(&what, e))?;
+        dirs.write_ref(what.revision_or_main(), &commit)
+            .map_err(|e| error_at(&what, e))?;
+        for file in &small {
+            if in_cache(file) {
+                continue;
+            }
+            let bytes = runtime
+                .block_on(
+                    options.interrupt.as_ref(),
+                    fetch_whole(&api, &what, &commit, file, retries, backoff),
+                )
+                .map_err(|e| error_at(&what, e))?;
+            dirs.put_whole(&commit, file, &bytes)
+                .map_err(|e| error_at(&what, e))?;
+        }
+    }
+    let store = store::HubStore::new(api.clone(), what.clone(), files.clone(), retries, backoff);
+    let remote = Remote::for_hub(Path::new(&root), Arc::new(store), options, runtime)?;
+    if options.hub_cache {
+        // Weights already in the cache (from an earlier, partial load) are linked, not read
+        // again into it.
+        let cache_files = files
+            .into_iter()
+            .filter(|(_, f)| !is_weight(&f.path) || f.path.ends_with(".safetensors"))
+            .collect();
+        remote.set_cache(HubCache::new(dirs, commit.clone(), cache_files));
+    }
+    let url_of =
+        |name: &str| PathBuf::from(api.url(&[&what.repo, "resolve", &commit, name]).as_str());
+    let paths = match &index {
+        Some(index) => vec![url_of(index)],
+        None => weights.iter().map(|w| url_of(w)).collect(),
+    };
+    Ok(Opened::Streamed {
+        remote,
+        paths,
+        commit,
+    })
+}
+
+/// What to load locally of a snapshot that holds everything: the index or the files chosen.
+fn cached_target(
+    local_path: &Path,
+    snapshot: &Path,
+    index: &Option<String>,
+    weights: &[String],
+) -> PathBuf {
+    match (index, weights) {
+        (Some(index), _) => snapshot.join(index),
+        (None, [one]) => snapshot.join(one),
+        _ => local_path.to_path_buf(),
+    }
+}
+
+/// With `HF_HUB_OFFLINE`: the snapshot the cache's `refs/<revision>` (or the commit given)
+/// names, with no request at all.
+fn open_offline(what: &HubPath, dirs: &RepoCache) -> Result<Opened, Error> {
+    let revision = what.revision_or_main();
+    let commit = if is_commit(revision) {
+        Some(revision.to_ascii_lowercase())
+    } else {
+        dirs.read_ref(revision)
+    };
+    let found = commit.filter(|c| dirs.snapshot(c).is_dir());
+    let Some(commit) = found else {
+        return Err(error_at(
+            what,
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "HF_HUB_OFFLINE is set and the Hugging Face cache at {} has no snapshot of \
+                     {} at {revision}: download it once online, or unset HF_HUB_OFFLINE",
+                    dirs.root.display(),
+                    what.repo
+                ),
+            ),
+        ));
+    };
+    let path = dirs
+        .snapshot(&commit)
+        .join(what.path.as_deref().unwrap_or(""));
+    Ok(Opened::Cached { path, commit })
+}
+
+/// A small file's bytes, whole, checked against the listing.
+async fn fetch_whole(
+    api: &Api,
+    what: &HubPath,
+    commit: &str,
+    file: &TreeFile,
+    retries: usize,
+    backoff: std::time::Duration,
+) -> io::Result<Vec<u8>> {
+    let url = api.url(&[&what.repo, "resolve", commit, &file.path]);
+    let source = api
+        .resolve(&url, what, &file.path, retries, backoff)
+        .await?;
+    let response = api
+        .send(reqwest::Method::GET, &source.url, retries, backoff)
+        .await?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(api::status_error(
+            status,
+            response.headers(),
+            what,
+            Some(&file.path),
+            api.has_token(),
+        ));
+    }
+    let bytes = response.bytes().await.map_err(|e| {
+        io::Error::other(format!(
+            "{}: {}",
+            file.path,
+            crate::fetch::transport_failure(&e).unwrap_or_else(|| e.to_string())
+        ))
+    })?;
+    cache::check_whole(file, &bytes)?;
+    Ok(bytes.to_vec())
+}
+
+/// The shard files an index names (joined under the index's folder), in the order first named.
+fn shards_of(bytes: &[u8], index: &str) -> Result<Vec<String>, String> {
+    let doc: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("{index} is not JSON: {e}"))?;
+    let map = doc
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| format!("{index} has no weight_map"))?;
+    let dir = index.rsplit_once('/').map_or("", |(d, _)| d);
+    let mut seen = std::collections::HashSet::new();
+    let mut shards = Vec::new();
+    for value in map.values() {
+        let name = value
+            .as_str()
+            .ok_or_else(|| format!("{index}: a weight_map value is not a file name"))?;
+        staging_core::checked_components(name)
+            .map_err(|why| format!("{index} names a shard {name:?}, which {why}"))?;
+        let joined = if dir.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{dir}/{name}")
+        };
+        if seen.insert(joined.clone()) {
+            shards.push(joined);
+        }
+    }
+    Ok(shards)
+}
+
+/// The HTTP client of the Hub: no redirect followed by itself (the API follows the `resolve`
+/// redirect by hand), the environment's proxies, the store's timeouts.
+fn hub_client(options: &Options) -> io::Result<reqwest::Client> {
+    crate::client::install_crypto();
+    reqwest::ClientBuilder::new()
+        .user_agent(concat!("safetensors-staging/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(options.request_timeout)
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .no_gzip()
+        .no_brotli()
+        .no_zstd()
+        .no_deflate()
+        .build()
+        .map_err(|e| io::Error::other(format!("cannot build the HTTP client: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> TreeFile {
+        TreeFile {
+            path: path.into(),
+            size: 1,
+            oid: "ab".into(),
+            sha256: None,
+        }
+    }
+
+    fn what(path: Option<&str>) -> HubPath {
+        HubPath {
+            repo: "org/name".into(),
+            revision: None,
+            path: path.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn weights_are_chosen_as_the_loaders_choose_them() {
+        let tree: Vec<TreeFile> = [
+            "config.json",
+            "model-00002-of-00002.safetensors",
+            "model-00001-of-00002.safetensors",
+            "consolidated.safetensors",
+            "model.safetensors.index.json",
+            "sub/model-10.safetensors",
+            "sub/model-9.safetensors",
+            "onnx/model.onnx",
+        ]
+        .iter()
+        .map(|p| file(p))
+        .collect();
+        assert_eq!(
+            choose(&tree, &what(None)).unwrap(),
+            (Some("model.safetensors.index.json".into()), vec![])
+        );
+        assert_eq!(
+            choose(&tree, &what(Some("sub"))).unwrap(),
+            (
+                None,
+                vec![
+                    "sub/model-9.safetensors".into(),
+                    "sub/model-10.safetensors".into()
+                ]
+            )
+        );
+        assert_eq!(
+            choose(&tree, &what(Some("consolidated.safetensors"))).unwrap(),
+            (None, vec!["consolidated.safetensors".into()])
+        );
+        let e = choose(&tree, &what(Some("onnx"))).unwrap_err();
+        assert!(
+            e.contains("no safetensors weights in onnx") && e.contains("onnx/model.onnx"),
+            "{e}"
+        );
+        let e = choose(&tree, &what(Some("nope"))).unwrap_err();
+        assert!(e.contains("no file or folder nope"), "{e}");
+        let single = [file("model.safetensors"), file("other.safetensors")];
+        assert_eq!(
+            choose(&single, &what(None)).unwrap(),
+            (None, vec!["model.safetensors".into()])
+        );
+    }
+
+    #[test]
+    fn small_files_are_everything_but_weights() {
+        for name in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer.model",
+            "1_Pooling/config.json",
+            "README.md",
+        ] {
+            assert!(!is_weight(name), "{name}");
+        }
+        for name in [
+            "model.safetensors",
+            "pytorch_model.bin",
+            "x.gguf",
+            "model.safetensors.index.json",
+            "pytorch_model.bin.index.json",
+            "flax_model.msgpack",
+        ] {
+            assert!(is_weight(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_index_names_its_shards_under_its_folder_and_nothing_outside() {
+        let index = br#"{"weight_map":{"a":"s-1.safetensors","b":"s-2.safetensors","c":"s-1.safetensors"}}"#;
+        assert_eq!(
+            shards_of(index, "sub/model.safetensors.index.json").unwrap(),
+            ["sub/s-1.safetensors", "sub/s-2.safetensors"]
+        );
+        let hostile = br#"{"weight_map":{"a":"../../etc/passwd"}}"#;
+        assert!(shards_of(hostile, "i.json").unwrap_err().contains("'..'"));
+        assert!(
+            shards_of(b"{}", "i.json")
+                .unwrap_err()
+                .contains("no weight_map")
+        );
+    }
+}

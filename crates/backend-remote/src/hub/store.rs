@@ -1,0 +1,471 @@
+//! The Hub's files at one commit as an [`ObjectStore`]: what the [`Remote`](crate::Remote)
+//! reads a load through, so that every reader of this crate (concurrency, bandwidth cap,
+//! interrupt, the GPU backends' bounce buffers) serves the Hub unchanged.
+//!
+//! A key is a file's `resolve` path (`org/name/resolve/<commit>/<path>` under the endpoint).
+//! Its metadata is the tree listing's (no request): its size, and its blob name as the ETag. A
+//! ranged `GET` goes to where the file's `resolve` redirects (the CDN's signed URL, asked for
+//! once per file and kept), with no token; a signed URL that has expired (the CDN answers 400,
+//! 401, 403 or 410) is asked for again, at most [`RERESOLVE`] times in a row. A body cut short
+//! is resumed from where it stopped; a transient failure (5xx, 429, no answer) is retried with
+//! backoff, at most `max_retries` times.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path as Key;
+use object_store::{
+    CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload,
+    ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use reqwest::{Method, StatusCode};
+
+use super::HubPath;
+use super::api::{
+    Api, MAX_HOPS, Resolved, TreeFile, redirect_loop, redirect_target, status_error, transient,
+};
+
+/// Signed URLs asked for again in a row for one request, at most.
+const RERESOLVE: usize = 3;
+
+/// An error of the Hub, carried through object_store's error as its source: its words are
+/// shown as they are (see `fetch::describe`).
+#[derive(Debug)]
+pub(crate) struct HubFailure(pub(crate) io::Error);
+
+impl fmt::Display for HubFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for HubFailure {}
+
+fn failure(e: io::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "Hugging Face Hub",
+        source: Box::new(HubFailure(e)),
+    }
+}
+
+/// The files of one commit.
+#[derive(Debug)]
+pub(crate) struct HubStore {
+    inner: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    api: Api,
+    what: HubPath,
+    /// By key.
+    files: HashMap<String, TreeFile>,
+    /// Where each file's bytes come from, once asked (by key).
+    resolved: Mutex<HashMap<String, Resolved>>,
+    retries: usize,
+    backoff: Duration,
+}
+
+impl HubStore {
+    pub(crate) fn new(
+        api: Api,
+        what: HubPath,
+        files: HashMap<String, TreeFile>,
+        retries: usize,
+        backoff: Duration,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                api,
+                what,
+                files,
+                resolved: Mutex::new(HashMap::new()),
+                retries,
+                backoff,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for HubStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HubStore({})", self.inner.what.repo)
+    }
+}
+
+impl Shared {
+    fn file(&self, key: &Key) -> object_store::Result<&TreeFile> {
+        self.files
+            .get(key.as_ref())
+            .ok_or_else(|| object_store::Error::NotFound {
+                path: key.to_string(),
+                source: Box::new(HubFailure(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} has no file {}", self.what.repo, key.as_ref()),
+                ))),
+            })
+    }
+
+    fn meta(&self, key: &Key, file: &TreeFile) -> ObjectMeta {
+        ObjectMeta {
+            location: key.clone(),
+            last_modified: DateTime::<Utc>::UNIX_EPOCH,
+            size: file.size,
+            e_tag: Some(file.blob().to_owned()),
+            version: None,
+        }
+    }
+
+    fn backoff(&self, attempt: usize) -> Duration {
+        self.backoff
+            .saturating_mul(1 << attempt.min(8))
+            .min(Duration::from_secs(15))
+    }
+
+    /// Where the file at `key` is read from: asked of the Hub once, then kept (`fresh`: asked
+    /// again, the kept URL having expired).
+    async fn source(&self, key: &Key, file: &TreeFile, fresh: bool) -> io::Result<Resolved> {
+        if !fresh {
+            let kept = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(resolved) = kept.get(key.as_ref()) {
+                return Ok(resolved.clone());
+            }
+        }
+        let url = self.api.url(&[key.as_ref()]);
+        let resolved = self
+            .api
+            .resolve(&url, &self.what, &file.path, self.retries, self.backoff)
+            .await?;
+        self.resolved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.as_ref().to_owned(), resolved.clone());
+        Ok(resolved)
+    }
+
+    /// A response with the bytes `range` of the file at `key`: its body is exactly them.
+    async fn open(
+        &self,
+        key: &Key,
+        file: &TreeFile,
+        range: Range<u64>,
+    ) -> io::Result<reqwest::Response> {
+        let mut fresh = false;
+        let mut reresolved = 0;
+        let mut attempt = 0;
+        loop {
+            let source = self.source(key, file, fresh).await?;
+            fresh = false;
+            let mut url = source.url.clone();
+            let mut hops = 0;
+            let response = loop {
+                let request = self.api.request(Method::GET, &url).header(
+                    reqwest::header::RANGE,
+                    format!("bytes={}-{}", range.start, range.end - 1),
+                );
+                let response = match request.send().await {
+                    Ok(response) => response,
+                    Err(e) if attempt < self.retries => {
+                        let _ = e;
+                        break None;
+                    }
+                    Err(e) => {
+                        return Err(io::Error::other(format!(
+                            "{}: {}",
+                            file.path,
+                            crate::fetch::transport_failure(&e).unwrap_or_else(|| e.to_string())
+                        )));
+                    }
+                };
+                if response.status().is_redirection() {
+                    hops += 1;
+                    if hops > MAX_HOPS {
+                        return Err(redirect_loop(&source.url));
+                    }
+                    url = redirect_target(&url, response.headers())?;
+                    continue;
+                }
+                break Some(response);
+            };
+            let Some(response) = response else {
+                tokio::time::sleep(self.backoff(attempt)).await;
+                attempt += 1;
+                continue;
+            };
+            let status = response.status();
+            if status == StatusCode::PARTIAL_CONTENT || status == StatusCode::OK {
+                check_range(&response, &range, file)?;
+                return Ok(response);
+            }
+            if transient(status) && attempt < self.retries {
+                tokio::time::sleep(self.backoff(attempt)).await;
+                attempt += 1;
+                continue;
+            }
+            let expired = !self.api.on_hub(&url)
+                && matches!(
+                    status,
+                    StatusCode::BAD_REQUEST
+                        | StatusCode::UNAUTHORIZED
+                        | StatusCode::FORBIDDEN
+                        | StatusCode::GONE
+                );
+            if expired && reresolved < RERESOLVE {
+                reresolved += 1;
+                fresh = true;
+                continue;
+            }
+            if expired {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{}: the storage server refused the Hub's signed URL {} times in a \
+                         row ({status}), asked for afresh each time",
+                        file.path,
+                        RERESOLVE + 1
+                    ),
+                ));
+            }
+            return Err(status_error(
+                status,
+                response.headers(),
+                &self.what,
+                Some(&file.path),
+                self.api.has_token(),
+            ));
+        }
+    }
+}
+
+/// Whether `response` carries exactly `range` of `file`.
+fn check_range(
+    response: &reqwest::Response,
+    range: &Range<u64>,
+    file: &TreeFile,
+) -> io::Result<()> {
+    let wrong = |what: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: asked for bytes {}..{}, {what}",
+                file.path, range.start, range.end
+            ),
+        )
+    };
+    if response.status() == StatusCode::OK {
+        // The whole file: only right when the whole file was asked for.
+        return if range.start == 0 && range.end == file.size {
+            Ok(())
+        } else {
+            Err(wrong("the server sent the whole file".into()))
+        };
+    }
+    let content_range = response
+        .headers()
+        .get(reqwest::header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let parsed = content_range
+        .strip_prefix("bytes ")
+        .and_then(|r| r.split_once('/'))
+        .and_then(|(span, total)| {
+            let (a, b) = span.split_once('-')?;
+            Some((
+                a.parse::<u64>().ok()?,
+                b.parse::<u64>().ok()?,
+                total.parse::<u64>().ok(),
+            ))
+        });
+    match parsed {
+        Some((a, b, total)) if a == range.start && b + 1 == range.end => match total {
+            Some(total) if total != file.size => Err(wrong(format!(
+                "the server's copy is {total} bytes, the Hub lists {}",
+                file.size
+            ))),
+            _ => Ok(()),
+        },
+        _ => Err(wrong(format!(
+            "the server sent Content-Range {content_range:?}"
+        ))),
+    }
+}
+
+/// The body of one ranged read, resumed from where it stopped when cut short.
+struct Body {
+    shared: Arc<Shared>,
+    key: Key,
+    file: TreeFile,
+    range: Range<u64>,
+    received: u64,
+    stream: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
+    resumed: usize,
+    done: bool,
+}
+
+impl Body {
+    async fn next(mut self) -> Option<(object_store::Result<Bytes>, Self)> {
+        let len = self.range.end - self.range.start;
+        loop {
+            if self.done || self.received >= len {
+                return None;
+            }
+            let stream = match self.stream.as_mut() {
+                Some(stream) => stream,
+                None => {
+                    let from = self.range.start + self.received;
+                    match self
+                        .shared
+                        .open(&self.key, &self.file, from..self.range.end)
+                        .await
+                    {
+                        Ok(response) => self.stream.insert(response.bytes_stream().boxed()),
+                        Err(e) => {
+                            self.done = true;
+                            return Some((Err(failure(e)), self));
+                        }
+                    }
+                }
+            };
+            let cut = match stream.next().await {
+                Some(Ok(chunk)) => {
+                    let left = len - self.received;
+                    let chunk = if chunk.len() as u64 > left {
+                        chunk.slice(..left as usize)
+                    } else {
+                        chunk
+                    };
+                    self.received += chunk.len() as u64;
+                    return Some((Ok(chunk), self));
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the body ended early".to_owned(),
+            };
+            self.stream = None;
+            if self.resumed >= self.shared.retries {
+                self.done = true;
+                let e = io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "{}: the body was cut short {} times ({cut})",
+                        self.file.path,
+                        self.resumed + 1
+                    ),
+                );
+                return Some((Err(failure(e)), self));
+            }
+            tokio::time::sleep(self.shared.backoff(self.resumed)).await;
+            self.resumed += 1;
+        }
+    }
+}
+
+fn not_supported(what: &str) -> object_store::Error {
+    object_store::Error::NotSupported {
+        source: format!("the Hugging Face Hub is read here, not written ({what})").into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for HubStore {
+    async fn put_opts(
+        &self,
+        _location: &Key,
+        _payload: PutPayload,
+        _opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        Err(not_supported("put"))
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        _location: &Key,
+        _opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        Err(not_supported("put"))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Key,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let shared = &self.inner;
+        let file = shared.file(location)?;
+        let meta = shared.meta(location, file);
+        if let Some(expected) = &options.if_match
+            && meta.e_tag.as_ref() != Some(expected)
+        {
+            return Err(object_store::Error::Precondition {
+                path: location.to_string(),
+                source: format!("its blob is {}, not {expected}", file.blob()).into(),
+            });
+        }
+        let size = file.size;
+        let range = match options.range {
+            None => 0..size,
+            Some(GetRange::Bounded(r)) => r,
+            Some(GetRange::Offset(start)) => start..size,
+            Some(GetRange::Suffix(n)) => size.saturating_sub(n)..size,
+        };
+        if range.start > range.end || range.end > size {
+            return Err(failure(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: bytes {range:?} are not in its {size} bytes", file.path),
+            )));
+        }
+        let stream = if options.head || range.is_empty() {
+            futures::stream::empty().boxed()
+        } else {
+            let body = Body {
+                shared: Arc::clone(shared),
+                key: location.clone(),
+                file: file.clone(),
+                range: range.clone(),
+                received: 0,
+                stream: None,
+                resumed: 0,
+                done: false,
+            };
+            futures::stream::unfold(body, Body::next).boxed()
+        };
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(stream),
+            meta,
+            range,
+            attributes: Default::default(),
+            extensions: Default::default(),
+        })
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Key>>,
+    ) -> BoxStream<'static, object_store::Result<Key>> {
+        locations.map(|_| Err(not_supported("delete"))).boxed()
+    }
+
+    fn list(&self, _prefix: Option<&Key>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        futures::stream::once(async { Err(not_supported("list")) }).boxed()
+    }
+
+    async fn list_with_delimiter(&self, _prefix: Option<&Key>) -> object_store::Result<ListResult> {
+        Err(not_supported("list"))
+    }
+
+    async fn copy_opts(
+        &self,
+        _from: &Key,
+        _to: &Key,
+        _options: CopyOptions,
+    ) -> object_store::Result<()> {
+        Err(not_supported("copy"))
+    }
+}
