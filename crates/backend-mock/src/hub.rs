@@ -8,8 +8,8 @@
 //! of both sockets together. Every request is logged, with its `Authorization` header, so a
 //! test sees whether a login went to the CDN.
 //!
-//! The protocol is `shared/reference/hub.md`'s, as `huggingface_hub` 2.4 speaks it; this fake
-//! and the Python one answer alike.
+//! The protocol is the one `huggingface_hub` 2.4 speaks (models only, no Xet, no pagination);
+//! the Python tests' fake Hub answers the same way.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
@@ -1432,6 +1432,14 @@ mod tests {
                 (200, json!(commit))
             );
         }
+        // `/api/models/{repo}`: the repo at `main`; an endpoint the fake does not have.
+        let reply = get(&format!("{}/api/models/org/model", hub.endpoint()));
+        assert_eq!(
+            (reply.status, reply.json()["sha"].clone()),
+            (200, json!(commit))
+        );
+        let reply = get(&format!("{}/api/models/org/model/refs", hub.endpoint()));
+        assert_eq!(reply.status, 404);
         // A repo id of one segment.
         let gpt2 = hub.add_repo("gpt2", &[("config.json", b"{}".to_vec())]);
         let reply = get(&format!("{}/api/models/gpt2/revision/main", hub.endpoint()));
