@@ -261,7 +261,7 @@ fn parse_http_date(text: &str) -> Option<u64> {
 }
 
 /// A query parameter's value, percent-decoded.
-fn query_param(query: &str, name: &str) -> Option<String> {
+pub(crate) fn query_param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         (k == name).then(|| percent_decode(v))
@@ -357,7 +357,7 @@ fn list_objects(objects: &HashMap<String, Object>, bucket_path: &str, query: &st
 
 /// A `Range: bytes=a-b` header (also `a-`, to the end, and `-n`, the last n bytes) as an
 /// inclusive range; `u64::MAX` stands for the object's end until its length is known.
-fn parse_range(value: &str) -> Option<(u64, u64)> {
+pub(crate) fn parse_range(value: &str) -> Option<(u64, u64)> {
     let (a, b) = value.trim().strip_prefix("bytes=")?.split_once('-')?;
     match (a.parse::<u64>().ok(), b.parse::<u64>().ok()) {
         (Some(a), Some(b)) => Some((a, b)),
@@ -368,7 +368,7 @@ fn parse_range(value: &str) -> Option<(u64, u64)> {
 }
 
 /// `range` with open ends resolved against an object of `len` bytes.
-fn resolve(range: (u64, u64), len: u64) -> (u64, u64) {
+pub(crate) fn resolve(range: (u64, u64), len: u64) -> (u64, u64) {
     match range {
         (u64::MAX, n) => (len.saturating_sub(n), len.saturating_sub(1)),
         (a, u64::MAX) => (a, len.saturating_sub(1)),

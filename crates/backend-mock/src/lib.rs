@@ -12,6 +12,8 @@
 //!   backend of the `stage` command.
 //! - [`fixtures`] writes safetensors files and sharded checkpoints.
 //! - [`conformance`] is the suite any reader and allocator pair must pass.
+//! - [`http::RangeServer`] serves objects over HTTP with scripted faults; [`hub::FakeHub`] is a
+//!   fake Hugging Face Hub (API, `resolve`, a signed-URL CDN) with scripted faults and a rate cap.
 //!
 //! Faults compose as wrappers (like object_store's `ThrottledStore`) rather than flags on one
 //! backend, so a real backend runs under exactly the same faults as the mock.
@@ -23,6 +25,7 @@ pub mod conformance;
 /// The checkpoint writers (now `staging_core::write`), under the name the tests know.
 pub use staging_core::write as fixtures;
 pub mod http;
+pub mod hub;
 pub mod malformed;
 mod reader;
 
