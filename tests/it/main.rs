@@ -19,6 +19,8 @@ mod conformance;
 mod fault_sweep;
 mod file_changes;
 mod hipfile;
+#[cfg(feature = "remote")]
+mod hub;
 mod limits;
 mod loader;
 mod malformed;

@@ -51,6 +51,13 @@ pub struct Options {
     /// The Hugging Face cache (default: `HF_HUB_CACHE`, else `$HF_HOME/hub`, as
     /// `huggingface_hub` finds it).
     pub hub_cache_dir: Option<std::path::PathBuf>,
+    /// The Hub's endpoint (default: `HF_ENDPOINT`, else `https://huggingface.co`).
+    pub hub_endpoint: Option<String>,
+    /// The Hub token (default: `HF_TOKEN`, else the token file `huggingface_hub` writes).
+    /// Never shown.
+    pub hub_token: Option<String>,
+    /// Whether to ask nothing of the Hub and load from the cache (default: `HF_HUB_OFFLINE`).
+    pub hub_offline: Option<bool>,
 }
 
 impl std::fmt::Debug for Options {
@@ -68,6 +75,9 @@ impl std::fmt::Debug for Options {
             .field("allow_redirects", &self.allow_redirects)
             .field("hub_cache", &self.hub_cache)
             .field("hub_cache_dir", &self.hub_cache_dir)
+            .field("hub_endpoint", &self.hub_endpoint)
+            .field("hub_token", &self.hub_token.as_ref().map(|_| REDACTED))
+            .field("hub_offline", &self.hub_offline)
             .finish()
     }
 }
@@ -185,6 +195,9 @@ impl Default for Options {
             allow_redirects: Vec::new(),
             hub_cache: true,
             hub_cache_dir: None,
+            hub_endpoint: None,
+            hub_token: None,
+            hub_offline: None,
         }
     }
 }

@@ -121,9 +121,13 @@ fn token() -> Option<String> {
     std::fs::read_to_string(path).ok().and_then(clean)
 }
 
-/// `HF_ENDPOINT`, else `https://huggingface.co`, without a trailing `/`.
-fn endpoint() -> Result<url::Url, String> {
-    let text = var("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".to_owned());
+/// The endpoint given, else `HF_ENDPOINT`, else `https://huggingface.co`, without a trailing
+/// `/`.
+fn endpoint(given: Option<&str>) -> Result<url::Url, String> {
+    let text = given
+        .map(str::to_owned)
+        .or_else(|| var("HF_ENDPOINT"))
+        .unwrap_or_else(|| "https://huggingface.co".to_owned());
     let trimmed = text.trim_end_matches('/');
     let url =
         url::Url::parse(trimmed).map_err(|e| format!("HF_ENDPOINT={text:?} is not a URL: {e}"))?;
@@ -259,13 +263,16 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         .clone()
         .unwrap_or_else(default_cache_dir);
     let dirs = RepoCache::new(&cache_root, &what.cache_folder());
-    let offline = is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE"));
+    let offline = options
+        .hub_offline
+        .unwrap_or_else(|| is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE")));
     if offline {
         return open_offline(&what, &dirs);
     }
-    let endpoint = endpoint().map_err(&invalid)?;
+    let endpoint = endpoint(options.hub_endpoint.as_deref()).map_err(&invalid)?;
     let client = hub_client(options).map_err(|e| error_at(&what, e))?;
-    let api = Api::new(client, endpoint.clone(), token()).map_err(|e| error_at(&what, e))?;
+    let token = options.hub_token.clone().or_else(token);
+    let api = Api::new(client, endpoint.clone(), token).map_err(|e| error_at(&what, e))?;
     // The store's runtime (and its interrupt) serves the API's requests too.
     let root = format!(
         "{}://{}",
