@@ -132,7 +132,9 @@ class RepoFile:
 
 @dataclass
 class LogEntry:
-    """One request as a server saw it. `sent` (body bytes) grows while the body is sent."""
+    """One request as a server saw it. An entry is logged before its response's headers go, and
+    `sent` (body bytes) is counted before each send, so a client that has received the bytes
+    finds them in the log (a send that then fails was counted all the same)."""
 
     server: str  # "hub" | "cdn"
     method: str
@@ -329,7 +331,9 @@ class FakeHub:
         for role in ("hub", "cdn"):
             server = _Server(("127.0.0.1", 0), _Handler)
             server.hub, server.role = self, role
-            thread = threading.Thread(target=server.serve_forever, name=f"fakehub-{role}")
+            thread = threading.Thread(
+                target=server.serve_forever, args=(0.05,), name=f"fakehub-{role}"
+            )
             thread.daemon = True
             thread.start()
             self._servers.append(server)
@@ -538,8 +542,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _small(self, status: int, headers: List[Tuple[str, str]], body: bytes) -> None:
         entry = self._start(status, headers, len(body))
         if self.command != "HEAD" and body:
-            self.wfile.write(body)
             entry.sent = len(body)
+            self.wfile.write(body)
 
     def _json(self, status: int, value: object, headers: Optional[List[Tuple[str, str]]] = None):
         body = json.dumps(value).encode()
@@ -562,6 +566,7 @@ class _Handler(BaseHTTPRequestHandler):
         while pos < end:
             n = min(end - pos, CHUNK if limiter.rate is None else RATE_CHUNK)
             limiter.take(n)
+            entry.sent += n  # before the send: a client that has the bytes sees them counted
             if corrupt_at is not None and pos <= corrupt_at < pos + n:
                 chunk = bytearray(blob.read(pos, n))
                 chunk[corrupt_at - pos] ^= 0xFF
@@ -577,7 +582,6 @@ class _Handler(BaseHTTPRequestHandler):
                         raise OSError("sendfile sent nothing: the file shrank")
                     done += sent
             pos += n
-            entry.sent += n
 
     def _serve_bytes(
         self,
