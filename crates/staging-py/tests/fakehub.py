@@ -67,6 +67,7 @@ LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".model")
 LFS_MIN_SIZE = 10 * 1024 * 1024  # a file larger than this is LFS whatever its name
 CHUNK = 1 << 20  # bytes per send when unlimited
 RATE_CHUNK = 64 << 10  # bytes per send when rate-capped
+BURST = 0.02  # seconds of credit a rate-capped bucket holds
 
 
 def git_blob_oid(data: bytes) -> str:
@@ -149,8 +150,8 @@ class LogEntry:
 
 class RateLimiter:
     """One token bucket for every connection of both sockets (like one NIC): `take(n)` waits
-    until n bytes may go. It paces (no burst beyond one chunk), so over a second or more the
-    aggregate is the rate."""
+    until n bytes may go. It holds at most BURST seconds of credit (and none right after the rate
+    is set), so over a second or more the aggregate is the rate."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -177,7 +178,9 @@ class RateLimiter:
             if rate is None:
                 return
             now = time.monotonic()
-            start = max(self._next, now)
+            # Up to BURST seconds of unused time is credit: a sender that overslept (the
+            # scheduler, sleep's granularity) catches up instead of losing the slot.
+            start = max(self._next, now - BURST)
             self._next = start + n / rate
         if start > now:
             time.sleep(start - now)
