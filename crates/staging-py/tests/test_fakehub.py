@@ -86,7 +86,12 @@ def fetch(
 
 
 def cdn_url(hub: FakeHub, repo: str, path: str, rev: str = "main") -> str:
-    status, headers, _ = fetch(f"{hub.endpoint}/{repo}/resolve/{rev}/{path}", "HEAD")
+    return cdn_url_at(hub.endpoint, repo, path, rev)
+
+
+def cdn_url_at(endpoint: str, repo: str, path: str, rev: str = "main") -> str:
+    """The signed CDN URL the hub redirects an LFS file to."""
+    status, headers, _ = fetch(f"{endpoint}/{repo}/resolve/{rev}/{path}", "HEAD")
     assert status == 302, status
     return headers["Location"]
 
@@ -542,6 +547,9 @@ def test_runs_as_a_process(sharded_dir: Path, tmp_path: Path) -> None:
         endpoint = line.split("=", 1)[1]
         status, _, body = fetch(f"{endpoint}/org/disk/resolve/main/1_Pooling/config.json")
         assert (status, body) == (200, (sharded_dir / "1_Pooling" / "config.json").read_bytes())
+        shard = "model-00001-of-00002.safetensors"
+        status, _, body = fetch(cdn_url_at(endpoint, "org/disk", shard))
+        assert (status, body) == (200, (sharded_dir / shard).read_bytes())
     finally:
         proc.terminate()
     assert proc.wait(timeout=10) == 0
