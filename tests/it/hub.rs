@@ -16,6 +16,9 @@ use backend_mock::hub::{FakeHub, HubFaults, HubLogged, Server, sha256_hex};
 use safetensors_staging::{Error, HostOptions, Load, Loader, RemoteOptions};
 
 const MIB: usize = 1 << 20;
+
+/// Each tensor handed out: name and bytes.
+type Loaded = Vec<(String, Vec<u8>)>;
 const REPO: &str = "org/tiny";
 
 /// A fake Hub serving one sharded model: index, two shards, config files and a weight of
@@ -95,7 +98,7 @@ impl Fixture {
         &self,
         path: &str,
         options: RemoteOptions,
-    ) -> (Vec<(String, Vec<u8>)>, Option<Error>, Option<Load<'static>>) {
+    ) -> (Loaded, Option<Error>, Option<Load<'static>>) {
         match self.loader(options).open(path) {
             Ok(mut load) => {
                 let (loaded, error) = drain(&mut load);
@@ -114,7 +117,7 @@ impl Fixture {
     }
 }
 
-fn drain(load: &mut Load<'_>) -> (Vec<(String, Vec<u8>)>, Option<Error>) {
+fn drain(load: &mut Load<'_>) -> (Loaded, Option<Error>) {
     let mut out = Vec::new();
     for tensor in load.by_ref() {
         match tensor {
@@ -226,7 +229,11 @@ fn a_warm_cache_is_a_local_load_with_no_weight_byte_over_the_network() {
     let (loaded, error, load) = f.load("hf://org/tiny", f.options());
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);
-    assert_eq!(load.unwrap().report().mode.as_str(), "posix", "a local load");
+    assert_eq!(
+        load.unwrap().report().mode.as_str(),
+        "posix",
+        "a local load"
+    );
     let log = f.hub.log();
     assert!(cdn_requests(&log).is_empty(), "{log:#?}");
     // Only the API: the revision's commit and the file listing.
