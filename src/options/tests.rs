@@ -71,7 +71,7 @@ fn every_key_sets_its_field_and_a_bad_value_changes_nothing() {
         (_, "allow_redirect") => "cdn.example.com",
         (ValueKind::Size, _) => "2MiB",
         (ValueKind::Count, _) => "3",
-        (ValueKind::Bool, "suballocate") => "false",
+        (ValueKind::Bool, "suballocate" | "cache") => "false",
         (ValueKind::Bool, _) => "true",
         (ValueKind::Path, _) => "/x.so",
         (_, _) => "layers.*",
@@ -239,6 +239,7 @@ fn documented_defaults_are_the_real_defaults() {
             "bandwidth",
             "store_option",
             "allow_redirect",
+            "cache_dir",
         ]
     );
     let policy = defaults.policy().unwrap();

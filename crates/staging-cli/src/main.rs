@@ -15,12 +15,15 @@
 //!       [--direct-io [BOOL]] [--cufile-mode auto|gds|compat|posix] [--cufile-lib PATH]
 //!       [--hipfile-mode auto|hipfile|posix] [--hipfile-lib PATH] [--hip-lib PATH]
 //!       [--concurrency N] [--range-size SIZE] [--retries N] [--bandwidth SIZE]
-//!       [--store-option KEY=VALUE]... [--allow-redirect HOST]...
+//!       [--store-option KEY=VALUE]... [--allow-redirect HOST]... [--cache [BOOL]]
+//!       [--cache-dir PATH]
 //! ```
 //!
 //! A PATH may be an `s3://`, `gs://`, `az://` or `http(s)://` URL (a prefix stands for a
 //! directory), configured by each cloud's environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`,
-//! ...) and `--store-option`.
+//! ...) and `--store-option`; or a model on the Hugging Face Hub, `hf://org/name[@revision]
+//! [/path]`, streamed while it is written into the Hugging Face cache (`HF_ENDPOINT`,
+//! `HF_TOKEN`, `HF_HUB_CACHE`, `HF_HUB_OFFLINE` as `huggingface_hub` reads them).
 //!
 //! With no argument it prints its help. `--demo` writes a synthetic sharded checkpoint to a
 //! temporary directory, loads it and removes it. Every loaded tensor is kept until the load ends,
@@ -53,8 +56,8 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 #[derive(Debug, Parser)]
 #[command(name = "stage", version, arg_required_else_help = true)]
 struct Args {
-    /// A checkpoint directory, an index file, safetensors files, or a URL (s3://, gs://, az://,
-    /// http(s)://).
+    /// A checkpoint directory, an index file, safetensors files, a URL (s3://, gs://, az://,
+    /// http(s)://), or a model on the Hugging Face Hub (hf://org/name[@revision][/path]).
     paths: Vec<PathBuf>,
     /// Write a synthetic sharded checkpoint (Qwen-like, --synthetic-size) to a temporary
     /// directory, load it and remove it: a first run that needs no model.

@@ -628,7 +628,10 @@ void stg_config_free(struct stg_config *config);
  - for URLs: `concurrency`, `range_size`, `retries`, `bandwidth`, `store_option`
    (`KEY=VALUE`, an object_store option; a secret one prints as `<redacted>` in
    `stg_config_describe`), `allow_redirect` (a host a redirect may lead to besides the one
-   asked for: `cdn.example.com`, `*.example.com` or `*`).
+   asked for: `cdn.example.com`, `*.example.com` or `*`);
+ - for models on the Hugging Face Hub (`hf://org/name[@revision][/path]`): `cache` (boolean:
+   write them into the Hugging Face cache as they stream, default true), `cache_dir` (path;
+   default `$HF_HUB_CACHE`, else `$HF_HOME/hub`).
 
  An unknown key or a value that does not parse is `STG_INVALID_ARGUMENT`, the message (naming
  both) in `stg_config_last_error`, and changes nothing.

@@ -344,6 +344,8 @@ class LoadOptions(TypedDict, total=False):
     bandwidth: Union[int, str]
     store_options: Mapping[str, str]
     allow_redirect: Union[str, Iterable[str]]
+    cache: bool
+    cache_dir: Union[str, PathLike[str]]
 
 def _option_table() -> List[Dict[str, Any]]:
     """The library's table of load options, one dict per key (`name`, `keyword`, `aliases`,
