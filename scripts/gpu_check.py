@@ -35,6 +35,10 @@ is carried there alone, with the child scripts it runs kept as text beside the s
 10. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
    every row shows its ratio to it. fastsafetensors (its wheel carried over), when importable,
    is a row of its own.
+11. `hf://`: the test suite's fake Hugging Face Hub (crates/staging-py/tests/fakehub.py, in the
+   carried working tree) serves the checkpoint on loopback; `stage hf://gpu/ckpt` from an empty
+   Hugging Face cache (streamed onto the device through pinned bounce buffers while the cache
+   is written and each shard's SHA-256 checked), its checksums from the cache, then a warm load.
 Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
 (minus the idle baseline) and from stage's own report. Everything lands in --out as JSON + a
 Markdown table.
@@ -44,6 +48,7 @@ torch): it checks the script, not the hardware.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -740,12 +745,13 @@ def main():
     log(facts["checkpoint"])
     expected = reference_hashes(files)
 
-    def stage_row(label, extra, check_bytes=True, path=None):
+    def stage_row(label, extra, check_bytes=True, path=None, more_env=None):
         backend = (
             [] if "--backend" in extra else ["--backend", "host" if args.dry_run else "cufile"]
         )
         cmd = [args.stage, path or args.dir, *backend, "--json", *extra]
-        code, out, err, secs, rss, gpu = run_child(cmd, env=env, gpu=not args.dry_run)
+        row_env = {**env, **(more_env or {})}
+        code, out, err, secs, rss, gpu = run_child(cmd, env=row_env, gpu=not args.dry_run)
         row = {"what": label, "exit": code, "wall_s": round(secs, 3), "peak_rss_mib": round(rss)}
         if code != 0:
             row["error"] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
@@ -767,7 +773,7 @@ def main():
             }
         )
         if check_bytes:
-            code, out, err, *_ = run_child(cmd + ["--checksums"], env=env)
+            code, out, err, *_ = run_child(cmd + ["--checksums"], env=row_env)
             if code != 0:
                 row["bytes_exact"] = f"checksum run failed: {err.strip()[-200:]}"
             else:
@@ -827,6 +833,57 @@ def main():
         finally:
             server.terminate()
             server.wait(30)
+
+    # A model from the Hugging Face Hub (issue 36): the test suite's fake Hub (carried with the
+    # working tree) serves the checkpoint on loopback, LFS files through a signed-URL "CDN" on a
+    # second port; `hf://` streams it onto the device while writing the Hugging Face cache. The
+    # cold row starts from an empty cache; its checksum run is then a warm (local) load, so it
+    # checks the bytes the cache holds; the warm row times that local load.
+    fakehub = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)),
+        "..",
+        "crates",
+        "staging-py",
+        "tests",
+        "fakehub.py",
+    )
+    if os.path.isfile(fakehub):
+        ready = os.path.join(args.out, "fakehub.ready")
+        hub_cache = args.dir.rstrip("/") + "-hf-cache"
+        shutil.rmtree(hub_cache, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(ready)
+        hub = subprocess.Popen(
+            [sys.executable, fakehub, "--repo", f"gpu/ckpt={args.dir}", "--ready-file", ready],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.time() + 300
+            while not os.path.exists(ready) and hub.poll() is None and time.time() < deadline:
+                time.sleep(0.2)
+            line = open(ready).read().strip() if os.path.exists(ready) else ""
+            endpoint = line.partition("=")[2]
+            if endpoint:
+                hub_env = {"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": hub_cache}
+                stage_row(
+                    "stage cufile from hf:// (fake Hub, cold cache; checksums from the cache)",
+                    [],
+                    path="hf://gpu/ckpt",
+                    more_env=hub_env,
+                )
+                stage_row(
+                    "stage cufile from hf:// (warm cache: a local load)",
+                    [],
+                    check_bytes=False,
+                    path="hf://gpu/ckpt",
+                    more_env=hub_env,
+                )
+            else:
+                results.append({"what": "stage from hf://", "error": "the fake Hub did not start"})
+        finally:
+            hub.terminate()
+            hub.wait(30)
+            shutil.rmtree(hub_cache, ignore_errors=True)
 
     if args.callers_stream and not args.dry_run:
         # The Rust API with the caller's own cudarc context and stream (issue 20): every copy to
