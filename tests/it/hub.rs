@@ -239,6 +239,26 @@ fn a_warm_cache_is_a_local_load_with_no_weight_byte_over_the_network() {
     // Only the API: the revision's commit and the file listing.
     assert!(log.iter().all(|l| l.path.starts_with("/api/")), "{log:#?}");
 
+    // A small file missing from the cache (one `huggingface_hub` never fetched) that cannot be
+    // fetched now: the weights are still read locally.
+    let pooling = f
+        .repo_dir()
+        .join("snapshots")
+        .join(&f.commit)
+        .join("1_Pooling/config.json");
+    std::fs::remove_file(&pooling).unwrap();
+    f.hub.set_faults(HubFaults {
+        missing: ["1_Pooling/config.json".to_owned()].into(),
+        ..f.hub.faults()
+    });
+    f.hub.clear_log();
+    let (loaded, error, load) = f.load("hf://org/tiny", f.options());
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &f.contents);
+    assert_eq!(load.unwrap().report().mode.as_str(), "posix");
+    assert!(cdn_requests(&f.hub.log()).is_empty());
+    f.hub.set_faults(HubFaults::default());
+
     // Offline: not even that.
     f.hub.clear_log();
     let mut offline = f.options();

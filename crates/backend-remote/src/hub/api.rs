@@ -136,6 +136,30 @@ pub(crate) fn status_error(
     }
 }
 
+/// The longest answer of the API read (a tree listing of a very large repository is a few MB).
+const API_MAX: u64 = 256 << 20;
+
+/// The body of `response`, at most `cap` bytes (an answer longer than that is an error: a
+/// server cannot make the client hold what it likes).
+pub(crate) async fn body(
+    mut response: reqwest::Response,
+    cap: u64,
+    what: &str,
+) -> io::Result<Vec<u8>> {
+    let url = response.url().to_string();
+    let mut out = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport(&e, &url))? {
+        if out.len() as u64 + chunk.len() as u64 > cap {
+            return Err(hub_error(
+                io::ErrorKind::InvalidData,
+                format!("{what}: the answer is longer than {cap} bytes"),
+            ));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
 /// Whether a status is worth asking again: the server's trouble, or too many requests.
 pub(crate) fn transient(status: StatusCode) -> bool {
     status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
@@ -258,10 +282,7 @@ impl Api {
                 self.has_token(),
             ));
         }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| transport(&e, url.as_str()))?;
+        let body = body(response, API_MAX, url.path()).await?;
         serde_json::from_slice(&body).map_err(|e| {
             hub_error(
                 io::ErrorKind::InvalidData,
@@ -342,10 +363,7 @@ impl Api {
             next = next_link(response.headers())
                 .and_then(|link| url.join(&link).ok())
                 .filter(|link| self.on_hub(link));
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| transport(&e, url.as_str()))?;
+            let body = body(response, API_MAX, url.path()).await?;
             let entries: Vec<serde_json::Value> = serde_json::from_slice(&body).map_err(|e| {
                 hub_error(
                     io::ErrorKind::InvalidData,

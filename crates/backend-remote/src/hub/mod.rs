@@ -74,6 +74,10 @@ pub enum Opened {
     },
 }
 
+/// The largest file fetched whole beside the weights (a tokenizer is tens of MB at most): a
+/// larger one that is not a weight (a dataset sample, an archive) is not fetched.
+const SMALL_FILE_MAX: u64 = 256 << 20;
+
 /// `huggingface_hub`'s idea of true (`1`, `ON`, `YES`, `TRUE`, any case).
 fn is_true(value: Option<String>) -> bool {
     value.is_some_and(|v| matches!(v.to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE"))
@@ -304,7 +308,9 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
     // The files read whole: every file that is not a weight, and the index.
     let small: Vec<&TreeFile> = tree
         .iter()
-        .filter(|f| !is_weight(&f.path) || Some(&f.path) == index.as_ref())
+        .filter(|f| {
+            (!is_weight(&f.path) && f.size <= SMALL_FILE_MAX) || Some(&f.path) == index.as_ref()
+        })
         .collect();
     let weight_names: Vec<String> = match &index {
         Some(index) => {
@@ -337,13 +343,35 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
     let all_weights_cached = weight_names
         .iter()
         .all(|name| by_path.get(name.as_str()).is_some_and(|f| in_cache(f)));
-    if options.hub_cache && all_weights_cached && small.iter().all(|f| in_cache(f)) {
+    if options.hub_cache {
+        dirs.prepare(&commit).map_err(|e| error_at(&what, e))?;
         dirs.write_ref(what.revision_or_main(), &commit)
             .map_err(|e| error_at(&what, e))?;
-        return Ok(Opened::Cached {
-            path: cached_target(&local_path, &snapshot, &index, &weights),
-            commit,
-        });
+        for file in &small {
+            if in_cache(file) {
+                continue;
+            }
+            let fetched = runtime
+                .block_on(
+                    options.interrupt.as_ref(),
+                    fetch_whole(&api, &what, &commit, file, retries, backoff),
+                )
+                .and_then(|bytes| dirs.put_whole(&commit, file, &bytes));
+            match fetched {
+                Ok(()) => {}
+                // With every weight in the cache the load is a local one: a small file that
+                // cannot be fetched now (a file `huggingface_hub` never fetched, such as the
+                // README, with the network gone) does not stop it.
+                Err(_) if all_weights_cached && Some(&file.path) != index.as_ref() => {}
+                Err(e) => return Err(error_at(&what, e)),
+            }
+        }
+        if all_weights_cached {
+            return Ok(Opened::Cached {
+                path: cached_target(&local_path, &snapshot, &index, &weights),
+                commit,
+            });
+        }
     }
     // The Remote's keys: each file's resolve path under the endpoint.
     let key_of = |name: &str| -> String {
@@ -368,24 +396,6 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             .decode_utf8_lossy()
             .into_owned();
         files.insert(decoded, file.clone());
-    }
-    if options.hub_cache {
-        dirs.prepare(&commit).map_err(|e| error_at(&what, e))?;
-        dirs.write_ref(what.revision_or_main(), &commit)
-            .map_err(|e| error_at(&what, e))?;
-        for file in &small {
-            if in_cache(file) {
-                continue;
-            }
-            let bytes = runtime
-                .block_on(
-                    options.interrupt.as_ref(),
-                    fetch_whole(&api, &what, &commit, file, retries, backoff),
-                )
-                .map_err(|e| error_at(&what, e))?;
-            dirs.put_whole(&commit, file, &bytes)
-                .map_err(|e| error_at(&what, e))?;
-        }
     }
     let store = store::HubStore::new(api.clone(), what.clone(), files.clone(), retries, backoff);
     let remote = Remote::for_hub(Path::new(&root), Arc::new(store), options, runtime)?;
@@ -481,15 +491,9 @@ async fn fetch_whole(
             api.has_token(),
         ));
     }
-    let bytes = response.bytes().await.map_err(|e| {
-        io::Error::other(format!(
-            "{}: {}",
-            file.path,
-            crate::fetch::transport_failure(&e).unwrap_or_else(|| e.to_string())
-        ))
-    })?;
+    let bytes = api::body(response, file.size.saturating_add(1), &file.path).await?;
     cache::check_whole(file, &bytes)?;
-    Ok(bytes.to_vec())
+    Ok(bytes)
 }
 
 /// The shard files an index names (joined under the index's folder), in the order first named.
