@@ -270,6 +270,26 @@ fn a_warm_cache_is_a_local_load_with_no_weight_byte_over_the_network() {
 }
 
 #[test]
+fn an_unreachable_hub_falls_back_to_the_cache_as_huggingface_hub_does() {
+    let f = fixture();
+    let (_, error, _) = f.load("hf://org/tiny", f.options());
+    assert!(error.is_none(), "{error:?}");
+    let mut away = f.options();
+    away.hub_endpoint = Some("http://127.0.0.1:9".into());
+    away.max_retries = 0;
+    let (loaded, error, load) = f.load("hf://org/tiny", away.clone());
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &f.contents);
+    assert_eq!(load.unwrap().report().mode.as_str(), "posix");
+    // Not in the cache: the transport's words.
+    let message = f.load("hf://org/other", away).1.unwrap().to_string();
+    assert!(
+        message.contains("connection refused by 127.0.0.1:9"),
+        "{message}"
+    );
+}
+
+#[test]
 fn offline_without_the_model_in_the_cache_says_so() {
     let f = fixture();
     let mut offline = f.options();

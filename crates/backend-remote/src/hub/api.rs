@@ -58,6 +58,24 @@ pub(crate) fn hub_error(kind: io::ErrorKind, message: impl Into<String>) -> io::
     io::Error::new(kind, message.into())
 }
 
+/// A request that got no answer from the Hub (no connection, a timeout): the one failure after
+/// which a model already in the cache is loaded from it, as `huggingface_hub` does.
+#[derive(Debug)]
+pub(crate) struct NoAnswer(String);
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
+/// Whether `e` is a request that got no answer.
+pub(crate) fn no_answer(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NoAnswer>())
+}
+
 /// What a request that got no answer says.
 fn transport(e: &reqwest::Error, url: &str) -> io::Error {
     let kind = if e.is_timeout() {
@@ -66,7 +84,10 @@ fn transport(e: &reqwest::Error, url: &str) -> io::Error {
         io::ErrorKind::Other
     };
     let words = transport_failure(e).unwrap_or_else(|| e.to_string());
-    hub_error(kind, format!("{}: {}", redacted(url), redacted(&words)))
+    io::Error::new(
+        kind,
+        NoAnswer(format!("{}: {}", redacted(url), redacted(&words))),
+    )
 }
 
 /// What an answer with an error status says: the Hub's own code (`X-Error-Code`) in words

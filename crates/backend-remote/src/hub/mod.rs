@@ -290,12 +290,18 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         )
     })?;
     let (retries, backoff) = (options.max_retries, options.retry_backoff);
-    let commit = runtime
-        .block_on(
-            options.interrupt.as_ref(),
-            api.commit(&what, retries, backoff),
-        )
-        .map_err(|e| error_at(&what, e))?;
+    let commit = match runtime.block_on(
+        options.interrupt.as_ref(),
+        api.commit(&what, retries, backoff),
+    ) {
+        Ok(commit) => commit,
+        // The Hub cannot be reached: a snapshot in the cache serves, as `huggingface_hub`'s
+        // own fallback does (`HF_HUB_OFFLINE` asks first).
+        Err(e) if api::no_answer(&e) && options.hub_cache => {
+            return open_offline(&what, &dirs).map_err(|_| error_at(&what, e));
+        }
+        Err(e) => return Err(error_at(&what, e)),
+    };
     let tree = runtime
         .block_on(
             options.interrupt.as_ref(),
@@ -312,6 +318,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             (!is_weight(&f.path) && f.size <= SMALL_FILE_MAX) || Some(&f.path) == index.as_ref()
         })
         .collect();
+    let mut index_bytes = None;
     let weight_names: Vec<String> = match &index {
         Some(index) => {
             // The index's shards are known once it is read; it is small, and read whole.
@@ -332,8 +339,10 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
                     )
                     .map_err(|e| error_at(&what, e))?,
             };
-            shards_of(&bytes, index)
-                .map_err(|why| error_at(&what, io::Error::new(io::ErrorKind::InvalidData, why)))?
+            let shards = shards_of(&bytes, index)
+                .map_err(|why| error_at(&what, io::Error::new(io::ErrorKind::InvalidData, why)))?;
+            index_bytes = Some(bytes);
+            shards
         }
         None => weights.clone(),
     };
@@ -351,12 +360,18 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             if in_cache(file) {
                 continue;
             }
-            let fetched = runtime
-                .block_on(
-                    options.interrupt.as_ref(),
-                    fetch_whole(&api, &what, &commit, file, retries, backoff),
-                )
-                .and_then(|bytes| dirs.put_whole(&commit, file, &bytes));
+            let fetched = match index_bytes
+                .as_ref()
+                .filter(|_| Some(&file.path) == index.as_ref())
+            {
+                Some(bytes) => dirs.put_whole(&commit, file, bytes),
+                None => runtime
+                    .block_on(
+                        options.interrupt.as_ref(),
+                        fetch_whole(&api, &what, &commit, file, retries, backoff),
+                    )
+                    .and_then(|bytes| dirs.put_whole(&commit, file, &bytes)),
+            };
             match fetched {
                 Ok(()) => {}
                 // With every weight in the cache the load is a local one: a small file that
