@@ -284,6 +284,30 @@ impl Api {
         }
     }
 
+    /// A `GET` of `url` that the Hub answered with success, or its error in words (about
+    /// `file`, when it is a file's).
+    pub(crate) async fn get_ok(
+        &self,
+        url: &url::Url,
+        what: &HubPath,
+        file: Option<&str>,
+        retries: usize,
+        backoff: Duration,
+    ) -> io::Result<reqwest::Response> {
+        let response = self.send(Method::GET, url, retries, backoff).await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(status_error(
+                status,
+                response.headers(),
+                what,
+                file,
+                self.has_token(),
+            ));
+        }
+        Ok(response)
+    }
+
     /// A JSON document of the API, or the Hub's error in words.
     async fn json(
         &self,
@@ -292,17 +316,7 @@ impl Api {
         retries: usize,
         backoff: Duration,
     ) -> io::Result<serde_json::Value> {
-        let response = self.send(Method::GET, url, retries, backoff).await?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(status_error(
-                status,
-                response.headers(),
-                what,
-                None,
-                self.has_token(),
-            ));
-        }
+        let response = self.get_ok(url, what, None, retries, backoff).await?;
         let body = body(response, API_MAX, url.path()).await?;
         serde_json::from_slice(&body).map_err(|e| {
             hub_error(
@@ -370,17 +384,7 @@ impl Api {
                     format!("{}: the tree listing does not end", what.repo),
                 ));
             }
-            let response = self.send(Method::GET, &url, retries, backoff).await?;
-            let status = response.status();
-            if !status.is_success() {
-                return Err(status_error(
-                    status,
-                    response.headers(),
-                    what,
-                    None,
-                    self.has_token(),
-                ));
-            }
+            let response = self.get_ok(&url, what, None, retries, backoff).await?;
             next = next_link(response.headers())
                 .and_then(|link| url.join(&link).ok())
                 .filter(|link| self.on_hub(link));

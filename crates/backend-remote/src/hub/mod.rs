@@ -494,18 +494,8 @@ async fn fetch_whole(
         .resolve(&url, what, &file.path, retries, backoff)
         .await?;
     let response = api
-        .send(reqwest::Method::GET, &source.url, retries, backoff)
+        .get_ok(&source.url, what, Some(&file.path), retries, backoff)
         .await?;
-    let status = response.status();
-    if !status.is_success() {
-        return Err(api::status_error(
-            status,
-            response.headers(),
-            what,
-            Some(&file.path),
-            api.has_token(),
-        ));
-    }
     let bytes = api::body(response, file.size.saturating_add(1), &file.path).await?;
     cache::check_whole(file, &bytes)?;
     Ok(bytes)
