@@ -264,11 +264,12 @@ fn parse_http_date(text: &str) -> Option<u64> {
 pub(crate) fn query_param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then(|| percent_decode(v))
+        (k == name).then(|| percent_decode(v, true))
     })
 }
 
-fn percent_decode(text: &str) -> String {
+/// `text` percent-decoded; `+` is a space in a query (`plus_is_space`), not in a path.
+pub(crate) fn percent_decode(text: &str, plus_is_space: bool) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -282,7 +283,7 @@ fn percent_decode(text: &str) -> String {
                 out.push(v);
                 i += 3;
             }
-            (b'+', _) => {
+            (b'+', _) if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }

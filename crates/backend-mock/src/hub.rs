@@ -681,26 +681,7 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
 
 /// A path segment, percent-decoded (`+` is not a space in a path).
 fn decode_segment(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b, hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::http::percent_decode(text, false)
 }
 
 fn unix_now() -> u64 {
