@@ -176,6 +176,21 @@ fn a_cold_load_streams_every_byte_and_leaves_the_cache_huggingface_hub_would() {
     assert_exact(&loaded, &f.contents);
     let report = load.unwrap().report();
     assert_eq!(report.mode.as_str(), "remote");
+    // Each shard's redirect to the CDN (followed by design) is in the report.
+    let cdn_host = f.hub.cdn().trim_start_matches("http://").to_owned();
+    for shard in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
+        assert!(
+            report
+                .redirects
+                .iter()
+                .any(|r| r.contains(shard) && r.ends_with(&format!("-> {cdn_host}"))),
+            "{:?}",
+            report.redirects
+        );
+    }
 
     let log = f.hub.log();
     // The weights came from the CDN, by ranged GETs, and the CDN never saw a token.

@@ -126,6 +126,15 @@ impl Redirects {
         ))
     }
 
+    /// Records a redirect followed to another host by design (a model's file on the Hugging
+    /// Face Hub, redirected to the Hub's storage CDN).
+    pub(crate) fn record(&self, from: &url::Url, to: &url::Url) {
+        if from.host_str() != to.host_str() || from.port() != to.port() {
+            let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+            followed.insert(format!("{} -> {}", redacted(from.as_str()), authority(to)));
+        }
+    }
+
     /// `URL -> host` for each redirect followed to another host so far.
     pub(crate) fn followed(&self) -> Vec<String> {
         let followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());

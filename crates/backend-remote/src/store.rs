@@ -258,10 +258,10 @@ impl Remote {
         store: Arc<dyn ObjectStore>,
         options: &Options,
         runtime: OwnedRuntime,
+        redirects: Arc<Redirects>,
     ) -> Result<Self, Error> {
         let invalid = |message: String| path_error(root, io::ErrorKind::InvalidInput, message);
         let location = Location::parse(root).map_err(&invalid)?;
-        let redirects = Arc::new(Redirects::new(location.scheme, &options.allow_redirects));
         Ok(Self::assemble(
             location, store, options, runtime, redirects, None,
         ))

@@ -412,8 +412,25 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             .into_owned();
         files.insert(decoded, file.clone());
     }
-    let store = store::HubStore::new(api.clone(), what.clone(), files.clone(), retries, backoff);
-    let remote = Remote::for_hub(Path::new(&root), Arc::new(store), options, runtime)?;
+    // Each file's redirect to the storage CDN, followed by design, is in the report.
+    let redirects = Arc::new(crate::client::Redirects::new(
+        crate::Scheme::Http,
+        &options.allow_redirects,
+    ));
+    let store = store::HubStore::new(
+        api.clone(),
+        what.clone(),
+        files.clone(),
+        (retries, backoff),
+        Arc::clone(&redirects),
+    );
+    let remote = Remote::for_hub(
+        Path::new(&root),
+        Arc::new(store),
+        options,
+        runtime,
+        redirects,
+    )?;
     if options.hub_cache {
         // Weights already in the cache (from an earlier, partial load) are linked, not read
         // again into it.

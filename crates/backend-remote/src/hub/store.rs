@@ -32,6 +32,7 @@ use super::HubPath;
 use super::api::{
     Api, MAX_HOPS, Resolved, TreeFile, redirect_loop, redirect_target, status_error, transient,
 };
+use crate::client::Redirects;
 
 /// Signed URLs asked for again in a row for one request, at most.
 const RERESOLVE: usize = 3;
@@ -72,6 +73,8 @@ struct Shared {
     resolved: Mutex<HashMap<String, Resolved>>,
     retries: usize,
     backoff: Duration,
+    /// Where each file's `resolve` redirected (for the report).
+    redirects: Arc<Redirects>,
 }
 
 impl HubStore {
@@ -79,8 +82,8 @@ impl HubStore {
         api: Api,
         what: HubPath,
         files: HashMap<String, TreeFile>,
-        retries: usize,
-        backoff: Duration,
+        (retries, backoff): (usize, Duration),
+        redirects: Arc<Redirects>,
     ) -> Self {
         Self {
             inner: Arc::new(Shared {
@@ -90,6 +93,7 @@ impl HubStore {
                 resolved: Mutex::new(HashMap::new()),
                 retries,
                 backoff,
+                redirects,
             }),
         }
     }
@@ -144,6 +148,7 @@ impl Shared {
             .api
             .resolve(&url, &self.what, &file.path, self.retries, self.backoff)
             .await?;
+        self.redirects.record(&url, &resolved.url);
         self.resolved
             .lock()
             .unwrap_or_else(|p| p.into_inner())
