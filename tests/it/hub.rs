@@ -405,6 +405,28 @@ fn transient_failures_and_cut_bodies_are_retried() {
     assert_exact(&loaded, &f.contents);
     assert!(cdn_requests(&f.hub.log()).iter().any(|l| l.status == 503));
 
+    // A body cut short once: resumed from where it stopped, the bytes exact.
+    let once = fixture();
+    once.hub.set_faults(HubFaults {
+        truncate_first: true,
+        ..once.hub.faults()
+    });
+    let (loaded, error, _) = once.load("hf://org/tiny", once.options());
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &once.contents);
+    let log = once.hub.log();
+    let cdn = cdn_requests(&log);
+    // Each resume asks for the rest of a range: one that starts inside a range asked before.
+    let resumed = cdn.iter().any(|later| {
+        let Some((a, b)) = later.range else {
+            return false;
+        };
+        cdn.iter().any(|first| {
+            first.path == later.path && first.range.is_some_and(|(fa, fb)| fa < a && fb == b)
+        })
+    });
+    assert!(resumed, "{cdn:#?}");
+
     // A body always cut short: resumed where it stopped, until the retries run out.
     let g = fixture();
     let shard = "model-00001-of-00002.safetensors";

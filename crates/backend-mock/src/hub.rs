@@ -84,6 +84,10 @@ pub struct HubFaults {
     pub redirect_loop: HashSet<String>,
     /// The first `GET` of each (CDN path, range) answers 503.
     pub fail_first: bool,
+    /// The first `GET` of each (CDN path, range end) sends its headers and half its body, then
+    /// closes (a client that resumes asks for the rest of the same range, which then comes
+    /// whole).
+    pub truncate_first: bool,
     /// Paths listed by the tree API but answered 404 `EntryNotFound` by `resolve`.
     pub missing: HashSet<String>,
 }
@@ -97,6 +101,7 @@ impl Default for HubFaults {
             truncate: HashSet::new(),
             redirect_loop: HashSet::new(),
             fail_first: false,
+            truncate_first: false,
             missing: HashSet::new(),
         }
     }
@@ -292,6 +297,8 @@ struct State {
     faults: HubFaults,
     /// (CDN path, range) already asked for (`fail_first`).
     seen: HashSet<(String, Option<(u64, u64)>)>,
+    /// (CDN path, range end) already cut (`truncate_first`).
+    seen_cut: HashSet<(String, Option<u64>)>,
     /// (repo, path) whose first URL was issued (`expire_once`).
     issued: HashSet<(String, String)>,
     log: Vec<HubLogged>,
@@ -528,6 +535,7 @@ impl FakeHub {
         let mut state = self.shared.state();
         state.faults = faults;
         state.seen.clear();
+        state.seen_cut.clear();
         state.issued.clear();
     }
 
@@ -1199,7 +1207,13 @@ fn route_cdn(shared: &Shared, state: &mut State, request: &Request) -> Response 
         .header("Accept-Ranges", "bytes")
         .header("Content-Type", "application/octet-stream");
     if request.method == "GET" {
-        response.faulted(&state.faults, blob.paths.iter())
+        let cut_once = state.faults.truncate_first
+            && state
+                .seen_cut
+                .insert((request.path.clone(), request.range.map(|(_, end)| end)));
+        let mut response = response.faulted(&state.faults, blob.paths.iter());
+        response.cut |= cut_once;
+        response
     } else {
         response
     }
