@@ -458,6 +458,8 @@ fn a_gated_model_needs_a_token_with_access_which_only_the_hub_sees() {
         message.contains("org/tiny is a gated model") && message.contains("HF_TOKEN"),
         "{message}"
     );
+    // Nothing arrived: no snapshot folder, which would be taken for a downloaded model.
+    assert!(!f.repo_dir().join("snapshots").exists());
     let mut wrong = f.options();
     wrong.hub_token = Some("hf_bad".into());
     let message = f.load("hf://org/tiny", wrong).1.unwrap().to_string();

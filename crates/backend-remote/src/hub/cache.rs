@@ -86,13 +86,12 @@ impl RepoCache {
         super::api::is_commit(text).then(|| text.to_owned())
     }
 
-    /// Creates the folders and `CACHEDIR.TAG` (when missing).
-    pub(crate) fn prepare(&self, commit: &str) -> io::Result<()> {
-        for dir in [
-            self.repo.join("blobs"),
-            self.snapshot(commit),
-            self.locks.clone(),
-        ] {
+    /// Creates the folders of blobs and locks and `CACHEDIR.TAG` (when missing). Not the
+    /// snapshot's: it is made by the first file linked into it, since an empty
+    /// `snapshots/<commit>/` is taken for a downloaded model (by `huggingface_hub`'s
+    /// `local_files_only` and by an offline load) and a load may fail before any file arrives.
+    pub(crate) fn prepare(&self) -> io::Result<()> {
+        for dir in [self.repo.join("blobs"), self.locks.clone()] {
             std::fs::create_dir_all(&dir).map_err(|e| cache_error(&dir, &e))?;
         }
         let tag = self.root.join("CACHEDIR.TAG");
@@ -650,7 +649,7 @@ mod tests {
     fn a_file_written_out_of_order_is_committed_once_whole_and_right() {
         let dir = tempfile::tempdir().unwrap();
         let dirs = RepoCache::new(dir.path(), "models--org--name");
-        dirs.prepare(COMMIT).unwrap();
+        dirs.prepare().unwrap();
         let bytes: Vec<u8> = (0..3 * HASH_CHUNK as u32 / 2)
             .map(|i| (i % 251) as u8)
             .collect();
@@ -686,7 +685,7 @@ mod tests {
     fn a_wrong_byte_is_never_committed_and_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let dirs = RepoCache::new(dir.path(), "models--org--name");
-        dirs.prepare(COMMIT).unwrap();
+        dirs.prepare().unwrap();
         let bytes = vec![7u8; 1000];
         let file = tree_file("model.safetensors", &bytes, true);
         let cache = HubCache::new(
@@ -716,7 +715,7 @@ mod tests {
     fn an_unfinished_blob_is_deleted_and_a_held_lock_is_respected() {
         let dir = tempfile::tempdir().unwrap();
         let dirs = RepoCache::new(dir.path(), "models--org--name");
-        dirs.prepare(COMMIT).unwrap();
+        dirs.prepare().unwrap();
         let bytes = vec![1u8; 100];
         let file = tree_file("a.safetensors", &bytes, true);
         let held = tree_file("b.safetensors", &[2u8; 100], true);
@@ -750,7 +749,7 @@ mod tests {
     fn refs_and_small_files_are_written_as_huggingface_hub_writes_them() {
         let dir = tempfile::tempdir().unwrap();
         let dirs = RepoCache::new(dir.path(), "models--org--name");
-        dirs.prepare(COMMIT).unwrap();
+        dirs.prepare().unwrap();
         dirs.write_ref("main", COMMIT).unwrap();
         assert_eq!(
             std::fs::read_to_string(dirs.repo.join("refs/main")).unwrap(),

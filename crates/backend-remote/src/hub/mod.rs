@@ -353,7 +353,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         .iter()
         .all(|name| by_path.get(name.as_str()).is_some_and(|f| in_cache(f)));
     if options.hub_cache {
-        dirs.prepare(&commit).map_err(|e| error_at(&what, e))?;
+        dirs.prepare().map_err(|e| error_at(&what, e))?;
         dirs.write_ref(what.revision_or_main(), &commit)
             .map_err(|e| error_at(&what, e))?;
         for file in &small {
