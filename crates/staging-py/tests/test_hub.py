@@ -1,0 +1,292 @@
+"""`hf://org/name` through the Python door, against the fake Hub (`fakehub.py`) and against
+`huggingface_hub` itself (run in a child Python with the same environment, since it reads its
+settings at import): the tensors a load hands out, the Hugging Face cache it leaves (the tree
+`snapshot_download` leaves, link for link and byte for byte, and one `huggingface_hub` then uses
+offline), a cache `huggingface_hub` filled being a local load, and the Hub's errors as this
+library's exceptions. The `transformers` helper and the engine plugins take a plain model id
+and read it through `hf://` too.
+
+What we do not write, and `huggingface_hub` 2.x does: `trees/<commit>.json` (its listing cache,
+which it rebuilds when absent); the comparison of the two caches leaves `trees/` and `.locks/`
+out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Tuple
+
+import pytest
+import safetensors.torch
+import torch
+from fakehub import FakeHub
+
+import safetensors_staging as st
+import safetensors_staging.torch as stt
+
+from test_fakehub import files_of, run_hf
+
+REPO = "org/sharded"
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+
+def save(directory: Path, name: str, tensors: Dict[str, torch.Tensor]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(tensors, directory / name)
+
+
+@pytest.fixture(scope="module")
+def sharded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A transformers-style repo: index, 2 shards, config, tokenizer, a file in a subfolder."""
+    d = tmp_path_factory.mktemp("sharded")
+    g = torch.Generator().manual_seed(11)
+    save(d, SHARDS[0], {"a": torch.randn(256, 256, generator=g)})
+    save(
+        d,
+        SHARDS[1],
+        {
+            "b": torch.randn(512, 256, generator=g).to(torch.float16),
+            "c": torch.randint(-128, 127, (1000,), generator=g, dtype=torch.int8),
+        },
+    )
+    weight_map = {"a": SHARDS[0], "b": SHARDS[1], "c": SHARDS[1]}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (d / "config.json").write_text('{"model_type": "bert"}')
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": {"vocab": {"a": 0}}}')
+    (d / "1_Pooling").mkdir()
+    (d / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    return d
+
+
+def source_tensors(directory: Path) -> Dict[str, torch.Tensor]:
+    out: Dict[str, torch.Tensor] = {}
+    for shard in SHARDS:
+        out.update(safetensors.torch.load_file(directory / shard))
+    return out
+
+
+def version(n: int) -> Dict[str, bytes]:
+    """A one-file model whose tensor holds `n` everywhere."""
+    return {
+        "config.json": json.dumps({"v": n}).encode(),
+        "model.safetensors": safetensors.torch.save({"w": torch.full((64, 64), float(n))}),
+    }
+
+
+@pytest.fixture
+def hub(sharded_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterable[FakeHub]:
+    """A fresh fake Hub (faults off) and this process's environment pointed at it: its own
+    cache (`hub.cache`), no token, online."""
+    for name in list(os.environ):
+        if name.startswith(("HF_", "HUGGINGFACE_")) or name == "TRANSFORMERS_OFFLINE":
+            monkeypatch.delenv(name)
+    with FakeHub() as h:
+        h.sharded = h.add_repo(REPO, sharded_dir)
+        h.v1 = h.add_repo("org/versions", version(1), revisions={"main": None, "v1": None})
+        h.v2 = h.add_commit("org/versions", version(2))
+        h.add_repo("org/gated", version(3), gated_tokens=["good"])
+        h.cache = tmp_path / "ours" / "hub"
+        h.cache.parent.mkdir()
+        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "ours" / "hf_home"))  # no token file
+        monkeypatch.setenv("HF_HUB_CACHE", str(h.cache))
+        yield h
+
+
+def tree(root: Path, leave_out: Tuple[str, ...] = (".locks", "trees")) -> Dict[str, Any]:
+    """Every entry under `root` but those under a directory named in `leave_out`: a link's
+    target, a file's permissions and bytes, a directory as `"dir"`."""
+    out: Dict[str, Any] = {}
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in leave_out]
+        for name in dirs + files:
+            path = Path(directory) / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                out[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = (oct(path.stat().st_mode & 0o777), path.read_bytes())
+    return out
+
+
+def cdn(hub: FakeHub) -> List[str]:
+    return [e.path for e in hub.log() if e.server == "cdn"]
+
+
+def cdn_sent(hub: FakeHub) -> Dict[str, int]:
+    """Body bytes the CDN sent, by file (its sha256)."""
+    out: Dict[str, int] = {}
+    for e in hub.log():
+        if e.server == "cdn":
+            out[e.path.rsplit("/", 1)[-1]] = out.get(e.path.rsplit("/", 1)[-1], 0) + e.sent
+    return out
+
+
+def shard_sizes(directory: Path) -> Dict[str, int]:
+    """Each shard's size, by its sha256: what one read of each byte takes from the CDN."""
+    return {
+        hashlib.sha256((directory / s).read_bytes()).hexdigest(): (directory / s).stat().st_size
+        for s in SHARDS
+    }
+
+
+def assert_equal(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+# -- the cache huggingface_hub leaves --
+
+
+def test_a_cold_load_leaves_the_cache_snapshot_download_leaves(
+    hub: FakeHub, sharded_dir: Path, tmp_path: Path
+) -> None:
+    assert_equal(stt.load_file(f"hf://{REPO}"), source_tensors(sharded_dir))
+    assert cdn_sent(hub) == shard_sizes(sharded_dir), "each byte of the shards, once, from the CDN"
+
+    # huggingface_hub, offline, finds the snapshot we left, every file byte for byte.
+    snapshot = hub.cache / "models--org--sharded" / "snapshots" / hub.sharded
+    hub.clear_log()
+    [found] = run_hf(
+        hub, hub.cache, [("snapshot_download", {"repo_id": REPO, "local_files_only": True})]
+    )
+    assert found == {"ok": str(snapshot)}
+    assert hub.log() == []
+    assert files_of(snapshot) == files_of(sharded_dir)
+
+    # A real snapshot_download into an empty cache leaves the same tree: names, link targets,
+    # bytes (its trees/ listing cache and .locks/ aside).
+    theirs = tmp_path / "theirs" / "hub"
+    theirs.parent.mkdir()
+    [done] = run_hf(hub, theirs, [("snapshot_download", {"repo_id": REPO})])
+    assert done == {"ok": str(theirs / "models--org--sharded" / "snapshots" / hub.sharded)}
+    assert tree(hub.cache) == tree(theirs)
+    locks = ".locks/models--org--sharded"
+    assert sorted(os.listdir(hub.cache / locks)) == sorted(os.listdir(theirs / locks))
+    # What was left out: huggingface_hub 2.x writes its tree listing, we do not.
+    assert sorted(p.name for p in (theirs / "models--org--sharded" / "trees").iterdir()) == [
+        f"{hub.sharded}.json"
+    ]
+    assert not (hub.cache / "models--org--sharded" / "trees").exists()
+
+
+def test_a_cache_huggingface_hub_filled_is_read_locally_and_offline_asks_nothing(
+    hub: FakeHub, sharded_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_hf(hub, hub.cache, [("snapshot_download", {"repo_id": REPO})])
+    before = tree(hub.cache, leave_out=())
+    hub.clear_log()
+    want = source_tensors(sharded_dir)
+    assert_equal(stt.load_file(f"hf://{REPO}"), want)
+    # The revision and the listing, and not one byte of a file.
+    assert [(e.method, e.path) for e in hub.log()] == [
+        ("GET", f"/api/models/{REPO}/revision/main"),
+        ("GET", f"/api/models/{REPO}/tree/{hub.sharded}"),
+    ]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.clear_log()
+    assert_equal(stt.load_file(f"hf://{REPO}"), want)
+    assert hub.log() == []
+    assert tree(hub.cache, leave_out=()) == before, "a warm load changes nothing in the cache"
+
+
+def test_offline_without_the_model_names_it(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(st.PathNotFoundError) as e:
+        stt.load_file(f"hf://{REPO}")
+    assert "HF_HUB_OFFLINE is set" in str(e.value) and REPO in str(e.value), str(e.value)
+    assert hub.log() == []
+
+
+def test_cache_off_writes_nothing(hub: FakeHub, sharded_dir: Path) -> None:
+    assert_equal(stt.load_file(f"hf://{REPO}", cache=False), source_tensors(sharded_dir))
+    assert cdn_sent(hub) == shard_sizes(sharded_dir)
+    assert not hub.cache.exists()
+
+
+def test_cache_dir_puts_the_cache_elsewhere(
+    hub: FakeHub, sharded_dir: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    assert_equal(
+        stt.load_file(f"hf://{REPO}", cache_dir=str(elsewhere)), source_tensors(sharded_dir)
+    )
+    assert not hub.cache.exists()
+    assert (elsewhere / "models--org--sharded" / "refs" / "main").read_text() == hub.sharded
+
+
+def test_safe_open_reads_keys_and_tensors(hub: FakeHub, sharded_dir: Path) -> None:
+    want = source_tensors(sharded_dir)
+    with st.safe_open(f"hf://{REPO}", framework="pt") as f:
+        assert sorted(f.keys()) == sorted(want)
+        assert torch.equal(f.get_tensor("b"), want["b"])
+        assert torch.equal(f.get_slice("a")[3:5], want["a"][3:5])
+
+
+def test_a_revision_by_tag_branch_and_commit(hub: FakeHub) -> None:
+    assert hub.v1 != hub.v2
+    for path, n in [
+        ("hf://org/versions@v1", 1),
+        ("hf://org/versions", 2),
+        (f"hf://org/versions@{hub.v1}", 1),
+        ("hf://org/versions@main", 2),
+    ]:
+        assert torch.equal(stt.load_file(path)["w"], torch.full((64, 64), float(n))), path
+    refs = hub.cache / "models--org--versions" / "refs"
+    assert (refs / "v1").read_text() == hub.v1 and (refs / "main").read_text() == hub.v2
+
+
+def test_a_gated_model_without_a_token_says_one_is_needed(
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(st.StagingError) as e:
+        stt.load_file("hf://org/gated")
+    message = str(e.value)
+    assert "org/gated is a gated model: a token with access to it is needed" in message, message
+    assert "set HF_TOKEN" in message, message
+    # An I/O error of a path refused: the library's read error, and Python's PermissionError.
+    assert type(e.value) is st.PathPermissionError
+    assert isinstance(e.value, (st.ReadError, PermissionError))
+    assert not (hub.cache / "models--org--gated" / "blobs").exists() or not any(
+        (hub.cache / "models--org--gated" / "blobs").iterdir()
+    )
+    monkeypatch.setenv("HF_TOKEN", "wrong")
+    with pytest.raises(st.PathPermissionError, match="has no access to it"):
+        stt.load_file("hf://org/gated")
+    monkeypatch.setenv("HF_TOKEN", "good")
+    assert torch.equal(stt.load_file("hf://org/gated")["w"], torch.full((64, 64), 3.0))
+    assert {e.authorization for e in hub.log() if e.server == "cdn"} == {None}
+
+
+def test_unknown_model_revision_and_file(hub: FakeHub) -> None:
+    for path, words in [
+        ("hf://org/absent", "no model org/absent on the Hub"),
+        ("hf://org/versions@nope", 'org/versions has no revision "nope"'),
+        ("hf://org/versions/absent.safetensors", "absent.safetensors"),
+    ]:
+        with pytest.raises(st.PathNotFoundError) as e:
+            stt.load_file(path)
+        assert words in str(e.value), (path, str(e.value))
+
+
+def test_a_corrupted_byte_fails_naming_the_file_and_leaves_no_blob(
+    hub: FakeHub, sharded_dir: Path
+) -> None:
+    shard = SHARDS[1]
+    data = (sharded_dir / shard).read_bytes()
+    hub.faults.corrupt[shard] = len(data) - 100
+    with pytest.raises(st.StagingError) as e:
+        stt.load_file(f"hf://{REPO}")
+    message = str(e.value)
+    assert shard in message and "SHA-256" in message, message
+    blobs = hub.cache / "models--org--sharded" / "blobs"
+    left = sorted(p.name for p in blobs.iterdir())
+    assert hashlib.sha256(data).hexdigest() not in left, left
+    assert not [n for n in left if n.endswith(".incomplete")], left
+    assert not (hub.cache / "models--org--sharded" / "snapshots" / hub.sharded / shard).exists()
