@@ -27,6 +27,10 @@ from fakehub import FakeHub
 import safetensors_staging as st
 import safetensors_staging.torch as stt
 
+from test_engines_sglang import DeviceConfig
+from test_engines_sglang import ModelConfig as SglangModelConfig
+from test_engines_vllm import Model, checkpoint, use_standin
+from test_engines_vllm import ModelConfig as VllmModelConfig
 from test_fakehub import files_of, run_hf
 
 REPO = "org/sharded"
@@ -290,3 +294,168 @@ def test_a_corrupted_byte_fails_naming_the_file_and_leaves_no_blob(
     assert hashlib.sha256(data).hexdigest() not in left, left
     assert not [n for n in left if n.endswith(".incomplete")], left
     assert not (hub.cache / "models--org--sharded" / "snapshots" / hub.sharded / shard).exists()
+
+
+# -- the engine plugins: a Hub model id streams through hf:// --
+
+
+class Downloads:
+    """Stands in for an engine's `download_weights_from_hf`: records each call, downloads
+    nothing."""
+
+    def __init__(self) -> None:
+        self.calls: List[Any] = []
+
+    def __call__(self, model: str, *args: Any, **kwargs: Any) -> str:
+        self.calls.append(model)
+        raise AssertionError(f"the weights of {model} were downloaded first")
+
+
+@pytest.fixture
+def engine_repo(hub: FakeHub, tmp_path: Path) -> Dict[str, torch.Tensor]:
+    """`org/tiny` on the fake Hub: at `v1`, the engine tests' checkpoint (index, 2 shards, a
+    consolidated copy and `original/` beside them); on `main` a later commit without them."""
+    tensors = checkpoint(tmp_path / "model")
+    hub.tiny = hub.add_repo("org/tiny", tmp_path / "model", revisions={"main": None, "v1": None})
+    hub.add_commit("org/tiny", {"config.json": b"{}"})
+    return tensors
+
+
+def assert_streamed(hub: FakeHub, model_dir: Path, downloads: Downloads) -> None:
+    """The shards (and nothing else) came from the CDN, each byte once; nothing was downloaded
+    first; the snapshot is in the cache."""
+    want = {
+        hashlib.sha256((model_dir / s).read_bytes()).hexdigest(): (model_dir / s).stat().st_size
+        for s in SHARDS
+    }
+    assert cdn_sent(hub) == want
+    assert downloads.calls == []
+    snapshot = hub.cache / "models--org--tiny" / "snapshots" / hub.tiny
+    for shard in SHARDS:
+        assert (snapshot / shard).read_bytes() == (model_dir / shard).read_bytes()
+    assert (hub.cache / "models--org--tiny" / "refs" / "v1").read_text() == hub.tiny
+
+
+def test_vllm_loads_a_hub_model_through_hf(
+    engine_repo: Dict[str, torch.Tensor],
+    hub: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _ in use_standin(monkeypatch, "vllm"):
+        from vllm.config.load import LoadConfig
+        from vllm.model_executor.model_loader import weight_utils
+
+        import safetensors_staging.vllm as plugin
+
+        downloads = Downloads()
+        monkeypatch.setattr(weight_utils, "download_weights_from_hf", downloads)
+        loader = plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"})
+        )
+        config = VllmModelConfig("org/tiny")
+        config.revision = "v1"
+        loader.download_model(config)
+        assert hub.log() == [], "download_model asked nothing of the Hub"
+        model = Model()
+        loader.load_weights(model, config)
+        for name, tensor in engine_repo.items():
+            assert torch.equal(dict(model.named_parameters())[name], tensor), name
+        assert_streamed(hub, tmp_path / "model", downloads)
+        assert loader.last_report["tensors"] == 3
+        # A local directory of that name is read as a directory, not from the Hub.
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "org").mkdir()
+        (tmp_path / "model").rename(tmp_path / "org" / "tiny")
+        hub.clear_log()
+        loader.load_weights(Model(), VllmModelConfig("org/tiny"))
+        assert hub.log() == []
+
+
+def test_vllm_weights_may_be_an_hf_path(
+    engine_repo: Dict[str, torch.Tensor],
+    hub: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _ in use_standin(monkeypatch, "vllm"):
+        from vllm.config.load import LoadConfig
+
+        import safetensors_staging.vllm as plugin
+
+        (tmp_path / "config-only").mkdir()
+        loader = plugin.StagingModelLoader(
+            LoadConfig(
+                load_format="staging", model_loader_extra_config={"weights": "hf://org/tiny@v1"}
+            )
+        )
+        model = Model()
+        loader.download_model(VllmModelConfig(str(tmp_path / "config-only")))
+        loader.load_weights(model, VllmModelConfig(str(tmp_path / "config-only")))
+        assert torch.equal(model.layer.weight, engine_repo["layer.weight"])
+        assert_streamed(hub, tmp_path / "model", Downloads())
+
+
+def test_sglang_loads_a_hub_model_through_hf(
+    engine_repo: Dict[str, torch.Tensor],
+    hub: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _ in use_standin(monkeypatch, "sglang"):
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.model_loader import weight_utils
+        from sglang.srt.model_loader.loader import get_model_loader
+
+        import safetensors_staging.sglang as plugin
+
+        downloads = Downloads()
+        monkeypatch.setattr(weight_utils, "download_weights_from_hf", downloads)
+        loader = get_model_loader(
+            LoadConfig(
+                load_format=plugin.StagingModelLoader,
+                model_loader_extra_config={"backend": "host"},
+            )
+        )
+        config = SglangModelConfig("org/tiny")
+        config.revision = "v1"
+        loader.download_model(config)
+        assert hub.log() == [], "download_model asked nothing of the Hub"
+        model = loader.load_model(model_config=config, device_config=DeviceConfig())
+        for name, param in model.named_parameters():
+            assert torch.equal(param, engine_repo[name]), name
+        assert_streamed(hub, tmp_path / "model", downloads)
+
+
+def test_a_model_id_is_told_from_a_local_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors_staging._engines import hub_path, is_repo_id
+
+    for good in ["gpt2", "org/name", "Org-1/na_me.v2", "a/b", "x" * 96]:
+        assert is_repo_id(good), good
+    for bad in [
+        "",
+        "/abs/path",
+        "./rel",
+        "a/b/c",
+        "-a",
+        "a-",
+        ".a",
+        "a--b",
+        "a..b",
+        "a.git",
+        "x" * 97,
+        "a b",
+        "é/x",
+        "a/",
+        "/a",
+    ]:
+        assert not is_repo_id(bad), bad
+    monkeypatch.chdir(tmp_path)
+    assert hub_path("org/name", None) == "hf://org/name@main"
+    assert hub_path("gpt2", "refs/pr/1") == "hf://gpt2@refs%2Fpr%2F1"
+    assert hub_path("hf://org/name@v1/sub", "ignored") == "hf://org/name@v1/sub"
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert hub_path("org/name", None) is None, "an existing local path is local"
+    assert hub_path(str(tmp_path / "elsewhere"), None) is None
