@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Tuple
 
@@ -459,3 +461,138 @@ def test_a_model_id_is_told_from_a_local_path(
     (tmp_path / "org" / "name").mkdir(parents=True)
     assert hub_path("org/name", None) is None, "an existing local path is local"
     assert hub_path(str(tmp_path / "elsewhere"), None) is None
+
+
+# -- the transformers helper: a model id as transformers takes one --
+
+CHILD_ENV_DROP = ("HF_", "HUGGINGFACE_")
+
+
+def run_child(hub: FakeHub, cache: Path, code: str) -> str:
+    """`code` in a child Python whose environment points `huggingface_hub` (which reads it at
+    import) at the fake Hub and `cache`; its last line of output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CHILD_ENV_DROP)}
+    env.pop("TRANSFORMERS_OFFLINE", None)
+    env.update(
+        HF_ENDPOINT=hub.endpoint,
+        HF_HOME=str(cache.parent / "hf_home"),
+        HF_HUB_CACHE=str(cache),
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def tiny_bert(directory: Path, seed: int) -> Path:
+    """A small BERT of random weights, saved by `transformers` (one `model.safetensors`)."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=120,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(seed)
+    transformers.BertModel(config).eval().save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def berts(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Path]:
+    """Two tiny BERTs: the first is `org/bert@v1`, the second its `main`."""
+    root = tmp_path_factory.mktemp("berts")
+    return tiny_bert(root / "v1", 3), tiny_bert(root / "main", 4)
+
+
+def state_of(model: Any) -> Dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_state(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+
+
+@pytest.fixture
+def bert_repo(hub: FakeHub, berts: Tuple[Path, Path]) -> FakeHub:
+    hub.bert_v1 = hub.add_repo("org/bert", berts[0], revisions={"main": None, "v1": None})
+    hub.bert_main = hub.add_commit("org/bert", files_of(berts[1]))
+    return hub
+
+
+def test_transformers_helper_takes_a_model_id(
+    bert_repo: FakeHub, berts: Tuple[Path, Path], tmp_path: Path
+) -> None:
+    from transformers import AutoModel
+
+    from safetensors_staging.transformers import from_pretrained
+
+    hub = bert_repo
+    # (path, keywords, the model there, its commit, whether its weights are already cached)
+    for args, kwargs, source, commit, cached in [
+        (("org/bert",), {"revision": "v1"}, berts[0], hub.bert_v1, False),
+        (("org/bert",), {}, berts[1], hub.bert_main, False),
+        (("hf://org/bert@v1",), {}, berts[0], hub.bert_v1, True),
+    ]:
+        hub.clear_log()
+        got = from_pretrained(*args, **kwargs)
+        assert type(got).__name__ == "BertModel"
+        assert_same_state(state_of(got), state_of(AutoModel.from_pretrained(source)))
+        weights = source / "model.safetensors"
+        streamed = {hashlib.sha256(weights.read_bytes()).hexdigest(): weights.stat().st_size}
+        assert cdn_sent(hub) == ({} if cached else streamed), (args, kwargs)
+        snapshot = hub.cache / "models--org--bert" / "snapshots" / commit
+        assert files_of(snapshot) == files_of(source)
+    with pytest.raises(ValueError, match="revision='v1' given beside 'hf://org/bert'"):
+        from_pretrained("hf://org/bert", revision="v1")
+
+    # transformers itself, offline, finds the model in the cache we left.
+    hub.clear_log()
+    saved = tmp_path / "theirs.safetensors"
+    code = (
+        "import safetensors.torch\n"
+        "from transformers import AutoModel\n"
+        "m = AutoModel.from_pretrained('org/bert', revision='v1', local_files_only=True)\n"
+        f"safetensors.torch.save_file(m.state_dict(), {str(saved)!r})\n"
+        "print(type(m).__name__)"
+    )
+    assert run_child(hub, hub.cache, code) == "BertModel"
+    assert hub.log() == []
+    ours = state_of(AutoModel.from_pretrained(berts[0]))
+    assert_same_state(safetensors.torch.load_file(saved), ours)
+
+
+def test_transformers_helper_without_the_cache_gets_the_config_from_transformers(
+    bert_repo: FakeHub, berts: Tuple[Path, Path], tmp_path: Path
+) -> None:
+    cache = tmp_path / "child" / "hub"
+    cache.parent.mkdir()
+    saved = tmp_path / "ours.safetensors"
+    code = (
+        "import safetensors.torch\n"
+        "from safetensors_staging.transformers import from_pretrained\n"
+        "m = from_pretrained('org/bert', revision='v1', cache=False)\n"
+        f"safetensors.torch.save_file(m.state_dict(), {str(saved)!r})\n"
+        "print(type(m).__name__)"
+    )
+    assert run_child(bert_repo, cache, code) == "BertModel"
+    from transformers import AutoModel
+
+    assert_same_state(
+        safetensors.torch.load_file(saved), state_of(AutoModel.from_pretrained(berts[0]))
+    )
+    # Only the config, which transformers fetched and cached itself; no weight.
+    snapshot = cache / "models--org--bert" / "snapshots" / bert_repo.bert_v1
+    assert sorted(files_of(snapshot)) == ["config.json"]
+    weights = hashlib.sha256((berts[0] / "model.safetensors").read_bytes()).hexdigest()
+    assert cdn_sent(bert_repo) == {weights: (berts[0] / "model.safetensors").stat().st_size}
