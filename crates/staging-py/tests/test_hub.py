@@ -596,3 +596,103 @@ def test_transformers_helper_without_the_cache_gets_the_config_from_transformers
     assert sorted(files_of(snapshot)) == ["config.json"]
     weights = hashlib.sha256((berts[0] / "model.safetensors").read_bytes()).hexdigest()
     assert cdn_sent(bert_repo) == {weights: (berts[0] / "model.safetensors").stat().st_size}
+
+
+# -- more of the cache huggingface_hub shares with us --
+
+
+def test_a_cache_huggingface_hub_filled_in_part_is_completed_as_it_would_be(
+    hub: FakeHub, sharded_dir: Path, tmp_path: Path
+) -> None:
+    calls = [
+        ("hf_hub_download", {"repo_id": REPO, "filename": name})
+        for name in ("config.json", SHARDS[0])
+    ]
+    run_hf(hub, hub.cache, calls)
+    first = hashlib.sha256((sharded_dir / SHARDS[0]).read_bytes()).hexdigest()
+    blob = hub.cache / "models--org--sharded" / "blobs" / first
+    kept = (blob.stat().st_ino, blob.stat().st_mtime_ns)
+    hub.clear_log()
+    assert_equal(stt.load_file(f"hf://{REPO}"), source_tensors(sharded_dir))
+    assert (blob.stat().st_ino, blob.stat().st_mtime_ns) == kept, "its blob was left alone"
+    # Not every weight was in the cache, so the load streams them all (each byte once), as the
+    # library documents: a shard huggingface_hub had already fetched is read again over the
+    # network, and linked, not written again.
+    assert cdn_sent(hub) == shard_sizes(sharded_dir)
+    theirs = tmp_path / "theirs" / "hub"
+    theirs.parent.mkdir()
+    run_hf(hub, theirs, [("snapshot_download", {"repo_id": REPO})])
+    assert tree(hub.cache) == tree(theirs)
+
+
+def test_a_branch_that_moved_is_followed(hub: FakeHub) -> None:
+    assert torch.equal(stt.load_file("hf://org/versions")["w"], torch.full((64, 64), 2.0))
+    v3 = hub.add_commit("org/versions", version(3))
+    assert torch.equal(stt.load_file("hf://org/versions")["w"], torch.full((64, 64), 3.0))
+    refs = hub.cache / "models--org--versions" / "refs"
+    assert (refs / "main").read_text() == v3
+
+
+def test_the_token_file_and_a_private_model(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.add_repo("org/private", version(4), private_tokens=["secret"])
+    with pytest.raises(st.PathNotFoundError) as e:
+        stt.load_file("hf://org/private")
+    assert "no model org/private on the Hub, or it is private" in str(e.value), str(e.value)
+    token_file = tmp_path / "ours" / "hf_home" / "token"
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text("secret\n")
+    assert torch.equal(stt.load_file("hf://org/private")["w"], torch.full((64, 64), 4.0))
+    assert {e.authorization for e in hub.log() if e.server == "hub"} == {None, "Bearer secret"}
+    assert {e.auth for e in hub.log() if e.server == "cdn"} == {False}
+
+
+def test_a_blob_another_process_is_writing_is_left_to_it(hub: FakeHub, sharded_dir: Path) -> None:
+    import fcntl
+
+    second = hashlib.sha256((sharded_dir / SHARDS[1]).read_bytes()).hexdigest()
+    locks = hub.cache / ".locks" / "models--org--sharded"
+    locks.mkdir(parents=True)
+    # huggingface_hub's filelock: flock(2) on .locks/<repo>/<blob>.lock while it writes.
+    with open(locks / f"{second}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert_equal(stt.load_file(f"hf://{REPO}"), source_tensors(sharded_dir))
+        blobs = sorted(os.listdir(hub.cache / "models--org--sharded" / "blobs"))
+        assert second not in blobs and not [b for b in blobs if "incomplete" in b], blobs
+        snapshot = hub.cache / "models--org--sharded" / "snapshots" / hub.sharded
+        assert (snapshot / SHARDS[0]).is_file() and not os.path.lexists(snapshot / SHARDS[1])
+    # Once the lock is free, a load writes it.
+    assert_equal(stt.load_file(f"hf://{REPO}"), source_tensors(sharded_dir))
+    assert (snapshot / SHARDS[1]).read_bytes() == (sharded_dir / SHARDS[1]).read_bytes()
+
+
+def test_a_load_beside_a_snapshot_download_in_the_same_cache(
+    hub: FakeHub, sharded_dir: Path, tmp_path: Path
+) -> None:
+    import threading
+    import time
+
+    hub.set_rate(400_000)  # a shard in about 0.65 s
+    done: List[Any] = []
+    child = threading.Thread(
+        target=lambda: done.extend(
+            run_hf(hub, hub.cache, [("snapshot_download", {"repo_id": REPO})])
+        )
+    )
+    child.start()
+    # Once huggingface_hub is writing a shard (a whole-file GET), this process loads too.
+    deadline = time.monotonic() + 30
+    while not [e for e in hub.log() if e.server == "cdn"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    got = stt.load_file(f"hf://{REPO}")
+    child.join()
+    hub.set_rate(None)
+    assert_equal(got, source_tensors(sharded_dir))
+    assert done == [{"ok": str(hub.cache / "models--org--sharded" / "snapshots" / hub.sharded)}]
+    cdn_log = [(e.range is None, e.path, e.sent) for e in hub.log() if e.server == "cdn"]
+    assert cdn_log[0][0] and any(not whole for whole, _, _ in cdn_log), cdn_log
+    theirs = tmp_path / "theirs" / "hub"
+    theirs.parent.mkdir()
+    run_hf(hub, theirs, [("snapshot_download", {"repo_id": REPO})])
+    assert tree(hub.cache) == tree(theirs)
