@@ -398,6 +398,36 @@ def test_vllm_weights_may_be_an_hf_path(
         assert_streamed(hub, tmp_path / "model", Downloads())
 
 
+def test_vllm_download_dir_is_the_cache_and_cache_false_writes_none(
+    engine_repo: Dict[str, torch.Tensor],
+    hub: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _ in use_standin(monkeypatch, "vllm"):
+        from vllm.config.load import LoadConfig
+
+        import safetensors_staging.vllm as plugin
+
+        config = VllmModelConfig("org/tiny")
+        config.revision = "v1"
+        elsewhere = tmp_path / "download-dir"
+        loader = plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", download_dir=str(elsewhere))
+        )
+        loader.load_weights(Model(), config)
+        refs = elsewhere / "models--org--tiny" / "refs" / "v1"
+        assert refs.read_text() == hub.tiny and not hub.cache.exists()
+        hub.clear_log()
+        no_cache = plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"cache": False})
+        )
+        model = Model()
+        no_cache.load_weights(model, config)
+        assert torch.equal(model.embed.weight, engine_repo["embed.weight"])
+        assert len(cdn_sent(hub)) == 2 and not hub.cache.exists()
+
+
 def test_sglang_loads_a_hub_model_through_hf(
     engine_repo: Dict[str, torch.Tensor],
     hub: FakeHub,
@@ -531,7 +561,7 @@ def bert_repo(hub: FakeHub, berts: Tuple[Path, Path]) -> FakeHub:
 
 
 def test_transformers_helper_takes_a_model_id(
-    bert_repo: FakeHub, berts: Tuple[Path, Path], tmp_path: Path
+    bert_repo: FakeHub, berts: Tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from transformers import AutoModel
 
@@ -555,6 +585,13 @@ def test_transformers_helper_takes_a_model_id(
         assert files_of(snapshot) == files_of(source)
     with pytest.raises(ValueError, match="revision='v1' given beside 'hf://org/bert'"):
         from_pretrained("hf://org/bert", revision="v1")
+    # Offline, from the cache: no request at all.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.clear_log()
+    offline = from_pretrained("org/bert", revision="v1")
+    assert_same_state(state_of(offline), state_of(AutoModel.from_pretrained(berts[0])))
+    assert hub.log() == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
 
     # transformers itself, offline, finds the model in the cache we left.
     hub.clear_log()

@@ -30,6 +30,8 @@ _OPTIONS = (
     "bandwidth",
     "store_options",
     "allow_redirect",
+    "cache",
+    "cache_dir",
 )
 EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
 
@@ -301,10 +303,15 @@ class EngineLoaderMixin:
             source = weight_files(
                 self._local_dir(model, revision), self.load_config.ignore_patterns, LOAD_FORMAT
             )
+        options = self.options
+        download_dir = getattr(self.load_config, "download_dir", None)
+        if is_hub(source) and download_dir is not None and "cache_dir" not in options:
+            # The engine's `--download-dir` is the Hugging Face cache its download would fill.
+            options = {**options, "cache_dir": download_dir}
         group = None
         if self.share_reads:
             group = devices_group(self._world_group_coordinator(), device)
-        return stream(source, device, self.options, group, self._keep_report)
+        return stream(source, device, options, group, self._keep_report)
 
     def _keep_report(self, report: Dict[str, Any]) -> None:
         self.last_report = report

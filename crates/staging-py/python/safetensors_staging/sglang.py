@@ -26,7 +26,7 @@ library: full tensors, each owning its memory, on the model's device. A model pa
 model id (`--model-path org/name`) streams its weights from `hf://org/name@<revision>` (into the
 Hugging Face cache) instead of downloading them first. The extra-config keys are
 those of the vLLM plugin (`weights`, `backend`, `device_memory`, `chunk_size`, `threads`,
-`share_reads`, remote options); an unknown key is an error naming them. Nothing here imports
+`share_reads`, remote options, `cache`, `cache_dir`); an unknown key is an error naming them. Nothing here imports
 SGLang before SGLang calls `register` or the class is asked for.
 """
 

@@ -27,7 +27,9 @@ device. Keys of `--model-loader-extra-config` (an unknown key is an error naming
 - `share_reads`: read each byte once across vLLM's world group and broadcast it (as
   `process_group=` does);
 - the remote options `concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`,
-  `allow_redirect`.
+  `allow_redirect`;
+- for a Hub model: `cache` (false: stream without writing the Hugging Face cache) and
+  `cache_dir` (default: vLLM's `--download-dir`, else `HF_HUB_CACHE`, else `$HF_HOME/hub`).
 """
 
 from __future__ import annotations
