@@ -733,3 +733,30 @@ def test_a_load_beside_a_snapshot_download_in_the_same_cache(
     theirs.parent.mkdir()
     run_hf(hub, theirs, [("snapshot_download", {"repo_id": REPO})])
     assert tree(hub.cache) == tree(theirs)
+
+
+def test_a_load_that_failed_before_any_file_leaves_no_snapshot(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gated model without a token fails before any file arrives. huggingface_hub's own
+    failed `snapshot_download` leaves `refs/main` (and its trees/ listing) but no snapshot
+    folder, so that `local_files_only=True` says the model is not in the cache; an empty
+    `snapshots/<commit>/` would be taken for a downloaded model, by it and by an offline load.
+
+    FAILS at the time of writing: the library creates `snapshots/<commit>/` before fetching
+    the first small file (`hub::open`: `dirs.prepare(&commit)`), and leaves it empty."""
+    with pytest.raises(st.PathPermissionError):
+        stt.load_file("hf://org/gated")
+    theirs = tmp_path / "theirs" / "hub"
+    theirs.parent.mkdir()
+    [failed] = run_hf(hub, theirs, [("snapshot_download", {"repo_id": "org/gated"})])
+    assert failed["error"] == "GatedRepoError"
+    local = ("snapshot_download", {"repo_id": "org/gated", "local_files_only": True})
+    [after_theirs] = run_hf(hub, theirs, [local])
+    assert after_theirs["error"] == "LocalEntryNotFoundError", after_theirs
+    assert not (theirs / "models--org--gated" / "snapshots").exists()
+    [after_ours] = run_hf(hub, hub.cache, [local])
+    assert after_ours.get("error") == "LocalEntryNotFoundError", after_ours
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(st.PathNotFoundError, match="HF_HUB_OFFLINE is set"):
+        stt.load_file("hf://org/gated")
