@@ -287,10 +287,11 @@ def test_a_corrupted_byte_fails_naming_the_file_and_leaves_no_blob(
     shard = SHARDS[1]
     data = (sharded_dir / shard).read_bytes()
     hub.faults.corrupt[shard] = len(data) - 100
-    with pytest.raises(st.StagingError) as e:
+    with pytest.raises(st.ReadError) as e:
         stt.load_file(f"hf://{REPO}")
     message = str(e.value)
-    assert shard in message and "SHA-256" in message, message
+    assert f"{shard}: the bytes received do not match the SHA-256 the Hub lists" in message, message
+    assert "nothing of it was written to the cache" in message, message
     blobs = hub.cache / "models--org--sharded" / "blobs"
     left = sorted(p.name for p in blobs.iterdir())
     assert hashlib.sha256(data).hexdigest() not in left, left
