@@ -8,7 +8,9 @@ import fnmatch
 import glob
 import json
 import os
+import re
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import quote
 
 from . import _native
 
@@ -28,6 +30,8 @@ _OPTIONS = (
     "bandwidth",
     "store_options",
     "allow_redirect",
+    "cache",
+    "cache_dir",
 )
 EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
 
@@ -38,6 +42,43 @@ def is_url(weights: Optional[str]) -> bool:
     """Whether `weights` is a URL, which the library reads itself, rather than a local
     directory: the library's answer."""
     return weights is not None and _native._is_url(weights)
+
+
+# A repository name (or organization) as `huggingface_hub`'s `validate_repo_id` takes one, in
+# the ASCII the library's `hf://` takes: 1 to 96 of A-Z a-z 0-9 _ - ., starting and ending with
+# a letter, digit or `_`.
+_REPO_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
+
+
+def is_hub(path: Any) -> bool:
+    """Whether `path` is a Hub path (`hf://...`)."""
+    return isinstance(path, str) and path[:5].lower() == "hf://"
+
+
+def is_repo_id(name: Any) -> bool:
+    """Whether `name` is a Hub model id (`org/name` or `name`) by `huggingface_hub`'s rules:
+    each part 1 to 96 of A-Z a-z 0-9 _ - ., not starting or ending with - or ., no -- or ..,
+    not ending with .git."""
+    if not isinstance(name, str) or name.count("/") > 1:
+        return False
+    return (
+        all(_REPO_NAME.fullmatch(part) for part in name.split("/"))
+        and "--" not in name
+        and ".." not in name
+        and not name.endswith(".git")
+    )
+
+
+def hub_path(model: Any, revision: Optional[str] = None) -> Optional[str]:
+    """`hf://{model}@{revision}` when `model` names a model on the Hub rather than a local path:
+    a model id that is not an existing path (as `transformers` and the engines tell them
+    apart), or an `hf://` path already (returned as it is). `None` otherwise."""
+    if is_hub(model):
+        return model
+    if not is_repo_id(model) or os.path.exists(model):
+        return None
+    # A revision holding `/` (`refs/pr/1`) is written percent-encoded.
+    return f"hf://{model}@{quote(revision or 'main', safe='')}"
 
 
 def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], bool, Dict[str, Any]]:
@@ -69,7 +110,7 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
         raise ValueError(
             f"model_loader_extra_config 'weights' must be a path or URL, not {weights!r}"
         )
-    if is_url(weights) and _native._url_store(weights) is None:
+    if is_url(weights) and not is_hub(weights) and _native._url_store(weights) is None:
         raise ValueError(
             f"model_loader_extra_config 'weights' {_native._redacted(weights)!r} is a URL of a scheme this "
             "library does not read"
@@ -225,10 +266,16 @@ class EngineLoaderMixin:
             ignore_patterns=self.load_config.ignore_patterns,
         )
 
+    def _hub_source(self, model: str, revision: Optional[str]) -> Optional[str]:
+        """`hf://{model}@{revision}` when no `weights` is given and `model` is a Hub model id,
+        not a local directory: its weights stream from the Hub (into the Hugging Face cache)
+        instead of being downloaded first."""
+        return hub_path(model, revision) if self.weights is None else None
+
     def _prepare_download(self, model: str, revision: Optional[str]) -> None:
-        """What the engine's `download_model` does: fetch the weights unless they are a URL
-        (which the library reads itself)."""
-        if not is_url(self.weights):
+        """What the engine's `download_model` does: fetch the weights unless they are a URL or
+        a Hub model's (which the library reads itself)."""
+        if not is_url(self.weights) and self._hub_source(model, revision) is None:
             self._local_dir(model, revision)
 
     def _staged_weights(
@@ -239,22 +286,32 @@ class EngineLoaderMixin:
         were handed out. The files are chosen now, the tensors read as they are asked for.
 
         Args:
-            model: the model's directory or hub name.
-            revision: its hub revision.
+            model: the model's directory or Hub model id (read through `hf://` when no
+                `weights` is given; `ignore_patterns` do not apply there: the library picks
+                the index, else `model.safetensors`, else every `*.safetensors` at the root).
+            revision: its Hub revision (`main` when None).
             url_applies: whether a `weights` URL holds these weights (not for SGLang's
                 secondary weights, which come with a prefix).
         """
         device = current_device()
+        hub = self._hub_source(model, revision)
         if url_applies and is_url(self.weights):
             source: Any = self.weights
+        elif hub is not None:
+            source = hub
         else:
             source = weight_files(
                 self._local_dir(model, revision), self.load_config.ignore_patterns, LOAD_FORMAT
             )
+        options = self.options
+        download_dir = getattr(self.load_config, "download_dir", None)
+        if is_hub(source) and download_dir is not None and "cache_dir" not in options:
+            # The engine's `--download-dir` is the Hugging Face cache its download would fill.
+            options = {**options, "cache_dir": download_dir}
         group = None
         if self.share_reads:
             group = devices_group(self._world_group_coordinator(), device)
-        return stream(source, device, self.options, group, self._keep_report)
+        return stream(source, device, options, group, self._keep_report)
 
     def _keep_report(self, report: Dict[str, Any]) -> None:
         self.last_report = report

@@ -22,9 +22,11 @@ calls it in each of its processes before it reads its arguments.
 
 The class is SGLang's own `DefaultModelLoader` (so SGLang builds the model, calls
 `model.load_weights` and runs its post-processing as usual) whose weights come from this
-library: full tensors, each owning its memory, on the model's device. The extra-config keys are
+library: full tensors, each owning its memory, on the model's device. A model path that is a Hub
+model id (`--model-path org/name`) streams its weights from `hf://org/name@<revision>` (into the
+Hugging Face cache) instead of downloading them first. The extra-config keys are
 those of the vLLM plugin (`weights`, `backend`, `device_memory`, `chunk_size`, `threads`,
-`share_reads`, remote options); an unknown key is an error naming them. Nothing here imports
+`share_reads`, remote options, `cache`, `cache_dir`); an unknown key is an error naming them. Nothing here imports
 SGLang before SGLang calls `register` or the class is asked for.
 """
 
@@ -77,7 +79,8 @@ def _make_loader_class() -> type:
             return get_world_group()
 
         def download_model(self, model_config: Any) -> None:
-            """Downloads the model's safetensors files, unless the weights are a URL."""
+            """Downloads the model's safetensors files, unless the weights are a URL or a Hub
+            model's (streamed through `hf://` as they load)."""
             self._prepare_download(model_config.model_path, model_config.revision)
 
         def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:

@@ -4,7 +4,14 @@
 from safetensors_staging.transformers import from_pretrained
 
 model = from_pretrained("Qwen/Qwen2.5-0.5B-snapshot-dir", AutoModelForCausalLM, device="cuda:0")
+model = from_pretrained("Qwen/Qwen2.5-0.5B", AutoModelForCausalLM, device="cuda:0")  # the Hub
 ```
+
+A model id (`org/name`, as `transformers` takes one: not an existing local path) or an
+`hf://org/name[@revision][/path]` path is read from the Hugging Face Hub through `hf://`: the
+weights stream onto the device while they are written into the Hugging Face cache, as
+`huggingface_hub` writes it, and the config is read from the snapshot that leaves there (with
+`cache=False`, nothing is written and the config comes from `transformers.AutoConfig`).
 
 `transformers` has no loader hook, but `from_pretrained(None, config=..., state_dict=...)` takes
 a state dict and still applies its key renames, dtype, `device_map` and tensor-parallel plan.
@@ -18,10 +25,12 @@ indexes the slice, so a rank reads only the rows of its share. Nothing here impo
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
+from urllib.parse import unquote
 
-from . import _device
+from . import _device, _engines
 from ._native import _DTYPES
 from ._safe_open import safe_open
 
@@ -31,6 +40,69 @@ def _config_dir(path: Any) -> Path:
     index given."""
     local = Path(os.fspath(path))
     return local if local.is_dir() else local.parent
+
+
+def _hub_cache_root(cache_dir: Any) -> Path:
+    """The Hugging Face cache the library writes (`cache_dir`, else `HF_HUB_CACHE`, else
+    `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`), read as the library reads it: now, not at
+    import."""
+
+    def var(name: str) -> Optional[str]:
+        return os.environ.get(name) or None
+
+    if cache_dir is not None:
+        return Path(os.fspath(cache_dir)).expanduser()
+    explicit = var("HF_HUB_CACHE") or var("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = var("HF_HOME")
+    if home:
+        return Path(home).expanduser() / "hub"
+    xdg = var("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path("~/.cache").expanduser()
+    return base / "huggingface" / "hub"
+
+
+def _split_hub(path: str) -> Tuple[str, str, str]:
+    """`(repo, revision, path inside)` of `hf://org/name[@revision][/path]` (as the library
+    parses it: a model without an organization has one segment before its revision or path)."""
+    segments = path.split("://", 1)[1].strip("/").split("/")
+    if segments[0] == "models":
+        segments = segments[1:]
+    take = 1 if "@" in segments[0] or len(segments) == 1 else 2
+    repo, _, revision = "/".join(segments[:take]).partition("@")
+    return repo, unquote(revision) or "main", "/".join(segments[take:])
+
+
+def _is_false(value: Any) -> bool:
+    return value is False or (
+        isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off")
+    )
+
+
+def _hub_config(hub: str, loader_options: Dict[str, Any]) -> Any:
+    """The config of the Hub model `hub` (`hf://...`) a load has just opened: from the
+    snapshot it left in the cache, or, with `cache=False`, from `transformers.AutoConfig`."""
+    import transformers
+
+    repo, revision, inside = _split_hub(hub)
+    # A path inside the repository names a directory, an index or a weight file.
+    subfolder = inside.rpartition("/")[0] if inside.endswith((".json", ".safetensors")) else inside
+    if _is_false(loader_options.get("cache", True)):
+        kwargs: Dict[str, Any] = {"revision": revision}
+        if subfolder:
+            kwargs["subfolder"] = subfolder
+        if loader_options.get("cache_dir") is not None:
+            kwargs["cache_dir"] = os.fspath(loader_options["cache_dir"])
+        return transformers.AutoConfig.from_pretrained(repo, **kwargs)
+    repo_dir = _hub_cache_root(loader_options.get("cache_dir")) / (
+        "models--" + repo.replace("/", "--")
+    )
+    if re.fullmatch(r"[0-9a-fA-F]{40}", revision):
+        commit = revision.lower()
+    else:
+        commit = (repo_dir / "refs" / revision).read_text().strip()
+    return transformers.AutoConfig.from_pretrained(repo_dir / "snapshots" / commit / subfolder)
 
 
 def _dtype_of(handle: safe_open, config: Any) -> Any:
@@ -58,14 +130,17 @@ def from_pretrained(
     *,
     config: Any = None,
     model_kwargs: Optional[Dict[str, Any]] = None,
+    revision: Optional[str] = None,
     **loader_options: Any,
 ) -> Any:
     """A `transformers` model: its config from `path`, its weights read through this library.
 
     Args:
         path: a local model directory (`config.json` and the safetensors files, sharded or
-            not, a hub-cache snapshot); or, with `config=` given, anything `safe_open` takes
-            (a URL too).
+            not, a hub-cache snapshot); a model id on the Hugging Face Hub (`org/name` that
+            is not a local path) or an `hf://org/name[@revision][/path]` path, read through
+            `hf://` (the config from the snapshot the load leaves in the cache); or, with
+            `config=` given, anything `safe_open` takes (a URL too).
         model_class: the `transformers` class to build (`AutoModel` by default), e.g.
             `AutoModelForCausalLM`.
         device: where the weights go (`"cpu"`, `"cuda:N"`, ...): the model is built there
@@ -75,6 +150,7 @@ def from_pretrained(
         model_kwargs: further keywords for `model_class.from_pretrained` (`dtype`, `tp_plan`,
             `attn_implementation`, ...). `dtype` defaults to "auto": the config's, else the
             first floating tensor's of 16 bits or more.
+        revision: the Hub revision of a model id (a branch, tag or commit; `main` when None).
         **loader_options: this library's options (`backend`, `memory_cap`, `chunk_size`,
             remote options, ...), as for `load_file`.
 
@@ -82,25 +158,35 @@ def from_pretrained(
         The model, built by `model_class.from_pretrained(None, config=..., state_dict=...)`.
 
     Raises:
-        ValueError: an `Auto...` class with no model class for the config.
+        ValueError: an `Auto...` class with no model class for the config; a `revision=`
+            beside an `hf://` path (which says its own).
     """
     import transformers
 
     if model_class is None:
         model_class = transformers.AutoModel
     kwargs = dict(model_kwargs or {})
-    if config is None:
+    hub = _engines.hub_path(path, revision) if isinstance(path, str) else None
+    if hub is not None and revision is not None and _engines.is_hub(path):
+        raise ValueError(
+            f"revision={revision!r} given beside {path!r}: write it in the path (hf://org/name@rev)"
+        )
+    if config is None and hub is None:
         config = transformers.AutoConfig.from_pretrained(_config_dir(path))
-    # An `Auto...` class cannot be given a state dict without a path: the class it stands for.
-    mapping = getattr(model_class, "_model_mapping", None)
-    if mapping is not None:
-        try:
-            model_class = mapping[type(config)]
-        except KeyError:
-            raise ValueError(
-                f"{model_class.__name__} has no model class for {type(config).__name__}"
-            ) from None
-    with safe_open(path, framework="pt", device=device, **loader_options) as handle:
+    with safe_open(hub or path, framework="pt", device=device, **loader_options) as handle:
+        if config is None:
+            # Opening a Hub model fetched its config into the cache (unless `cache=False`).
+            config = _hub_config(hub, loader_options)
+        # An `Auto...` class cannot be given a state dict without a path: the class it
+        # stands for.
+        mapping = getattr(model_class, "_model_mapping", None)
+        if mapping is not None:
+            try:
+                model_class = mapping[type(config)]
+            except KeyError:
+                raise ValueError(
+                    f"{model_class.__name__} has no model class for {type(config).__name__}"
+                ) from None
         state_dict = {name: handle.get_slice(name) for name in handle.offset_keys()}
         if kwargs.get("dtype", "auto") == "auto" and "torch_dtype" not in kwargs:
             kwargs["dtype"] = _dtype_of(handle, config)

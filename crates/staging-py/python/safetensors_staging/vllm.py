@@ -15,15 +15,21 @@ its memory (vLLM models may keep a tensor past the next step of the iterator), o
 device. Keys of `--model-loader-extra-config` (an unknown key is an error naming these):
 
 - `weights`: where the weights are, when not in the model directory: a directory or a URL the
-  library reads (`s3://`, `gs://`, `az://`, `http(s)://` and their aliases: `s3a://`, `abfs://`,
-  ...; vLLM refuses such a model path for formats not its own, so keep the config in a local
-  directory given as the model and the weights here);
+  library reads (`hf://`, `s3://`, `gs://`, `az://`, `http(s)://` and their aliases: `s3a://`,
+  `abfs://`, ...; vLLM refuses such a model path for formats not its own, so keep the config in
+  a local directory given as the model and the weights here). Without it, a model given as a
+  Hub id (`vllm serve org/name --load-format staging`) streams its weights from
+  `hf://org/name@<revision>` into the Hugging Face cache as they load, instead of downloading
+  them first (vLLM fetches the config itself; `ignore_patterns` do not apply: the library
+  reads the index, else `model.safetensors`, else every `*.safetensors` at the root);
 - `backend` (`auto`, `host`, `cufile`, `hipfile`), `device_memory` (a size: the cap on the device
   memory the load holds), `chunk_size`, `threads`;
 - `share_reads`: read each byte once across vLLM's world group and broadcast it (as
   `process_group=` does);
 - the remote options `concurrency`, `range_size`, `retries`, `bandwidth`, `store_options`,
-  `allow_redirect`.
+  `allow_redirect`;
+- for a Hub model: `cache` (false: stream without writing the Hugging Face cache) and
+  `cache_dir` (default: vLLM's `--download-dir`, else `HF_HUB_CACHE`, else `$HF_HOME/hub`).
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ def _make_loader_class() -> type:
             return get_world_group()
 
         def download_model(self, model_config: Any) -> None:
-            """Downloads the model's safetensors files, unless the weights are a URL."""
+            """Downloads the model's safetensors files, unless the weights are a URL or a Hub
+            model's (streamed through `hf://` as they load)."""
             self._prepare_download(model_config.model, model_config.revision)
 
         def weights_iterator(self, model_config: Any) -> Iterator[Tuple[str, Any]]:
