@@ -59,6 +59,9 @@ pub(crate) fn url_store(path: PathBuf) -> Option<&'static str> {
         return None;
     }
     let (scheme, _) = path.to_str()?.split_once("://")?;
+    if backend_remote::hub::is_hub(&path) {
+        return Some("hub");
+    }
     Some(match Scheme::of(scheme)? {
         Scheme::S3 => "s3",
         Scheme::Gcs => "gcs",

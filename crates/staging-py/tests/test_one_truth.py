@@ -160,6 +160,8 @@ def test_safe_open_reads_the_rows_a_plain_load_keeps(layered: Path) -> None:
 # URLs of every scheme the remote backend reads (as `Scheme::of` spells them), and the store.
 READ_URLS = {
     "s3://bucket/model": "s3",
+    "hf://org/model": "hub",
+    "HF://org/model@v1/sub": "hub",
     "s3a://bucket/model": "s3",
     "S3A://bucket/model": "s3",
     "gs://bucket/model": "gcs",
@@ -171,7 +173,7 @@ READ_URLS = {
     "https://host/model": "http",
 }
 # A URL, but of a scheme nothing reads: the library's error, not a local directory.
-UNREAD_URLS = ["ftp://host/model", "hf://org/model"]
+UNREAD_URLS = ["ftp://host/model"]
 NOT_URLS = [
     "model_dir",
     "/abs/model",

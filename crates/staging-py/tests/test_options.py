@@ -62,6 +62,10 @@ TABLE: List[Dict[str, Any]] = [
         "store_options": {"aws_region": "us-east-1", "allow_http": "true"},
         "allow_redirect": ["cdn.example.com", "*.hf.co"],
     },
+    {
+        "cache": False,
+        "cache_dir": "/tmp/hf-cache",
+    },
 ]
 
 
