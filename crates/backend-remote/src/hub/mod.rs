@@ -16,7 +16,7 @@
 //! 4. else the small files a model needs beside its weights (`config.json`, the tokenizer:
 //!    every file that is not a weight) are fetched into the snapshot, `refs/<revision>` is
 //!    written, and the weights are read through a [`Remote`] whose store is the Hub
-//!    ([`store`]), each byte written into the cache as it arrives ([`cache`]) and each file
+//!    (`store`), each byte written into the cache as it arrives (`cache`) and each file
 //!    committed once its SHA-256 is the one the Hub lists ([`Opened::Streamed`]).
 //!
 //! Configuration is `huggingface_hub`'s environment: `HF_ENDPOINT` (a mirror), `HF_TOKEN`
