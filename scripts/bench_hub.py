@@ -18,6 +18,8 @@ round):
 
 - `wire`: one `curl -sL -o /dev/null` per file, all at once, of the resolve URLs of the files
   `hf_download` fetches (weights through the 302 to the CDN): the cap's own time;
+- `wire+write`: the same into files in the sample's cache directory: the wire and the page
+  cache's writes, no hashing, no symlinks;
 - `hf_download`: `huggingface_hub.snapshot_download` with `allow_patterns` as transformers
   fetches (`*.safetensors`, `*.json`, tokenizer files), `HF_HUB_DISABLE_XET=1`;
 - `hf_download+load`: the same, then `safetensors.torch.load_file` of every shard, each page of
@@ -28,7 +30,9 @@ round):
 - `ours_transformers`: `safetensors_staging.transformers.from_pretrained("org/name", AutoModel)`;
 - `transformers`: `transformers.AutoModel.from_pretrained("org/name", dtype="auto")`;
 - with `--cold`: `ours_load_file(cold)` and `hf_download+load(cold)` after `sync; echo 1 >
-  /proc/sys/vm/drop_caches` (root only): the served files come off the disk;
+  /proc/sys/vm/drop_caches` (root only): the served files come off the disk, and so do Python,
+  torch and the library (the served files are read back into the page cache after each; run
+  these rows alone, `--only`, so no warm row follows one with its imports cold);
 - with `--gpu`: `ours_load_file(cuda)` (`device="cuda:0"`), `hf_download+load(cuda)`
   (`load_file(..., device="cuda")`), `stage(cuda)` (`--backend auto --device cuda:0`),
   `ours_transformers(cuda)` (`device="cuda:0"`), `transformers(cuda)` (`.to("cuda")`), each
@@ -38,7 +42,8 @@ A row that fails is reported as `failed: <the error's first line>` and the run g
 
 Page cache: the served files are read once before each rate, so the fake Hub serves them from
 the page cache (warm) except in the `(cold)` rows; the cache each sample writes is removed after
-it (outside the timing).
+it and `sync` runs before each sample (both outside the timing), so no sample pays for the
+writeback of another's.
 
 Once per model, before the timed rows: the tensors of our load equal `safetensors`' of the
 files `snapshot_download` fetched (sha256 of every tensor's bytes), and our cache tree equals
@@ -83,6 +88,7 @@ ALLOW = [
 ]
 CPU_ROWS = [
     "wire",
+    "wire+write",
     "hf_download",
     "hf_download+load",
     "stage",
@@ -270,6 +276,9 @@ def write_synthetic(work: Path, size: int) -> Path:
     cfg_json["dtype"] = "float16"
     cfg_json["architectures"] = ["BertModel"]
     (tmp / "config.json").write_text(json.dumps(cfg_json, indent=2))
+    tmp.chmod(0o755)
+    for f in tmp.iterdir():
+        f.chmod(0o644)
     tmp.rename(out)
     print(f"wrote {out}: {layers} layers, {len(names)} tensors, {total} bytes", flush=True)
     return out
@@ -354,15 +363,26 @@ def run_sample(
     base = row.split("(")[0]
     variant = row[len(base) :].strip("()")
     dev = "cuda" if variant == "cuda" else "cpu"
+    # No writeback of the previous sample's cache left to slow this one (that cache is
+    # removed, but pages already under writeback are written).
+    os.sync()
     if variant == "cold":
         drop_caches()
     s: dict = {"row": row}
     cpu0, ccpu0 = hub.cpu(), children_cpu()
     t0 = time.monotonic()
-    if base == "wire":
+    if base in ("wire", "wire+write"):
+        into = Path(env["HF_HUB_CACHE"]) / "curl"
         procs = [
             subprocess.Popen(
-                ["curl", "-sfL", "-o", "/dev/null", f"{hub.endpoint}/{repo_id}/resolve/main/{f}"],
+                [
+                    "curl",
+                    "-sfL",
+                    "-o",
+                    "/dev/null" if base == "wire" else str(into / f.replace("/", "_")),
+                    "--create-dirs",
+                    f"{hub.endpoint}/{repo_id}/resolve/main/{f}",
+                ],
                 stderr=subprocess.PIPE,
             )
             for f in files
@@ -513,8 +533,8 @@ def table(samples: List[dict], rows: List[str], weight_bytes: int) -> str:
 
     wire, base = med("wire"), med("hf_download+load")
     lines = [
-        "| row | median s | min-max s | x wire | x hf_download+load | weights GB/s | imports s | client CPU s | fake hub CPU s | n |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| row | median s | min-max s | x wire | x hf_download+load | weights GB/s | imports s | after imports s | client CPU s | fake hub CPU s | n |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         ss = ok.get(row, [])
@@ -522,11 +542,12 @@ def table(samples: List[dict], rows: List[str], weight_bytes: int) -> str:
         bad = [s for s in ss if "error" in s]
         if not good:
             msg = f"failed: {bad[0]['error']}" if bad else "not run"
-            lines.append(f"| {row} | {msg} | | | | | | | | 0/{len(ss)} |")
+            lines.append(f"| {row} | {msg} | | | | | | | | | 0/{len(ss)} |")
             continue
         xs = [s["seconds"] for s in good]
         m = statistics.median(xs)
         imp = [s["import_s"] for s in good if "import_s" in s]
+        after = [s["seconds"] - s["import_s"] for s in good if "import_s" in s]
         cpu = [s["client_cpu"] for s in good if "client_cpu" in s]
         srv = [s["server_cpu"] for s in good]
         cells = [
@@ -537,6 +558,7 @@ def table(samples: List[dict], rows: List[str], weight_bytes: int) -> str:
             f"{m / base:.2f}" if base else "",
             f"{weight_bytes / m / 1e9:.2f}",
             f"{statistics.median(imp):.2f}" if imp else "",
+            f"{statistics.median(after):.2f}" if after else "",
             f"{statistics.median(cpu):.2f}" if cpu else "",
             f"{statistics.median(srv):.2f}",
             f"{len(good)}/{len(ss)}" + (f" (failed: {bad[0]['error']})" if bad else ""),
@@ -557,6 +579,9 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="add the drop_caches rows (root)")
     ap.add_argument("--gpu", action="store_true", help="add the cuda rows")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    ap.add_argument(
+        "--report", type=Path, default=None, help="print the tables of a --json file and exit"
+    )
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--stage", default="/work/artifacts/stage")
     ap.add_argument(
@@ -565,6 +590,17 @@ def main() -> int:
         help="prepended to the children's PYTHONPATH (where safetensors_staging is)",
     )
     args = ap.parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        samples = saved["samples"]
+        order = list(dict.fromkeys(s["row"] for s in samples))
+        rows = [r for r in CPU_ROWS + COLD_ROWS + GPU_ROWS if r in order]
+        for rate in dict.fromkeys(s["rate"] for s in samples):
+            for m in dict.fromkeys(s["model"] for s in samples):
+                ss = [s for s in samples if s["model"] == m and s["rate"] == rate]
+                if ss:
+                    print(f"### {m} at {rate}\n\n{table(ss, rows, saved['weights'][m])}\n")
+        return 0
 
     rows = list(CPU_ROWS)
     if args.cold:
@@ -638,6 +674,9 @@ def main() -> int:
                             )
                         finally:
                             shutil.rmtree(cache.parent, ignore_errors=True)
+                            if row.endswith("(cold)"):
+                                for d in dirs.values():
+                                    warm(d)
                         s.update(model=m, rate=rate, round=rnd)
                         samples.append(s)
                         status = s.get("error", f"{s['seconds']:.2f} s")
@@ -651,7 +690,11 @@ def main() -> int:
             print(text, flush=True)
         if args.json:
             args.json.write_text(
-                json.dumps({"args": vars(args), "samples": samples}, default=str, indent=1)
+                json.dumps(
+                    {"args": vars(args), "weights": weights, "samples": samples},
+                    default=str,
+                    indent=1,
+                )
             )
 
     print("\n".join(report))
