@@ -564,6 +564,18 @@ def table(samples: List[dict], rows: List[str], weight_bytes: int) -> str:
             f"{len(good)}/{len(ss)}" + (f" (failed: {bad[0]['error']})" if bad else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    goals = []
+    for row in ("ours_load_file", "stage", "ours_transformers"):
+        m = med(row)
+        if m is None or not wire or not base:
+            continue
+        a, b = m / wire, m / base
+        goals.append(
+            f"{row} {a:.2f}x wire ({'met' if a <= 1.15 else 'NOT met'}), "
+            f"{b:.2f}x hf_download+load ({'met' if b <= 0.5 else 'NOT met'})"
+        )
+    if goals:
+        lines.append("\nGoals (<= 1.15x wire, <= 0.5x hf_download+load): " + "; ".join(goals) + ".")
     return "\n".join(lines)
 
 
