@@ -56,8 +56,12 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 #[derive(Debug, Parser)]
 #[command(name = "stage", version, arg_required_else_help = true)]
 struct Args {
-    /// A checkpoint directory, an index file, safetensors files, a URL (s3://, gs://, az://,
-    /// http(s)://), or a model on the Hugging Face Hub (hf://org/name[@revision][/path]).
+    // The help as an attribute, not a doc comment: rustdoc would read `[/path]` as a link.
+    #[arg(
+        help = "A checkpoint directory, an index file, safetensors files, a URL (s3://, gs://, \
+                az://, http(s)://), or a model on the Hugging Face Hub \
+                (hf://org/name[@revision][/path])"
+    )]
     paths: Vec<PathBuf>,
     /// Write a synthetic sharded checkpoint (Qwen-like, --synthetic-size) to a temporary
     /// directory, load it and remove it: a first run that needs no model.
