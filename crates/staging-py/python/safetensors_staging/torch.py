@@ -26,7 +26,16 @@ except ModuleNotFoundError as error:  # the message names the extra that install
     _requires.missing(error, "torch", "safetensors_staging.torch")
     raise
 
-__all__ = ["load", "load_file", "load_model", "save", "save_file", "save_model"]
+__all__ = [
+    "load",
+    "load_file",
+    "load_model",
+    "save",
+    "save_file",
+    "save_model",
+    "storage_ptr",
+    "storage_size",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -73,53 +82,110 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
     return out
 
 
-def _storage(tensor: torch.Tensor) -> Tuple[int, int]:
-    """The address and size of a tensor's storage; (0, 0) when it has none."""
+# The helpers of `safetensors.torch` that other libraries import (transformers imports
+# `storage_ptr` and `storage_size`; accelerate and peft the shared-tensor ones), with its
+# behaviour: the same groups in the same order, the same names kept.
+
+
+def storage_ptr(tensor: torch.Tensor) -> int:
+    """The address of the storage under `tensor` (0 for a tensor without one, as on `meta`)."""
     try:
-        storage = tensor.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
+        return tensor.untyped_storage().data_ptr()
     except (NotImplementedError, RuntimeError):
-        return 0, 0
+        return 0
 
 
-def _span(tensor: torch.Tensor) -> Tuple[int, int]:
-    """The bytes a tensor's elements cover: from its first element to past its last."""
-    first = tensor.data_ptr()
-    if tensor.numel() == 0:
-        return first, first
-    size = tensor.element_size()
-    reach = sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
-    return first, first + (reach + 1) * size
+def storage_size(tensor: torch.Tensor) -> int:
+    """The bytes of the storage under `tensor` (its own bytes for a tensor without one)."""
+    try:
+        return tensor.untyped_storage().nbytes()
+    except (NotImplementedError, RuntimeError):
+        return tensor.nelement() * tensor.element_size()
 
 
-def _shared_groups(tensors: Dict[str, torch.Tensor]) -> List[Set[str]]:
-    """Names whose tensors overlap in memory: grouped by storage, then split where the bytes
-    they cover do not overlap (two halves of one buffer are not shared)."""
+def _end_ptr(tensor: torch.Tensor) -> int:
+    """The address past `tensor`'s last element (its address when it has none)."""
+    if tensor.nelement():
+        return tensor.view(-1)[-1].data_ptr() + tensor.element_size()
+    return tensor.data_ptr()
+
+
+def _is_complete(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` covers its whole storage, from its first byte."""
+    return tensor.data_ptr() == storage_ptr(tensor) and tensor.nelement() * (
+        tensor.element_size()
+    ) == storage_size(tensor)
+
+
+def _filter_shared_not_shared(
+    groups: List[Set[str]], state_dict: Dict[str, torch.Tensor]
+) -> List[Set[str]]:
+    """Each group of names on one storage split where the bytes they cover do not overlap
+    (two halves of one buffer are not shared)."""
+    out: List[Set[str]] = []
+    for names in groups:
+        if len(names) < 2:
+            out.append(names)
+            continue
+        spans = sorted((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in names)
+        _, last_stop, first = spans[0]
+        out.append({first})
+        for begin, stop, name in spans[1:]:
+            if begin >= last_stop:
+                out.append({name})
+            else:
+                out[-1].add(name)
+            last_stop = stop
+    return out
+
+
+def _find_shared_tensors(state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """Names whose tensors share memory, in groups (a name alone is a group of one); tensors
+    without storage (`meta`, empty) are left out."""
     by_storage: Dict[Tuple[Any, int, int], Set[str]] = defaultdict(set)
-    for name, tensor in tensors.items():
+    for name, tensor in state_dict.items():
         if tensor.device.type == "meta":
             continue
-        address, size = _storage(tensor)
+        address, size = storage_ptr(tensor), storage_size(tensor)
         if address and size:
+            # The device is part of the key: two GPUs may use the same addresses.
             by_storage[(tensor.device, address, size)].add(name)
-    groups: List[Set[str]] = []
-    for names in sorted(by_storage.values(), key=lambda g: sorted(g)):
-        spans = sorted((*_span(tensors[n]), n) for n in names)
-        current: Set[str] = set()
-        end = -1
-        for begin, stop, name in spans:
-            if current and begin >= end:
-                groups.append(current)
-                current = set()
-            current.add(name)
-            end = max(end, stop)
-        groups.append(current)
-    return groups
+    # `sorted` of sets, as safetensors does, so that the groups come in its order.
+    return _filter_shared_not_shared(sorted(by_storage.values()), state_dict)  # type: ignore[type-var]
 
 
-def _covers_storage(tensor: torch.Tensor) -> bool:
-    address, size = _storage(tensor)
-    return tensor.data_ptr() == address and tensor.numel() * tensor.element_size() == size
+def _remove_duplicate_names(
+    state_dict: Dict[str, torch.Tensor],
+    *,
+    preferred_names: Optional[Iterable[str]] = None,
+    discard_names: Optional[Iterable[str]] = None,
+) -> Dict[str, List[str]]:
+    """For each group of names sharing memory, the one kept (covering its whole storage; the
+    first in sorted order, preferring `preferred_names`, then those not in `discard_names`)
+    and the others, to drop: `{kept: [dropped, ...]}`.
+
+    Raises:
+        RuntimeError: no name of a group covers the memory the group shares.
+    """
+    prefer = set(preferred_names or ())
+    avoid = set(discard_names or ())
+    dropped: Dict[str, List[str]] = defaultdict(list)
+    for group in _find_shared_tensors(state_dict):
+        whole = {n for n in group if _is_complete(state_dict[n])}
+        if not whole:
+            raise RuntimeError(
+                f"None of {sorted(group)} covers the memory they share: saving them would store "
+                "more than the model holds. Make the tensors separate (`.clone()`) first."
+            )
+        keep = min(whole)
+        if whole - avoid:
+            keep = min(whole - avoid)
+        if prefer & whole:
+            keep = min(prefer & whole)
+        for name in sorted(group):
+            if name != keep:
+                dropped[keep].append(name)
+    return dropped
 
 
 def _flatten(tensors: Dict[str, torch.Tensor]) -> List[Tuple[str, str, List[int], Any]]:
@@ -134,11 +200,13 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> List[Tuple[str, str, List[int]
         if tensor.layout != torch.strided:
             sparse.append(name)
     if sparse:
+        # safetensors' words, which its tests compare.
         raise ValueError(
-            f"You are trying to save sparse tensors: `{sparse}`, which safetensors does not hold. "
-            "Make them dense first (`.to_dense()`)."
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not "
+            "support. You can make it a dense tensor before saving with `.to_dense()` but be "
+            "aware this might make a much larger file than needed."
         )
-    shared = [sorted(g) for g in _shared_groups(tensors) if len(g) > 1]
+    shared = [sorted(g) for g in _find_shared_tensors(tensors) if len(g) > 1]
     if shared:
         raise RuntimeError(
             f"Some tensors share memory, which would be saved twice and load as separate tensors: "
@@ -180,8 +248,9 @@ def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = 
         ValueError: not a dict of tensors, or a sparse or non-contiguous tensor.
         RuntimeError: tensors share memory (use `save_model`).
     """
+    flat = _flatten(tensors)  # first, as safetensors: a non-dict is named as torch's
     _serialize.check_names(tensors, metadata)
-    return _serialize.serialize(_flatten(tensors), metadata)
+    return _serialize.serialize(flat, metadata)
 
 
 def save_file(
@@ -198,33 +267,9 @@ def save_file(
         ValueError: not a dict of tensors, or a sparse or non-contiguous tensor.
         RuntimeError: tensors share memory (use `save_model`).
     """
+    flat = _flatten(tensors)
     _serialize.check_names(tensors, metadata)
-    _serialize.serialize(_flatten(tensors), metadata, filename)
-
-
-def _names_to_drop(
-    state: Dict[str, torch.Tensor], *, prefer: Iterable[str] = (), avoid: Iterable[str] = ()
-) -> Dict[str, List[str]]:
-    """For each group of names sharing memory, the one kept (covering its whole storage; the
-    first in sorted order, preferring `prefer` and not `avoid`) and the others, dropped."""
-    prefer, avoid = set(prefer), set(avoid)
-    dropped: Dict[str, List[str]] = defaultdict(list)
-    for group in _shared_groups(state):
-        if len(group) < 2:
-            continue
-        whole = {n for n in group if _covers_storage(state[n])}
-        if not whole:
-            raise RuntimeError(
-                f"None of {sorted(group)} covers the memory they share: saving them would store "
-                "more than the model holds. Make the tensors separate (`.clone()`) first."
-            )
-        keep = min(whole)
-        if whole - avoid:
-            keep = min(whole - avoid)
-        if prefer & whole:
-            keep = min(prefer & whole)
-        dropped[keep].extend(sorted(n for n in group if n != keep))
-    return dropped
+    _serialize.serialize(flat, metadata, filename)
 
 
 def save_model(
@@ -247,7 +292,7 @@ def save_model(
         RuntimeError: tensors share memory and none of them covers it whole.
     """
     state = model.state_dict()
-    for kept, names in _names_to_drop(state).items():
+    for kept, names in _remove_duplicate_names(state).items():
         for name in names:
             if metadata is None:
                 metadata = {}
@@ -282,7 +327,7 @@ def load_model(
         RuntimeError: with `strict`, a name missing or unexpected.
     """
     state = load_file(filename, device, **options)
-    dropped = _names_to_drop(model.state_dict(), prefer=state.keys())
+    dropped = _remove_duplicate_names(model.state_dict(), preferred_names=state.keys())
     missing_list, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing_list)
     for names in dropped.values():
