@@ -30,6 +30,7 @@ Example:
 #   _safe_open  safe_open (safetensors' API); _slicing: safe_slice and the rows an index needs
 #   _convert    loaded tensors as torch's, NumPy's, JAX's; _dtypes: the dtype table's views
 #   _device     device spellings; _serialize: saving and parsing a file's bytes
+#   _raw        safetensors' raw API: TensorSpec, serialize, serialize_file, deserialize
 #   _requires   the ImportError that names the extra to install where torch or JAX is missing
 #   _distributed  loads across a torch.distributed group; _engines: the vLLM/SGLang plumbing
 
@@ -54,7 +55,9 @@ from ._native import (
     UnsupportedDtypeError,
     __version__,
 )
+from ._raw import TensorSpec, deserialize, serialize, serialize_file
 from ._safe_open import SafetensorError, safe_open
+from ._safe_open import _safe_open_handle as _safe_open_handle  # safetensors' (private) name
 from ._slicing import safe_slice
 
 __all__ = [
@@ -73,12 +76,16 @@ __all__ = [
     "Stage",
     "StagingError",
     "TensorInfo",
+    "TensorSpec",
     "UnsupportedDtypeError",
     "__version__",
     "describe_options",
+    "deserialize",
     "load_file",
     "open",
     "safe_open",
     "safe_slice",
+    "serialize",
+    "serialize_file",
     "stage",
 ]
