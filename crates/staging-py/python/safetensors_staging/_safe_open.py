@@ -8,6 +8,7 @@ the handle, and each `get_slice(name)[...]` reads only the rows the index needs 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
@@ -87,7 +88,17 @@ class safe_open:
         else:
             spelled = "cpu"
             self._convert = ToNumpy() if self._framework_name == "np" else ToJax()
-        self._reader = _native._reader(paths_of(filename), device=spelled, **options)
+        try:
+            self._reader = _native._reader(paths_of(filename), device=spelled, **options)
+        except _native.PathNotFoundError:
+            # A missing file, in safetensors' words (its tests compare them); the class is the
+            # library's, a `FileNotFoundError`.
+            local = isinstance(filename, (str, os.PathLike)) and "://" not in os.fspath(filename)
+            if local and not os.path.lexists(filename):
+                raise _native.PathNotFoundError(
+                    f"No such file or directory: {os.fspath(filename)}"
+                ) from None
+            raise
         checkpoint = self._reader.checkpoint()
         self._infos = {info.name: info for info in checkpoint.tensors()}
         self._offset_keys = [info.name for info in checkpoint.tensors()]
@@ -212,7 +223,17 @@ class safe_open:
 
     def _slice(self, name: str, dtype: str, shape: List[int], key: Any) -> Any:
         self._check_open()
-        return read_slice(self._reader, self._convert, name, dtype, shape, key)
+        # NumPy's and Flax's tensors are sliced by `safetensors` itself, by its own rules; torch's
+        # by torch, whose rules the stand-in applies.
+        return read_slice(
+            self._reader,
+            self._convert,
+            name,
+            dtype,
+            shape,
+            key,
+            as_safetensors=self._framework_name != "pt",
+        )
 
     def report(self) -> Dict[str, Any]:
         """Every read so far, with the keys of `stage --json`.
@@ -236,3 +257,13 @@ class safe_open:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._infos)} tensors"
         return f"safe_open({self._framework_name}, {self.backend}, {state})"
+
+
+class _safe_open_handle(safe_open):
+    """`safetensors._safe_open_handle`: `safe_open` of an open file object (one with a
+    `fileno`, as `open()` and fsspec's local files give), by its `name`, as `safetensors`
+    does."""
+
+    def __init__(self, f: Any, framework: Any, device: Any = "cpu", **options: Any) -> None:
+        f.fileno  # noqa: B018  (an AttributeError for an object that is not a file, as theirs)
+        super().__init__(f.name, framework, device, **options)

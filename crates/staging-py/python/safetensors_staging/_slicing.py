@@ -3,14 +3,17 @@
 `get_slice(name)[...]` reads only the rows of dimension 0 the index needs (for an index on an
 inner dimension, every row: the smallest run of rows covering it). The index is checked first
 against an empty stand-in of the tensor (a `meta` tensor, a zero-stride NumPy array), so a bad
-index raises exactly what the framework raises, before any byte is read.
+index raises exactly what the framework raises, before any byte is read; for NumPy and Flax,
+whose tensors `safetensors` slices by rules of its own (stricter than NumPy's), first what
+those refuse, in its words.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from ._native import _DTYPES
+from ._native import _DTYPES, StagingError
 
 if TYPE_CHECKING:
     from ._safe_open import safe_open
@@ -71,7 +74,100 @@ def covering_rows(key: Any, dim0: int, ndim: int) -> Tuple[Optional[Tuple[int, i
     return rows, narrowed if isinstance(key, tuple) else narrowed[0]
 
 
-def read_slice(reader: Any, convert: Any, name: str, dtype: str, shape: List[int], key: Any) -> Any:
+def _indexer_text(start: Optional[int], stop: Optional[int], step: int, select: bool) -> str:
+    """An indexer as `safetensors` shows it in an error (`2`, `:20`, `0:4:2`)."""
+    if select:
+        return str(start)
+    text = f"{'' if start is None else start}:{'' if stop is None else stop}"
+    return text if step == 1 else f"{text}:{step}"
+
+
+def check_index_as_safetensors(key: Any, shape: List[int]) -> Any:
+    """Refuses, with `safetensors`' words, what its slicing of NumPy and Flax tensors refuses.
+
+    `safetensors` slices those frameworks' tensors itself (its Rust `parse_indexers` and
+    `slice_byte_ranges`), more strictly than NumPy: ints, slices of non-negative bounds and a
+    positive step, one `...`; an empty list; every bound within its dimension. (With torch it
+    indexes a torch tensor, and torch's rules apply: `read_slice` checks those.)
+
+    Returns:
+        The key to index with: `key`, or for an empty list the empty slice it means (JAX
+        takes no list).
+
+    Raises:
+        StagingError: (`SafetensorError`) what `safetensors` raises, in its words.
+        OverflowError: a negative slice bound, as `safetensors` raises it.
+    """
+    if isinstance(key, list):
+        if key:
+            raise StagingError("Non empty lists are not implemented")
+        items: List[Any] = [slice(0, 0)]  # an empty selection
+    else:
+        items = list(key) if isinstance(key, tuple) else [key]
+    ellipses = sum(1 for it in items if it is Ellipsis)
+    if ellipses > 1:
+        raise StagingError("Only one ellipsis (...) is allowed in slice index")
+    expansion = max(len(shape) - (len(items) - ellipses), 0)
+    # (start, stop: None when not given; step; a single index?) per dimension, in order.
+    indexers: List[Tuple[Optional[int], Optional[int], int, bool]] = []
+    for it in items:
+        dim = len(indexers)
+        if it is Ellipsis:
+            indexers.extend((None, None, 1, False) for _ in range(expansion))
+        elif isinstance(it, slice):
+            bounds = []
+            for bound in (it.start, it.stop):
+                if bound is not None:
+                    bound = operator.index(bound)
+                    if bound < 0:
+                        raise OverflowError("can't convert negative int to unsigned")
+                bounds.append(bound)
+            step = 1 if it.step is None else operator.index(it.step)
+            if step <= 0:
+                raise StagingError(f"Slice step must be a positive integer, got {step}")
+            indexers.append((bounds[0], bounds[1], step, False))
+        else:
+            try:
+                index = operator.index(it)
+            except TypeError:
+                raise StagingError(
+                    f"Unsupported slice index at position {dim}: expected slice, int, or ellipsis"
+                ) from None
+            size = shape[dim] if dim < len(shape) else 0
+            if index < 0:
+                if index + size < 0:
+                    raise StagingError(f"Invalid index {index} for dimension {dim} of size {size}")
+                index += size
+            indexers.append((index, index + 1, 1, True))
+    if len(indexers) > len(shape):
+        problem = "more slicing indexes than dimensions in tensor"
+    else:
+        problem = ""
+        # From the innermost dimension out, as `safetensors` checks them.
+        for dim in reversed(range(len(indexers))):
+            first, stop, _, _ = indexers[dim]
+            size = shape[dim]
+            start = first or 0
+            end = size if stop is None else stop
+            if start >= size or end > size:
+                asked = start if start >= size else max(end - 1, 0)
+                problem = f"index {asked} out of bounds for tensor dimension #{dim} of size {size}"
+                break
+    if problem:
+        shown = ", ".join(_indexer_text(*indexer) for indexer in indexers)
+        raise StagingError(f"Error during slicing [{shown}] with shape {list(shape)}: {problem}")
+    return slice(0, 0) if isinstance(key, list) else key
+
+
+def read_slice(
+    reader: Any,
+    convert: Any,
+    name: str,
+    dtype: str,
+    shape: List[int],
+    key: Any,
+    as_safetensors: bool = False,
+) -> Any:
     """`tensor[key]` of tensor `name`, reading only the rows of dimension 0 it needs.
 
     Args:
@@ -81,11 +177,16 @@ def read_slice(reader: Any, convert: Any, name: str, dtype: str, shape: List[int
         dtype: its dtype, as the file writes it.
         shape: its shape, as the file has it.
         key: the index.
+        as_safetensors: refuse first what `safetensors`' own slicing refuses
+            (`check_index_as_safetensors`: its NumPy and Flax tensors).
 
     Raises:
+        StagingError: with `as_safetensors`, an index `safetensors` refuses, in its words.
         IndexError: (or `ValueError`, `TypeError`) what the framework raises for a bad index,
             before any byte is read.
     """
+    if as_safetensors:
+        key = check_index_as_safetensors(key, shape)
     stand_in = convert.stand_in(dtype, shape, name)
     rows, local = (None, key)
     try:
