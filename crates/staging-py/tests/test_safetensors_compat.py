@@ -257,19 +257,35 @@ def test_numpy_and_flax_frameworks_agree(pt_file: Path, framework: str) -> None:
             assert got[0] == "ok", (name, got)
             assert type(got[1]) is type(want[1]), name
             same(got[1], want[1])
-            # Slices follow NumPy's indexing: where safetensors' own slicing of NumPy arrays
-            # answers, the same; where it refuses a slice NumPy takes (a stop past the end,
-            # a negative start, an empty tensor), what NumPy gives.
-            full = np.asarray(want[1])
-            for key in (slice(1, 3), slice(-2, None), slice(0, 100), (Ellipsis, 0), 0):
+            # Slices follow safetensors' own slicing of NumPy and Flax tensors, which is
+            # stricter than NumPy's: where it refuses a slice NumPy takes (a stop past the end,
+            # a negative start, any index of an empty tensor, a list) the same error, in its
+            # words; where it answers, the same values.
+            for key in (
+                slice(1, 3),
+                slice(-2, None),
+                slice(0, 100),
+                (Ellipsis, 0),
+                0,
+                -1,
+                [],
+                [0],
+                slice(None, None, 2),
+                slice(None, None, -1),
+                (0, 0, 0),
+                None,
+            ):
                 s = outcome(lambda: ours.get_slice(name)[key])
                 t = outcome(lambda: theirs.get_slice(name)[key])
-                n = outcome(lambda: full[key])
-                assert s[0] == n[0], (name, key, s, n)
-                if s[0] == "ok":
-                    same(s[1], n[1])
-                    if t[0] == "ok":
-                        same(s[1], t[1])
+                assert s[0] == t[0], (name, key, s, t)
+                if t[0] == "ok":
+                    same(s[1], t[1])
+                else:
+                    assert type(s[1]) is type(t[1]) or (
+                        isinstance(t[1], safetensors.SafetensorError)
+                        and isinstance(s[1], st.SafetensorError)
+                    ), (name, key, s, t)
+                    assert str(s[1]) == str(t[1]), (name, key, s, t)
 
 
 def test_errors_are_those_safetensors_code_catches(pt_file: Path, tmp_path: Path) -> None:
@@ -588,3 +604,113 @@ def test_transformers_loads_through_safe_open(
     assert torch.equal(embed(model, tokenizer), embed(reference, tokenizer))
     for (name, p), (_, q) in zip(model.state_dict().items(), reference.state_dict().items()):
         assert torch.equal(p, q), name
+
+
+# safetensors' raw API and the `safetensors.torch` helpers other libraries import.
+
+SPEC_ARRAYS = {
+    "bool": np.array([True, False, True]),
+    "int8": np.arange(-3, 3, dtype=np.int8),
+    "uint8": np.arange(6, dtype=np.uint8),
+    "int16": np.arange(6, dtype=np.int16).reshape(2, 3),
+    "uint16": np.arange(6, dtype=np.uint16),
+    "int32": np.arange(6, dtype=np.int32),
+    "uint32": np.arange(6, dtype=np.uint32),
+    "int64": np.arange(6, dtype=np.int64).reshape(3, 2),
+    "uint64": np.arange(6, dtype=np.uint64),
+    "float16": np.linspace(-1, 1, 6, dtype=np.float16),
+    "float32": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+    "float64": np.linspace(-1, 1, 6),
+    "complex64": np.array([1 + 2j, 3 - 4j], dtype=np.complex64),
+    "empty": np.zeros((0, 4), dtype=np.float32),
+    "scalar": np.array(7.5, dtype=np.float32),
+}
+
+
+def specs(module: Any) -> Dict[str, Any]:
+    return {
+        name: module.TensorSpec(
+            dtype=a.dtype.name,
+            shape=a.shape,
+            data_ptr=a.ctypes.data,
+            data_len=a.nbytes,
+        )
+        for name, a in SPEC_ARRAYS.items()
+    }
+
+
+def test_serialize_of_tensor_specs_is_safetensors_byte_for_byte(tmp_path: Path) -> None:
+    theirs = safetensors.serialize(specs(safetensors), metadata={"format": "np"})
+    ours = st.serialize(specs(st), metadata={"format": "np"})
+    assert ours == theirs
+    st.serialize_file(specs(st), tmp_path / "ours.safetensors", metadata={"format": "np"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == theirs
+    # deserialize: the same entries (their order is the file's, ours too).
+    assert sorted(st.deserialize(theirs)) == sorted(safetensors.deserialize(theirs))
+    for name, entry in st.deserialize(theirs):
+        assert bytes(entry["data"]) == SPEC_ARRAYS[name].tobytes()
+        assert isinstance(entry["data"], bytearray)
+    spec = st.TensorSpec(dtype="bfloat16", shape=(2, 3), data_ptr=8, data_len=12)
+    assert (spec.dtype, spec.shape, spec.data_ptr, spec.data_len) == ("BF16", [2, 3], 8, 12)
+    assert repr(spec) == repr(
+        safetensors.TensorSpec(dtype="bfloat16", shape=(2, 3), data_ptr=8, data_len=12)
+    )
+    fp4 = st.TensorSpec(dtype="float4_e2m1fn_x2", shape=[4, 3], data_ptr=8, data_len=12)
+    assert fp4.shape == [4, 6]  # two values a byte: the header counts values
+    with pytest.raises(AttributeError):
+        spec.data_len = 0  # type: ignore[misc]
+
+
+def test_serialize_refuses_what_safetensors_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    a = np.arange(6, dtype=np.float32)
+    with pytest.raises(st.SafetensorError, match="Unknown dtype 'nonsense'"):
+        st.TensorSpec(dtype="nonsense", shape=[1], data_ptr=0, data_len=0)
+    # Raw dicts (the API before safetensors 0.8) are a TypeError, in both.
+    raw = {"t": {"dtype": "float32", "shape": [1], "data_ptr": 0, "data_len": 0}}
+    for module in (safetensors, st):
+        with pytest.raises(TypeError):
+            module.serialize(raw)  # type: ignore[arg-type]
+    # A length that does not match dtype and shape: refused, no file.
+    short = {"t": st.TensorSpec(dtype="float32", shape=[7], data_ptr=a.ctypes.data, data_len=24)}
+    with pytest.raises(st.SafetensorError):
+        st.serialize(short)
+    with pytest.raises(st.SafetensorError):
+        st.serialize_file(short, tmp_path / "short.safetensors")
+    assert list(tmp_path.iterdir()) == []
+    # A null address with bytes to read: an error, not a crash (safetensors would read it).
+    null = {"t": st.TensorSpec(dtype="float32", shape=[6], data_ptr=0, data_len=24)}
+    with pytest.raises(st.SafetensorError, match="null data_ptr"):
+        st.serialize(null)
+    with pytest.raises(st.SafetensorError):
+        st.deserialize(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
+
+
+def test_the_torch_helpers_are_safetensors(tmp_path: Path) -> None:
+    base = torch.arange(12.0)
+    tied = torch.nn.Linear(4, 4)
+    state = {
+        "whole": base,
+        "view": base[:6],
+        "other_half": base[6:],
+        "alone": torch.zeros(3),
+        "tied_a": tied.weight,
+        "tied_b": tied.weight,
+        "meta": torch.empty(2, device="meta"),
+        "empty": torch.empty(0),
+    }
+    for name, tensor in state.items():
+        assert st.torch.storage_ptr(tensor) == safetensors.torch.storage_ptr(tensor), name
+        assert st.torch.storage_size(tensor) == safetensors.torch.storage_size(tensor), name
+        assert st.torch._is_complete(tensor) == safetensors.torch._is_complete(tensor), name
+        assert st.torch._end_ptr(tensor) == safetensors.torch._end_ptr(tensor), name
+    assert st.torch._find_shared_tensors(state) == safetensors.torch._find_shared_tensors(state)
+    complete = {k: v for k, v in state.items() if k not in ("other_half", "meta", "empty")}
+    for kwargs in ({}, {"preferred_names": ["view"]}, {"discard_names": ["tied_a"]}):
+        assert st.torch._remove_duplicate_names(
+            complete, **kwargs
+        ) == safetensors.torch._remove_duplicate_names(complete, **kwargs)
+    # No name of a group covers its storage: both refuse.
+    halves = {"a": base[:6], "b": base[6:]}
+    for module in (safetensors.torch, st.torch):
+        with pytest.raises(RuntimeError):
+            module._remove_duplicate_names({"a": base[2:8], "b": base[4:10], **halves})
