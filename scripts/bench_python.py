@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 
 CHILD = r"""
-import json, resource, sys, time, glob, os
+import json, sys, time, glob, os
 which, path, device = sys.argv[1], sys.argv[2], sys.argv[3]
 import numpy, torch
 import safetensors.torch, safetensors.numpy
@@ -114,7 +114,10 @@ for t in out.values():
         int(flat[::4096].sum())
 touched = time.perf_counter() - start
 nbytes = sum(int(t.nbytes) for t in out.values())
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec (a child would report its parent's
+# peak after writing the checkpoint).
+with open("/proc/self/status") as f:
+    peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
 device_used = (free0 - torch.cuda.mem_get_info()[0]) if cuda else 0
 print(json.dumps({"seconds": seconds, "touched": touched, "bytes": nbytes, "peak_rss_above_base": peak - base, "device_bytes": device_used, "bytes_read": bytes_read}))
 """

