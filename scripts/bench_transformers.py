@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench_python import drop_page_cache  # scripts/, on the path when run as a script
+
 CHILD = r"""
 import json, os, sys, time
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -82,17 +84,6 @@ def make_models(work: Path) -> dict:
             model_class(config).to(torch.bfloat16).save_pretrained(path, max_shard_size="200MB")
         models[kind] = path
     return models
-
-
-def drop_page_cache() -> bool:
-    """`sync; echo 1 > /proc/sys/vm/drop_caches`; False where not permitted."""
-    subprocess.run(["sync"], check=False)
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def main() -> None:
