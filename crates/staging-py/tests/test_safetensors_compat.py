@@ -274,6 +274,10 @@ def test_numpy_and_flax_frameworks_agree(pt_file: Path, framework: str) -> None:
                 slice(None, None, -1),
                 (0, 0, 0),
                 None,
+                False,  # an int to safetensors (row 0), not a mask
+                (0, True),
+                2**31,  # past PyO3's i32: "unsupported"
+                slice(2**64, None),
             ):
                 s = outcome(lambda: ours.get_slice(name)[key])
                 t = outcome(lambda: theirs.get_slice(name)[key])
@@ -661,9 +665,13 @@ def test_serialize_of_tensor_specs_is_safetensors_byte_for_byte(tmp_path: Path) 
         spec.data_len = 0  # type: ignore[misc]
 
 
+def theirs_bytes() -> bytes:
+    return safetensors.serialize(specs(safetensors))
+
+
 def test_serialize_refuses_what_safetensors_refuses_and_writes_nothing(tmp_path: Path) -> None:
     a = np.arange(6, dtype=np.float32)
-    with pytest.raises(st.SafetensorError, match="Unknown dtype 'nonsense'"):
+    with pytest.raises(st.SafetensorError, match='Unknown dtype "nonsense"'):
         st.TensorSpec(dtype="nonsense", shape=[1], data_ptr=0, data_len=0)
     # Raw dicts (the API before safetensors 0.8) are a TypeError, in both.
     raw = {"t": {"dtype": "float32", "shape": [1], "data_ptr": 0, "data_len": 0}}
@@ -681,8 +689,12 @@ def test_serialize_refuses_what_safetensors_refuses_and_writes_nothing(tmp_path:
     null = {"t": st.TensorSpec(dtype="float32", shape=[6], data_ptr=0, data_len=24)}
     with pytest.raises(st.SafetensorError, match="null data_ptr"):
         st.serialize(null)
-    with pytest.raises(st.SafetensorError):
-        st.deserialize(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
+    for bad in (b"\x01", b"\x05\x00\x00\x00\x00\x00\x00\x00hello", theirs_bytes()[:-1]):
+        with pytest.raises(safetensors.SafetensorError) as want:
+            safetensors.deserialize(bytes=bad)
+        with pytest.raises(st.SafetensorError) as got:
+            st.deserialize(bytes=bad)
+        assert str(got.value) == str(want.value)
 
 
 def test_the_torch_helpers_are_safetensors(tmp_path: Path) -> None:

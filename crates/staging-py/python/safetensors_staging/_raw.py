@@ -6,6 +6,8 @@ Tensors described by a dtype, a shape and the address and length of their bytes,
 
 from __future__ import annotations
 
+import json
+import operator
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native, _serialize
@@ -35,6 +37,16 @@ _SPEC_DTYPES = {
 }
 
 
+def _unsigned(value: Any) -> int:
+    """An unsigned 64-bit int, refused as PyO3 refuses it."""
+    number = operator.index(value)
+    if number < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    if number >= 1 << 64:
+        raise OverflowError("int too big to convert")
+    return number
+
+
 class TensorSpec:
     """One tensor for `serialize` / `serialize_file`: a dtype, a shape and the address and
     length of its contiguous bytes in host memory.
@@ -49,20 +61,31 @@ class TensorSpec:
     __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
 
     def __init__(self, *, dtype: str, shape: Any, data_ptr: int, data_len: int) -> None:
-        code = _SPEC_DTYPES.get(dtype) if isinstance(dtype, str) else None
+        # Every argument taken as `safetensors` takes it (PyO3: a str; a sequence of unsigned
+        # ints, not a str; unsigned 64-bit ints), in order, before the dtype is looked up.
+        if not isinstance(dtype, str):
+            raise TypeError(
+                f"argument 'dtype': '{type(dtype).__name__}' object is not an instance of 'str'"
+            )
+        if isinstance(shape, (str, bytes)):
+            raise TypeError("argument 'shape': Can't extract `str` to `Vec`")
+        dims = [_unsigned(d) for d in shape]
+        data_ptr, data_len = _unsigned(data_ptr), _unsigned(data_len)
+        code = _SPEC_DTYPES.get(dtype)
         if code is None:
             raise _native.InvalidOptionError(
-                f"Unknown dtype {dtype!r}. Supported dtypes: {', '.join(_SPEC_DTYPES)}"
+                f"Unknown dtype {json.dumps(dtype)}. Supported dtypes: {', '.join(_SPEC_DTYPES)}"
             )
-        dims = [int(d) for d in shape]
-        if any(d < 0 for d in dims) or int(data_ptr) < 0 or int(data_len) < 0:
-            raise OverflowError("can't convert negative int to unsigned")
         if code == "F4" and dims:
+            if dims[-1] * 2 >= 1 << 64:
+                raise _native.InvalidOptionError(
+                    f"F4 last-dim {dims[-1]} doubled to logical shape overflows usize"
+                )
             dims[-1] *= 2
         object.__setattr__(self, "_dtype", code)
         object.__setattr__(self, "_shape", dims)
-        object.__setattr__(self, "_data_ptr", int(data_ptr))
-        object.__setattr__(self, "_data_len", int(data_len))
+        object.__setattr__(self, "_data_ptr", data_ptr)
+        object.__setattr__(self, "_data_len", data_len)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"TensorSpec is frozen: {name} cannot be set")
@@ -167,10 +190,23 @@ def serialize_file(
     _serialize.serialize(_flat_of_specs(tensor_dict), metadata, filename)
 
 
-def deserialize(data: Any) -> List[Tuple[str, Dict[str, Any]]]:
+def deserialize(bytes: Any) -> List[Tuple[str, Dict[str, Any]]]:  # `bytes`: their keyword
     """`safetensors.deserialize`: every tensor of a file's bytes, in the file's order, as
-    `(name, {"shape": [...], "dtype": "F32", "data": bytearray})`."""
-    start, tensors, _ = _serialize.parse(data)
+    `(name, {"shape": [...], "dtype": "F32", "data": bytearray})`.
+
+    Raises:
+        MalformedCheckpointError: (`SafetensorError`) not a valid file, `Error while
+            deserializing: ...` as `safetensors` words it.
+    """
+    data = bytes
+    try:
+        start, tensors, _ = _serialize.parse(data)
+    except _native.MalformedCheckpointError as error:
+        prefix = "Error while deserializing header: "
+        text = str(error)
+        if text.startswith(prefix):
+            text = "Error while deserializing: " + text[len(prefix) :]
+        raise _native.MalformedCheckpointError(text) from None
     view = memoryview(data)
     return [
         (

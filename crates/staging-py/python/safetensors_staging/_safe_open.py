@@ -94,7 +94,7 @@ class safe_open:
             # A missing file, in safetensors' words (its tests compare them); the class is the
             # library's, a `FileNotFoundError`.
             local = isinstance(filename, (str, os.PathLike)) and "://" not in os.fspath(filename)
-            if local and not os.path.lexists(filename):
+            if local and not os.path.exists(filename):
                 raise _native.PathNotFoundError(
                     f"No such file or directory: {os.fspath(filename)}"
                 ) from None

@@ -91,8 +91,12 @@ def check_index_as_safetensors(key: Any, shape: List[int]) -> Any:
     indexes a torch tensor, and torch's rules apply: `read_slice` checks those.)
 
     Returns:
-        The key to index with: `key`, or for an empty list the empty slice it means (JAX
-        takes no list).
+        The key to index with, as `safetensors` reads it: ints as ints (a bool is 1 or 0, not
+        a mask), an empty list as the empty slice it means (JAX takes no list), steps past a
+        dimension's end clamped to it. Not mirrored: a slice whose start is past its stop,
+        where `safetensors` 0.8 fails in ways of its own (an overflow, a panic, a bogus shape),
+        gives the empty result NumPy gives; sub-byte dtypes (F4), which NumPy and JAX cannot
+        hold, are refused by the conversion instead.
 
     Raises:
         StagingError: (`SafetensorError`) what `safetensors` raises, in its words.
@@ -110,35 +114,50 @@ def check_index_as_safetensors(key: Any, shape: List[int]) -> Any:
     expansion = max(len(shape) - (len(items) - ellipses), 0)
     # (start, stop: None when not given; step; a single index?) per dimension, in order.
     indexers: List[Tuple[Optional[int], Optional[int], int, bool]] = []
+    # The key as `safetensors` reads it, for the framework to apply: ints as ints (a bool is
+    # 1 or 0, not a mask), steps past the dimension's end clamped (JAX takes no step beyond
+    # int32).
+    normalized: List[Any] = []
     for it in items:
         dim = len(indexers)
+        size = shape[dim] if dim < len(shape) else 0
         if it is Ellipsis:
             indexers.extend((None, None, 1, False) for _ in range(expansion))
+            normalized.append(Ellipsis)
         elif isinstance(it, slice):
+            # Extracted as `safetensors` extracts them (PyO3: the bounds as unsigned, the step
+            # as a C long), in that order, with Python's errors.
             bounds = []
             for bound in (it.start, it.stop):
                 if bound is not None:
                     bound = operator.index(bound)
                     if bound < 0:
                         raise OverflowError("can't convert negative int to unsigned")
+                    if bound >= 1 << 64:
+                        raise OverflowError("int too big to convert")
                 bounds.append(bound)
             step = 1 if it.step is None else operator.index(it.step)
+            if not -(1 << 63) <= step < 1 << 63:
+                raise OverflowError("Python int too large to convert to C long")
             if step <= 0:
                 raise StagingError(f"Slice step must be a positive integer, got {step}")
             indexers.append((bounds[0], bounds[1], step, False))
+            normalized.append(slice(bounds[0], bounds[1], min(step, max(size, 1))))
         else:
             try:
                 index = operator.index(it)
             except TypeError:
+                index = None
+            if index is None or not -(1 << 31) <= index < 1 << 31:  # PyO3's i32
                 raise StagingError(
                     f"Unsupported slice index at position {dim}: expected slice, int, or ellipsis"
-                ) from None
-            size = shape[dim] if dim < len(shape) else 0
+                )
             if index < 0:
                 if index + size < 0:
                     raise StagingError(f"Invalid index {index} for dimension {dim} of size {size}")
                 index += size
             indexers.append((index, index + 1, 1, True))
+            normalized.append(index)
     if len(indexers) > len(shape):
         problem = "more slicing indexes than dimensions in tensor"
     else:
@@ -156,7 +175,7 @@ def check_index_as_safetensors(key: Any, shape: List[int]) -> Any:
     if problem:
         shown = ", ".join(_indexer_text(*indexer) for indexer in indexers)
         raise StagingError(f"Error during slicing [{shown}] with shape {list(shape)}: {problem}")
-    return slice(0, 0) if isinstance(key, list) else key
+    return tuple(normalized) if isinstance(key, tuple) else normalized[0]
 
 
 def read_slice(

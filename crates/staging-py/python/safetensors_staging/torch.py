@@ -173,9 +173,14 @@ def _remove_duplicate_names(
     for group in _find_shared_tensors(state_dict):
         whole = {n for n in group if _is_complete(state_dict[n])}
         if not whole:
+            # safetensors' words.
             raise RuntimeError(
-                f"None of {sorted(group)} covers the memory they share: saving them would store "
-                "more than the model holds. Make the tensors separate (`.clone()`) first."
+                "Error while trying to find names to remove to save state dict, but found no "
+                f"suitable name to keep for saving amongst: {group}. None is covering the entire "
+                "storage.Refusing to save/load the model since you could be storing much more "
+                "memory than needed. Please refer to "
+                "https://huggingface.co/docs/safetensors/torch_shared_tensors for more "
+                "information. Or open an issue."
             )
         keep = min(whole)
         if whole - avoid:
