@@ -74,6 +74,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from bench_python import drop_page_cache, warm_page_cache  # scripts/, on the path when run
+
 REPO = Path(__file__).resolve().parents[1]
 FAKEHUB = REPO / "crates" / "staging-py" / "tests" / "fakehub.py"
 ORG = "bench"
@@ -329,20 +331,6 @@ class Hub:
         self.log.close()
 
 
-def warm(d: Path) -> None:
-    for p in d.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                while f.read(16 << 20):
-                    pass
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("1\n")
-
-
 def first_error(stderr: str) -> str:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     for ln in reversed(lines):
@@ -367,7 +355,7 @@ def run_sample(
     # removed, but pages already under writeback are written).
     os.sync()
     if variant == "cold":
-        drop_caches()
+        drop_page_cache()
     s: dict = {"row": row}
     cpu0, ccpu0 = hub.cpu(), children_cpu()
     t0 = time.monotonic()
@@ -668,7 +656,7 @@ def main() -> int:
         hub = Hub(args.python, repos, rate, args.work)
         try:
             for d in dirs.values():
-                warm(d)
+                warm_page_cache(d, "*")
             if not checked and not args.no_check:
                 print("## correctness", flush=True)
                 for m in dirs:
@@ -688,7 +676,7 @@ def main() -> int:
                             shutil.rmtree(cache.parent, ignore_errors=True)
                             if row.endswith("(cold)"):
                                 for d in dirs.values():
-                                    warm(d)
+                                    warm_page_cache(d, "*")
                         s.update(model=m, rate=rate, round=rnd)
                         samples.append(s)
                         status = s.get("error", f"{s['seconds']:.2f} s")

@@ -190,8 +190,9 @@ def drop_page_cache() -> bool:
         return False
 
 
-def warm_page_cache(directory: Path) -> None:
-    for f in sorted(directory.glob("*.safetensors")):
+def warm_page_cache(directory: Path, pattern: str = "*.safetensors") -> None:
+    """Reads every file under `directory` matching `pattern` once, into the page cache."""
+    for f in sorted(p for p in directory.rglob(pattern) if p.is_file()):
         with open(f, "rb") as fh:
             while fh.read(64 << 20):
                 pass
