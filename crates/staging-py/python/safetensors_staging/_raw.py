@@ -7,7 +7,6 @@ Tensors described by a dtype, a shape and the address and length of their bytes,
 from __future__ import annotations
 
 import json
-import operator
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native, _serialize
@@ -37,16 +36,6 @@ _SPEC_DTYPES = {
 }
 
 
-def _unsigned(value: Any) -> int:
-    """An unsigned 64-bit int, refused as PyO3 refuses it."""
-    number = operator.index(value)
-    if number < 0:
-        raise OverflowError("can't convert negative int to unsigned")
-    if number >= 1 << 64:
-        raise OverflowError("int too big to convert")
-    return number
-
-
 class TensorSpec:
     """One tensor for `serialize` / `serialize_file`: a dtype, a shape and the address and
     length of its contiguous bytes in host memory.
@@ -69,8 +58,8 @@ class TensorSpec:
             )
         if isinstance(shape, (str, bytes)):
             raise TypeError("argument 'shape': Can't extract `str` to `Vec`")
-        dims = [_unsigned(d) for d in shape]
-        data_ptr, data_len = _unsigned(data_ptr), _unsigned(data_len)
+        dims = [_serialize.as_unsigned(d) for d in shape]
+        data_ptr, data_len = _serialize.as_unsigned(data_ptr), _serialize.as_unsigned(data_len)
         code = _SPEC_DTYPES.get(dtype)
         if code is None:
             raise _native.InvalidOptionError(

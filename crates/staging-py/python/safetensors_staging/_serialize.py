@@ -6,6 +6,7 @@ written to a temporary file in the same directory and renamed into place.
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, List, Tuple
 
@@ -61,3 +62,14 @@ def parse(data: Any) -> Tuple[int, List[Tuple[str, str, List[int], int, int]], A
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"argument 'data': expected bytes, got {type(data).__name__}")
     return _native._parse(bytes(data))
+
+
+def as_unsigned(value: Any) -> int:
+    """An unsigned 64-bit int, refused as `safetensors`' Rust side (PyO3) refuses it: a
+    `TypeError` for what is not an int, an `OverflowError` below 0 or past 64 bits."""
+    number = operator.index(value)
+    if number < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    if number >= 1 << 64:
+        raise OverflowError("int too big to convert")
+    return number

@@ -14,6 +14,7 @@ import operator
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from ._native import _DTYPES, StagingError
+from ._serialize import as_unsigned
 
 if TYPE_CHECKING:
     from ._safe_open import safe_open
@@ -127,15 +128,7 @@ def check_index_as_safetensors(key: Any, shape: List[int]) -> Any:
         elif isinstance(it, slice):
             # Extracted as `safetensors` extracts them (PyO3: the bounds as unsigned, the step
             # as a C long), in that order, with Python's errors.
-            bounds = []
-            for bound in (it.start, it.stop):
-                if bound is not None:
-                    bound = operator.index(bound)
-                    if bound < 0:
-                        raise OverflowError("can't convert negative int to unsigned")
-                    if bound >= 1 << 64:
-                        raise OverflowError("int too big to convert")
-                bounds.append(bound)
+            bounds = [None if b is None else as_unsigned(b) for b in (it.start, it.stop)]
             step = 1 if it.step is None else operator.index(it.step)
             if not -(1 << 63) <= step < 1 << 63:
                 raise OverflowError("Python int too large to convert to C long")
