@@ -52,6 +52,35 @@ pub struct AutoOptions {
     pub host: HostOptions,
 }
 
+/// Whether a load for host memory maps its local files ([`HostOptions::map`]).
+///
+/// [`HostOptions::map`]: crate::HostOptions::map
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MapFiles {
+    /// Map when the device asked for is `cpu` (the tensors are meant to live in host memory,
+    /// not stand for a device's), no memory cap is set, and each file is on a local file system
+    /// (not NFS, SMB, Ceph, 9p, FUSE and the like, where reads of our own are the better path).
+    #[default]
+    Auto,
+    /// Map whenever the host backend reads local files (also for device `auto` on a machine
+    /// without a GPU, and on any file system).
+    Always,
+    /// Never map: read into memory of the library's own.
+    Never,
+}
+
+impl MapFiles {
+    /// The name the options use: `auto`, `true`, `false`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Always => "true",
+            Self::Never => "false",
+        }
+    }
+}
+
 /// Options of the host backend.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -59,9 +88,18 @@ pub struct HostOptions {
     /// Read with `O_DIRECT`, past the page cache (for a cold first load of a checkpoint larger
     /// than memory).
     pub direct_io: bool,
+    /// Whether loads for host memory hand out mappings of their files (default
+    /// [`MapFiles::Auto`]: for device `cpu`).
+    pub map: MapFiles,
 }
 
 impl HostOptions {
+    /// Whether loads for host memory map their files.
+    pub fn map(mut self, map: MapFiles) -> Self {
+        self.map = map;
+        self
+    }
+
     /// With `O_DIRECT` reads or without.
     pub fn direct_io(mut self, direct_io: bool) -> Self {
         self.direct_io = direct_io;

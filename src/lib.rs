@@ -62,6 +62,7 @@ mod backend;
 mod device;
 mod error;
 mod loader;
+mod mapping;
 mod options;
 mod space;
 mod tensor;
@@ -73,10 +74,11 @@ pub mod cuda;
 #[cfg(feature = "hipfile")]
 pub mod hip;
 
-pub use backend::{AutoOptions, Backend, HostOptions};
+pub use backend::{AutoOptions, Backend, HostOptions, MapFiles};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use loader::{Load, Loader, Prepared};
+pub use mapping::MappedBytes;
 pub use options::{
     BackendKind, CufileMode, HipfileMode, LoadOptions, OptionSpec, ValueKind, escape_name,
     parse_rows, parse_size,

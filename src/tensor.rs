@@ -11,6 +11,7 @@ use staging_core::{
 };
 
 use crate::error::{Error, Result};
+use crate::mapping::MappedBytes;
 use crate::space::KnownSpace;
 use crate::space::sealed::Sealed;
 
@@ -110,6 +111,8 @@ pub(crate) enum Data {
     Device(Box<dyn ErasedDevice>),
     /// In host memory.
     Host(HostTensor),
+    /// In a private mapping of its file.
+    Mapped(MappedBytes),
 }
 
 /// One loaded tensor, whole (or the rows of it that were asked for), with where it landed.
@@ -168,7 +171,7 @@ impl Tensor {
     fn device(&self) -> Option<&dyn ErasedDevice> {
         match &self.data {
             Data::Device(device) => Some(device.as_ref()),
-            Data::Destination { .. } | Data::Host(_) => None,
+            Data::Destination { .. } | Data::Host(_) | Data::Mapped(_) => None,
         }
     }
 
@@ -197,6 +200,7 @@ impl Tensor {
         match (&self.data, self.device()) {
             (Data::Destination { .. }, _) => StagingPath::Destination,
             (Data::Host(_), _) => StagingPath::Host,
+            (Data::Mapped(_), _) => StagingPath::Mapped,
             (_, _) => StagingPath::Device,
         }
     }
@@ -231,6 +235,7 @@ impl Tensor {
     pub fn host_bytes(&self) -> Option<&[u8]> {
         match (&self.data, self.device()) {
             (Data::Host(host), _) => Some(host),
+            (Data::Mapped(mapped), _) => Some(mapped),
             (_, device) => device.and_then(|d| d.host_bytes()),
         }
     }
@@ -270,6 +275,10 @@ impl Tensor {
         match (&self.data, self.device()) {
             (Data::Host(host), _) => {
                 dst.copy_from_slice(&host[range]);
+                Ok(())
+            }
+            (Data::Mapped(mapped), _) => {
+                dst.copy_from_slice(&mapped[range]);
                 Ok(())
             }
             (_, Some(device)) => device
@@ -348,10 +357,21 @@ impl Tensor {
         }
     }
 
-    /// A host pointer with write permission, for callers outside Rust (host path only).
+    /// Takes its mapping (mapped path: a private, copy-on-write mapping of its file, kept
+    /// alive by the [`MappedBytes`]); any other tensor comes back.
+    pub fn into_mapped(self) -> std::result::Result<(TensorMeta, MappedBytes), Self> {
+        match self.data {
+            Data::Mapped(mapped) => Ok((*self.meta, mapped)),
+            data => Err(Self { data, ..self }),
+        }
+    }
+
+    /// A host pointer with write permission, for callers outside Rust (host and mapped paths;
+    /// writes to a mapped tensor stay in this process: the mapping is copy-on-write).
     pub fn host_mut_ptr(&self) -> Option<*mut u8> {
         match &self.data {
             Data::Host(host) => Some(host.as_mut_ptr()),
+            Data::Mapped(mapped) => Some(mapped.as_mut_ptr()),
             _ => None,
         }
     }

@@ -31,6 +31,7 @@ static const char* path_name(stg_path path) {
     case STG_PATH_DESTINATION: return "destination";
     case STG_PATH_DEVICE: return "device";
     case STG_PATH_HOST: return "host";
+    case STG_PATH_MAPPED: return "mapped";
   }
   return "?";
 }

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use staging_core::{Checkpoint, Destination, RawDestination, Selection, StagingPolicy};
 
 use super::Load;
+use super::mapped::MapDecision;
 use super::prepared::Prepared;
 use super::source::Source;
-use crate::backend::{self, Backend};
+use crate::backend::{self, Backend, MapFiles, Opened};
 use crate::device::Device;
 #[cfg(doc)]
 use crate::error::Error;
@@ -321,6 +322,12 @@ impl<'d> Loader<'d> {
                 .memory_budget(self.memory_cap.or(self.policy.memory_budget()))
                 .build()?
         };
+        let map = match &chosen.opened {
+            Opened::Host { options, .. } if !options.direct_io => {
+                map_decision(options.map, device, self.memory_cap)
+            }
+            _ => MapDecision::No,
+        };
         Ok(Prepared {
             #[cfg(feature = "remote")]
             remote,
@@ -334,6 +341,8 @@ impl<'d> Loader<'d> {
             selection: self.selection,
             destination: self.destination,
             files: None,
+            maps: None,
+            map,
             threads: Vec::new(),
         })
     }
@@ -356,5 +365,23 @@ impl<'d> Loader<'d> {
             Some(first) => self.prepare_for(first)?.open_files(files),
             None => self.prepare()?.open_files(files),
         }
+    }
+}
+
+/// Whether loads on the host backend map their local files: as `map` says, and for
+/// [`MapFiles::Auto`] when the tensors are meant for host memory (device `cpu`) and no memory cap
+/// makes the host stand for a device of that size; never where this kernel cannot report a
+/// mapped file's read error (no `MADV_POPULATE_READ`).
+fn map_decision(map: MapFiles, device: Device, memory_cap: Option<u64>) -> MapDecision {
+    if !crate::mapping::populate_supported() {
+        return MapDecision::No;
+    }
+    match map {
+        MapFiles::Never => MapDecision::No,
+        MapFiles::Always => MapDecision::Yes,
+        MapFiles::Auto if device == Device::Cpu && memory_cap.is_none() => {
+            MapDecision::LocalFileSystems
+        }
+        MapFiles::Auto => MapDecision::No,
     }
 }

@@ -12,6 +12,7 @@
 //! the load itself, erased over the backend's reader and allocator, is here.
 
 mod builder;
+mod mapped;
 mod prepared;
 mod source;
 
@@ -24,6 +25,7 @@ use staging_core::{
 };
 
 pub use builder::Loader;
+
 pub use prepared::Prepared;
 
 use crate::error::{Error, Result};

@@ -13,6 +13,7 @@ use staging_core::{
 
 #[cfg(doc)]
 use super::Loader;
+use super::mapped::{MapCache, MapDecision, MappedLoad};
 use super::source::{Source, is_hub};
 use super::{Load, Setup};
 use crate::backend::{Chosen, Opened};
@@ -67,6 +68,10 @@ pub struct Prepared<'d> {
     ///
     /// [`keep_files_open`]: Self::keep_files_open
     pub(super) files: Option<OpenFiles>,
+    /// The mappings of the files kept open, when loads map their files.
+    pub(super) maps: Option<MapCache>,
+    /// Whether loads map their local files (decided once, when the backend was opened).
+    pub(super) map: MapDecision,
     /// The I/O threads of every load, by how many there are (a URL's loads use more).
     pub(super) threads: Vec<IoThreads>,
 }
@@ -217,6 +222,9 @@ impl<'d> Prepared<'d> {
     /// header was read is still refused (the check is made on its path).
     pub fn keep_files_open(&mut self) {
         self.files.get_or_insert_with(OpenFiles::default);
+        if self.map != MapDecision::No {
+            self.maps.get_or_insert_with(MapCache::default);
+        }
     }
 
     /// Closes the files kept open (each when the last load reading it ends); later loads open
@@ -225,11 +233,14 @@ impl<'d> Prepared<'d> {
         if let Some(files) = &self.files {
             files.clear();
         }
+        if let Some(maps) = &self.maps {
+            maps.clear();
+        }
     }
 
     /// How many files are kept open.
     pub fn files_open(&self) -> usize {
-        self.files.as_ref().map_or(0, OpenFiles::len)
+        self.files.as_ref().map_or(0, OpenFiles::len) + self.maps.as_ref().map_or(0, MapCache::len)
     }
 
     /// The I/O threads loads with `policy` read on: started by the first load that needs that
@@ -278,6 +289,20 @@ impl<'d> Prepared<'d> {
         } else {
             checkpoint.select(&self.selection)?
         };
+        // Host tensors from local files: mappings of the files, when the loader maps and no
+        // destination was given for this load.
+        if matches!(source, Source::Local)
+            && matches!(self.destination, AnyDestination::None)
+            && super::mapped::maps(self.map, &checkpoint)
+        {
+            return Ok(Load {
+                inner: Box::new(MappedLoad::new(checkpoint, self.maps.clone())),
+                passed_over: self.chosen.passed_over.clone(),
+                mode_reason: self.chosen.mode_reason.clone(),
+                #[cfg(feature = "mock")]
+                ledger: None,
+            });
+        }
         let policy = match &source {
             Source::Local => self.policy.clone(),
             // Threads reading a URL wait on the network, not a disk: enough of them to keep

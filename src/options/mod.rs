@@ -16,7 +16,7 @@ use std::str::FromStr;
 
 use staging_core::{RowRange, Selection, StagingPolicy};
 
-use crate::backend::{AutoOptions, Backend, HostOptions};
+use crate::backend::{AutoOptions, Backend, HostOptions, MapFiles};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::loader::Loader;
@@ -119,6 +119,9 @@ pub struct LoadOptions {
     pub suballocate: bool,
     /// `direct_io`: the host backend reads with `O_DIRECT` (default false).
     pub direct_io: bool,
+    /// `map`: host tensors from local files are mappings of the files (default `auto`: for
+    /// device `cpu`).
+    pub map: MapFiles,
     /// `cufile_mode`: how cuFile reads (default `auto`).
     pub cufile_mode: CufileMode,
     /// `cufile_lib`: an explicit libcufile path.
@@ -172,6 +175,7 @@ impl std::fmt::Debug for LoadOptions {
             coalesce_below,
             suballocate,
             direct_io,
+            map,
             cufile_mode,
             cufile_lib,
             hipfile_mode,
@@ -201,6 +205,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("coalesce_below", coalesce_below)
             .field("suballocate", suballocate)
             .field("direct_io", direct_io)
+            .field("map", map)
             .field("cufile_mode", cufile_mode)
             .field("cufile_lib", cufile_lib)
             .field("hipfile_mode", hipfile_mode)
@@ -269,6 +274,7 @@ impl Default for LoadOptions {
             coalesce_below: None,
             suballocate: true,
             direct_io: false,
+            map: MapFiles::Auto,
             cufile_mode: CufileMode::Auto,
             cufile_lib: None,
             hipfile_mode: HipfileMode::Auto,
@@ -403,6 +409,7 @@ impl LoadOptions {
             "coalesce_below" => usize_size(self.coalesce_below),
             "suballocate" => vec![self.suballocate.to_string()],
             "direct_io" => vec![self.direct_io.to_string()],
+            "map" => vec![self.map.as_str().to_owned()],
             "cufile_mode" => vec![self.cufile_mode.to_string()],
             "cufile_lib" => path(&self.cufile_lib),
             "hipfile_mode" => vec![self.hipfile_mode.to_string()],
@@ -506,7 +513,9 @@ impl LoadOptions {
     // by field.
     #[allow(clippy::field_reassign_with_default)]
     pub fn backend(&self) -> Result<Backend> {
-        let host = HostOptions::default().direct_io(self.direct_io);
+        let host = HostOptions::default()
+            .direct_io(self.direct_io)
+            .map(self.map);
         Ok(match self.backend {
             BackendKind::Auto => {
                 let mut auto = AutoOptions::default();

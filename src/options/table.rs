@@ -10,6 +10,7 @@ use super::parse::{
     parse_usize_size, positive,
 };
 use super::{BackendKind, LoadOptions};
+use crate::backend::MapFiles;
 
 /// What a value of a key is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,6 +362,24 @@ pub(super) static OPTIONS: &[OptionSpec] = &[
             Ok(())
         },
     ),
+    spec(
+        "map",
+        Choice,
+        "WHEN",
+        Value("auto"),
+        "Host tensors from local files as private (copy-on-write) mappings of the files, the page cache their memory: auto (for device cpu, no memory_cap, local file systems), true (whenever the host backend reads local files) or false (reads into memory of our own)",
+        |o, v| {
+            o.map = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => MapFiles::Auto,
+                other => match parse_bool(other)? {
+                    true => MapFiles::Always,
+                    false => MapFiles::Never,
+                },
+            };
+            Ok(())
+        },
+    )
+    .choosing(&["auto", "true", "false"]),
     spec(
         "cufile_mode",
         Choice,

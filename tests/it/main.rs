@@ -24,6 +24,7 @@ mod hub;
 mod limits;
 mod loader;
 mod malformed;
+mod mapped;
 mod modules;
 mod order;
 mod parsing_properties;

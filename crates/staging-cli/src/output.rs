@@ -230,6 +230,7 @@ fn path_word(path: StagingPath) -> &'static str {
         StagingPath::Destination => "destination",
         StagingPath::Device => "direct",
         StagingPath::Host => "staged",
+        StagingPath::Mapped => "mapped",
     }
 }
 
@@ -241,6 +242,7 @@ fn memory_word(path: StagingPath, report: &LoadReport) -> &'static str {
         StagingPath::Device if matches!(report.backend.as_str(), "host" | "mock") => "host",
         StagingPath::Device => "device",
         StagingPath::Host => "host",
+        StagingPath::Mapped => "the file's mapping in host",
     }
 }
 

@@ -30,6 +30,9 @@ pub enum StagingPath {
     Device,
     /// Assembled in host memory through the staging buffer.
     Host,
+    /// Handed out as a private (copy-on-write) mapping of its file: host tensors from local
+    /// files, where the page cache is the memory and nothing is copied.
+    Mapped,
 }
 
 impl StagingPath {
@@ -39,6 +42,7 @@ impl StagingPath {
             Self::Destination => "destination",
             Self::Device => "device",
             Self::Host => "host",
+            Self::Mapped => "mapped",
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct PathTotals {
     pub device: PathCount,
     /// Assembled in host memory.
     pub host: PathCount,
+    /// Mapped from their files (host tensors from local files).
+    pub mapped: PathCount,
 }
 
 impl PathTotals {
@@ -33,14 +35,17 @@ impl PathTotals {
             StagingPath::Destination => self.destination,
             StagingPath::Device => self.device,
             StagingPath::Host => self.host,
+            StagingPath::Mapped => self.mapped,
         }
     }
 
-    pub(crate) fn add(&mut self, path: StagingPath, bytes: u64) {
+    /// Counts one more tensor of `bytes` on `path`.
+    pub fn add(&mut self, path: StagingPath, bytes: u64) {
         let slot = match path {
             StagingPath::Destination => &mut self.destination,
             StagingPath::Device => &mut self.device,
             StagingPath::Host => &mut self.host,
+            StagingPath::Mapped => &mut self.mapped,
         };
         slot.tensors += 1;
         slot.bytes += bytes;
@@ -127,6 +132,7 @@ impl LoadReport {
             (&mut self.paths.destination, other.paths.destination),
             (&mut self.paths.device, other.paths.device),
             (&mut self.paths.host, other.paths.host),
+            (&mut self.paths.mapped, other.paths.mapped),
         ] {
             mine.tensors += theirs.tensors;
             mine.bytes += theirs.bytes;
@@ -212,6 +218,12 @@ pub struct JsonReport {
 pub struct HeldMemory(pub(crate) std::sync::Arc<Accounting>);
 
 impl HeldMemory {
+    /// A load that holds no buffers of its own (tensors mapped from their files: the page cache
+    /// is their memory): every count reads 0.
+    pub fn none() -> Self {
+        Self(std::sync::Arc::default())
+    }
+
     /// Device bytes the library's buffers hold (staging buffers, tensors not yet dropped).
     pub fn device_bytes(&self) -> u64 {
         self.0.device_now.load(Ordering::Acquire)

@@ -45,6 +45,9 @@ pub enum IoMode {
     /// Ranged GETs from object storage or an HTTP server: straight into host memory, or into
     /// pinned host buffers copied to the device.
     Remote,
+    /// Private mappings of local files, their pages made resident before each tensor is handed
+    /// out (`MADV_POPULATE_READ`): the host backend's tensors for host memory.
+    Mapped,
 }
 
 impl IoMode {
@@ -61,6 +64,7 @@ impl IoMode {
             Self::CompatAndPosix => "compat+posix",
             Self::HipFileAndPosix => "hipfile+posix",
             Self::Remote => "remote",
+            Self::Mapped => "mmap",
         }
     }
 

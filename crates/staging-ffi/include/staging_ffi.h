@@ -220,6 +220,11 @@ enum stg_path
    Assembled in host memory.
    */
   STG_PATH_HOST = 2,
+  /*
+   A private (copy-on-write) mapping of its file in host memory (`map`; device `cpu`):
+   `data` is valid until the tensor is freed, and writes to it stay in this process.
+   */
+  STG_PATH_MAPPED = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -620,7 +625,8 @@ void stg_config_free(struct stg_config *config);
    `stg_config_last_error_details`), hip or hip:N (hipFile only);
  - `memory_cap` (alias `device_memory`), `chunk_size` (also the staging size unless `staging_size` is set),
    `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
-   (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans);
+   (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans); `map` (auto,
+   true, false: host tensors as mappings of their files, `STG_PATH_MAPPED`);
  - `cufile_mode` (auto, gds, compat, posix), `cufile_lib`, `hipfile_mode` (auto, hipfile,
    posix), `hipfile_lib`, `hip_lib` (paths);
  - `select` (a glob; a pattern without `*?[]{}` is a name that must exist), `rows`

@@ -18,6 +18,9 @@ pub enum stg_path {
     STG_PATH_DEVICE = 1,
     /// Assembled in host memory.
     STG_PATH_HOST = 2,
+    /// A private (copy-on-write) mapping of its file in host memory (`map`; device `cpu`):
+    /// `data` is valid until the tensor is freed, and writes to it stay in this process.
+    STG_PATH_MAPPED = 3,
 }
 
 /// A tensor's element type, as safetensors names them (`STG_DTYPE_BF16` is "BF16"). Numbers
@@ -243,6 +246,7 @@ pub(crate) fn wrap_tensor(tensor: Tensor) -> stg_tensor {
         StagingPath::Destination => stg_path::STG_PATH_DESTINATION,
         StagingPath::Device => stg_path::STG_PATH_DEVICE,
         StagingPath::Host => stg_path::STG_PATH_HOST,
+        StagingPath::Mapped => stg_path::STG_PATH_MAPPED,
     };
     let meta = tensor.meta().clone();
     stg_tensor {
@@ -276,10 +280,12 @@ pub unsafe extern "C" fn stg_tensor_describe(
         // The host path's pointer comes from the allocation itself (write permission
         // included), not from a shared slice: C may write the tensor's own bytes.
         let data = match &t.tensor {
-            Some(tensor) if tensor.path() == StagingPath::Host => match tensor.host_mut_ptr() {
-                Some(ptr) if !tensor.is_empty() => ptr.cast::<c_void>(),
-                _ => std::ptr::null_mut(),
-            },
+            Some(tensor) if matches!(tensor.path(), StagingPath::Host | StagingPath::Mapped) => {
+                match tensor.host_mut_ptr() {
+                    Some(ptr) if !tensor.is_empty() => ptr.cast::<c_void>(),
+                    _ => std::ptr::null_mut(),
+                }
+            }
             Some(tensor) => tensor
                 .device_ptr()
                 .map_or(std::ptr::null_mut(), |addr| addr as *mut c_void),

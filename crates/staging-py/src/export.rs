@@ -15,7 +15,7 @@ use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use safetensors_staging::{DeviceMemory, Dtype, HostBytes, TensorMeta};
+use safetensors_staging::{DeviceMemory, Dtype, HostBytes, MappedBytes, TensorMeta};
 
 /// The memory a tensor's bytes are in; dropping it gives the memory back.
 pub(crate) enum Memory {
@@ -23,6 +23,9 @@ pub(crate) enum Memory {
     Device(DeviceMemory),
     /// Host memory the tensor was assembled in.
     Host(HostBytes),
+    /// A private (copy-on-write) mapping of the tensor's file, kept mapped while any export
+    /// of it lives.
+    Mapped(MappedBytes),
 }
 
 /// Owns the memory for as long as any export of it lives. The lock is never taken: it only
@@ -99,7 +102,7 @@ pub(crate) struct Staged {
     /// Its length in bytes.
     #[pyo3(get)]
     nbytes: usize,
-    /// The path it took: `"device"` or `"host"`.
+    /// The path it took: `"device"`, `"host"` or `"mapped"`.
     #[pyo3(get)]
     path: &'static str,
     /// Why it took the host path, when it did.
@@ -128,6 +131,7 @@ impl Staged {
         let (space, address) = match &memory {
             Memory::Device(device) => (device.space(), device.addr()),
             Memory::Host(host) => ("host", host.as_ptr() as usize),
+            Memory::Mapped(mapped) => ("host", mapped.as_ptr() as usize),
         };
         let device_type = match space {
             "cuda" => DLDeviceType::CUDA,
@@ -193,7 +197,8 @@ impl Staged {
         // exactly what the shape and dtype describe (the format checked `shape * bits / 8 ==
         // nbytes`; the byte view has `nbytes` elements of one byte); the strides are the
         // compact ones `Dynamic::compact` stored; no flags are set, and the memory is writable
-        // and this tensor's alone.
+        // and this tensor's alone (a mapped tensor's is a private, copy-on-write mapping: a
+        // write changes this process's copy of its own bytes only).
         Ok(unsafe { initialized.finish() })
     }
 }

@@ -324,6 +324,10 @@ pub(crate) fn staged(py: Python<'_>, tensor: Tensor, device_index: i32) -> PyRes
             let (meta, bytes) = tensor.into_host_bytes().map_err(|t| unexpected(&t))?;
             (meta, "host", Memory::Host(bytes))
         }
+        StagingPath::Mapped => {
+            let (meta, bytes) = tensor.into_mapped().map_err(|t| unexpected(&t))?;
+            (meta, "mapped", Memory::Mapped(bytes))
+        }
         StagingPath::Destination => return Err(unexpected(&tensor)),
     };
     let staged = Staged::new(&meta, path, fallback, memory, device_index);
