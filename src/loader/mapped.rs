@@ -140,6 +140,7 @@ impl MappedLoad {
         Ok(mapping)
     }
 
+    /// `meta`'s bytes, mapped (made resident first where the page cache does not hold them).
     fn map_one(&mut self, meta: &TensorMeta) -> staging_core::Result<MappedBytes> {
         let mapping = self.mapping(meta)?;
         let file = &self.checkpoint.files()[meta.file_index];
@@ -156,31 +157,7 @@ impl MappedLoad {
                 missing: (meta.offset + meta.len as u64).saturating_sub(mapping.len() as u64),
             })?;
         if let Err(error) = mapping.populate(offset, meta.len) {
-            // The file may have been cut short under the mapping: say so when it was.
-            let now = std::fs::metadata(&meta.file)
-                .map(|m| m.len())
-                .unwrap_or(file.size);
-            let end = meta.offset + meta.len as u64;
-            if now < end {
-                return Err(staging_core::Error::Truncated {
-                    tensor: meta.name.clone(),
-                    file: meta.file.to_path_buf(),
-                    offset: now.max(meta.offset),
-                    missing: end - now.max(meta.offset),
-                });
-            }
-            let source = match error.raw_os_error() {
-                Some(libc::EFAULT) => std::io::Error::other(
-                    "the mapped file could not be read there (an I/O error, or the file changed)",
-                ),
-                _ => error,
-            };
-            return Err(staging_core::Error::Read {
-                tensor: meta.name.clone(),
-                file: meta.file.to_path_buf(),
-                offset: meta.offset,
-                source: ReadError::Io(source),
-            });
+            return Err(self.populate_failed(meta, error));
         }
         // Still the file its header was read from, as every read tensor is checked.
         file.identity
@@ -190,6 +167,36 @@ impl MappedLoad {
                 detail,
             })?;
         Ok(MappedBytes::new(mapping, offset, meta.len))
+    }
+
+    /// The error of a populate that failed: the file cut short, or a read error.
+    fn populate_failed(&self, meta: &TensorMeta, error: std::io::Error) -> staging_core::Error {
+        let file = &self.checkpoint.files()[meta.file_index];
+        // The file may have been cut short under the mapping: say so when it was.
+        let now = std::fs::metadata(&meta.file)
+            .map(|m| m.len())
+            .unwrap_or(file.size);
+        let end = meta.offset + meta.len as u64;
+        if now < end {
+            return staging_core::Error::Truncated {
+                tensor: meta.name.clone(),
+                file: meta.file.to_path_buf(),
+                offset: now.max(meta.offset),
+                missing: end - now.max(meta.offset),
+            };
+        }
+        let source = match error.raw_os_error() {
+            Some(libc::EFAULT) => std::io::Error::other(
+                "the mapped file could not be read there (an I/O error, or the file changed)",
+            ),
+            _ => error,
+        };
+        staging_core::Error::Read {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            offset: meta.offset,
+            source: ReadError::Io(source),
+        }
     }
 }
 
@@ -208,6 +215,7 @@ impl super::ErasedLoad for MappedLoad {
                 self.report.tensors += 1;
                 self.report.bytes += len;
                 self.report.paths.add(StagingPath::Mapped, len);
+                // The bytes taken from the file, as a read served by the page cache counts them.
                 if len > 0 {
                     self.report.read_requests += 1;
                     self.report.bytes_read += len;

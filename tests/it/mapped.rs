@@ -64,6 +64,9 @@ fn device_cpu_maps_every_tensor_with_its_bytes_and_says_so() {
     assert_eq!(report.paths.device.tensors + report.paths.host.tensors, 0);
     assert_eq!(report.peak_host_bytes, 0);
     assert_eq!(report.bytes, bytes);
+    // Every tensor with bytes taken from its file once (one read request each).
+    assert_eq!(report.bytes_read, bytes);
+    assert_eq!(report.read_requests, 4);
 }
 
 #[test]

@@ -119,7 +119,9 @@ pub struct LoadReport {
     /// tensors, plus one for every short read continued.
     pub read_requests: u64,
     /// Bytes the backend's reader returned from storage. For a full load this equals `bytes`;
-    /// with a selection or row ranges, only the bytes of what was asked for are read.
+    /// with a selection or row ranges, only the bytes of what was asked for are read. A mapped
+    /// tensor counts its bytes, as a read served by the page cache does (one read request
+    /// each).
     pub bytes_read: u64,
 }
 

@@ -61,11 +61,15 @@ def assert_same_tensors(got: dict, want: dict) -> None:
 @pytest.mark.parametrize(
     "options, path",
     [
-        ({}, "device"),
-        ({"backend": "host"}, "device"),
+        # Device cpu: mappings of the file (the page cache is their memory).
+        ({}, "mapped"),
+        ({"backend": "host"}, "mapped"),
+        # Our own memory: mappings turned off, the host standing for a device (auto), or a cap.
+        ({"map": False}, "device"),
+        ({"backend": "host", "device": "auto"}, "device"),
         ({"memory_cap": 1 << 20}, "host"),
         ({"backend": "host", "device": "auto", "memory_cap": 1 << 20}, "host"),
-        ({"threads": 1, "suballocate": False, "chunk_size": 1 << 20}, "device"),
+        ({"threads": 1, "suballocate": False, "chunk_size": 1 << 20, "map": False}, "device"),
     ],
 )
 def test_minilm_byte_exact_against_safetensors_torch(
@@ -81,8 +85,11 @@ def test_minilm_byte_exact_against_safetensors_torch(
     # host path; the report agrees with the per-tensor list.
     paths = {entry["name"]: entry["path"] for entry in report["tensor_list"]}
     assert len(paths) == len(want) == report["tensors"]
-    if path == "device":
-        assert set(paths.values()) == {"device"}
+    if path in ("device", "mapped"):
+        assert set(paths.values()) == {path}
+        assert report["paths"][path]["tensors"] == len(want)
+        assert report["mode"] == ("mmap" if path == "mapped" else "posix")
+        assert report["peak_host_bytes"] == 0
         assert report["fallbacks"]["insufficient_memory"] == 0
     else:
         assert "host" in set(paths.values())
@@ -115,7 +122,7 @@ def test_every_dtype_torch(tmp_path: Path, memory_cap: int | None) -> None:
     with st.stage(tmp_path, memory_cap=memory_cap, unsupported_dtypes="uint8") as it:
         got = dict(it)
         report = it.report()
-    expected_path = "device" if memory_cap is None else "host"
+    expected_path = "mapped" if memory_cap is None else "host"
     assert {e["path"] for e in report["tensor_list"] if e["bytes"]} == {expected_path}
     for name, dtype, shape in every_dtype_specs():
         tensor = got[name]

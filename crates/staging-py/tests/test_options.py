@@ -49,6 +49,7 @@ TABLE: List[Dict[str, Any]] = [
         "coalesce_below": 0,
         "suballocate": False,
         "direct_io": True,
+        "map": False,
     },
     {
         "select": ["model.layers.0.*", "lm_head.weight"],
@@ -198,6 +199,8 @@ def test_python_spellings_reach_the_same_parser() -> None:
     )
     assert _native._options(memory_cap=1 << 20) == _native._options(memory_cap="1MiB")
     assert _native._options(direct_io=True) == _native._options(direct_io="yes")
+    assert _native._options(map=False) == _native._options(map="false")
+    assert _native._options(map=True) != _native._options(map="auto") == _native._options()
     # A bad value is the library's error: a ValueError naming key and value.
     with pytest.raises(st.InvalidOptionError, match=r'chunk_size="lots"') as raised:
         _native._options(chunk_size="lots")

@@ -73,13 +73,13 @@ def rss_bytes() -> int:
 
 @pytest.mark.parametrize("backend", ["host"])
 def test_ten_loads_of_1gib_do_not_grow_rss(big_checkpoint, backend: str) -> None:
-    """Load and drop a 1 GiB checkpoint 10 times: RSS after each drop stays where it was after
-    the first, and the library holds nothing."""
+    """Load and drop a 1 GiB checkpoint 10 times into memory of the library's own (`map=False`):
+    RSS after each drop stays where it was after the first, and the library holds nothing."""
     directory, total = big_checkpoint
     after = []
     peaks = []
     for _ in range(10):
-        with st.stage(directory, backend=backend) as it:
+        with st.stage(directory, backend=backend, map=False) as it:
             tensors = dict(it)
         assert sum(t.nbytes for t in tensors.values()) == total
         peaks.append(rss_bytes())
@@ -91,6 +91,44 @@ def test_ten_loads_of_1gib_do_not_grow_rss(big_checkpoint, backend: str) -> None
     print(f"\n{backend}: RSS with the tensors alive (MiB): {[p // mib for p in peaks]}")
     print(f"{backend}: RSS after each drop (MiB): {[a // mib for a in after]}")
     # Every load really held its gigabyte, and gave it back.
+    assert min(peaks) - max(after) > total * 0.9
+    assert max(after[1:]) - after[1] < 64 * mib
+
+
+def mappings_of(path: Path) -> int:
+    """How many mappings of `path` this process has (its lines in /proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if line.rstrip().endswith(str(path)))
+
+
+def test_ten_mapped_loads_of_1gib_unmap_when_their_tensors_go(big_checkpoint) -> None:
+    """Load a 1 GiB checkpoint as mappings 10 times, touching every page: the file is mapped
+    once per load while its tensors live (RSS then counts its pages), unmapped when they are
+    dropped, and RSS comes back each time."""
+    directory, total = big_checkpoint
+    files = sorted(Path(directory).glob("*.safetensors"))
+    torch = pytest.importorskip("torch")
+    after, peaks = [], []
+    for _ in range(10):
+        with st.stage(directory) as it:
+            tensors = dict(it)
+            report = it.report()
+        assert report["paths"]["mapped"]["tensors"] == len(tensors)
+        assert sum(t.nbytes for t in tensors.values()) == total
+        for tensor in tensors.values():
+            if tensor.nbytes:
+                int(tensor.reshape(-1).view(torch.uint8)[::4096].sum())
+        del tensor
+        assert [mappings_of(f) for f in files] == [1] * len(files)
+        peaks.append(rss_bytes())
+        del tensors
+        gc.collect()
+        assert [mappings_of(f) for f in files] == [0] * len(files)
+        assert it.held() == ZERO
+        after.append(rss_bytes())
+    mib = 1 << 20
+    print(f"\nmapped: RSS with the tensors alive (MiB): {[p // mib for p in peaks]}")
+    print(f"mapped: RSS after each drop (MiB): {[a // mib for a in after]}")
     assert min(peaks) - max(after) > total * 0.9
     assert max(after[1:]) - after[1] < 64 * mib
 

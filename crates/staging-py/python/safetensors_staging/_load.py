@@ -205,6 +205,13 @@ def stage(
             - `memory_cap`: bytes of device memory the load may use (in place of the GPU's
               free memory; for "cpu", the host backend's device buffers). Tensors that do not
               fit take the host path.
+            - `map`: on device "cpu" (the default), tensors from local files are private,
+              copy-on-write mappings of the files, as `safetensors` hands out: the page cache
+              is their memory and nothing is copied (the report's path is `mapped`).
+              `map=False` reads into memory of the library's own; `map=True` maps on the host
+              backend whatever the device (`auto` on a machine without a GPU). Writes to a
+              mapped tensor stay in this process; a file modified in place while its tensors
+              live may show through (replace files by renaming over them).
             - `chunk_size`, `staging_size`, `headroom_min`, `headroom_divisor`, `threads`,
               `staging_slots`, `coalesce_below`, `direct_io`, `suballocate`, `cufile_mode`,
               `cufile_lib`, `hipfile_mode`, `hipfile_lib`, `hip_lib`: the staging policy and

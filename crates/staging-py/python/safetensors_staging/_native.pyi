@@ -331,6 +331,7 @@ class LoadOptions(TypedDict, total=False):
     coalesce_below: Union[int, str]
     suballocate: bool
     direct_io: bool
+    map: Union[bool, str]  # "auto" (default), True, False
     cufile_mode: str
     cufile_lib: Union[str, PathLike[str]]
     hipfile_mode: str

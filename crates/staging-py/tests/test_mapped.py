@@ -1,0 +1,108 @@
+"""Tensors for the CPU from local files are private mappings of the files (`map`, default
+`auto`: device "cpu"): the bytes of safetensors, the path the report names, writes that stay
+in the process, mappings that outlive the load, the handle and the file's name, and the same
+for NumPy."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+import safetensors_staging as st
+from conftest import Spec, write_sharded
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Dict[str, bytes]:
+    shards: List[List[Spec]] = [
+        [("a", "F32", (64, 33)), ("b", "BF16", (7,)), ("empty", "F16", (0, 4))],
+        [("c", "I64", (5, 3)), ("d", "U8", (4099,))],
+    ]
+    return write_sharded(tmp_path, shards, seed=3)
+
+
+def digests(directory: Path) -> Dict[str, str]:
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(directory.glob("*.safetensors"))
+    }
+
+
+def reference(directory: Path) -> Dict[str, "torch.Tensor"]:
+    out: Dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        out.update(safetensors_torch.load_file(f))
+    return out
+
+
+def test_cpu_loads_are_mappings_with_safetensors_bytes(tmp_path: Path, checkpoint) -> None:
+    with st.stage(tmp_path) as it:
+        got = dict(it)
+        report = it.report()
+    want = reference(tmp_path)
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        # Bytes, not values: random bytes hold NaNs.
+        assert got[name].view(torch.uint8).numpy().tobytes() == checkpoint[name], name
+        assert tensor.view(torch.uint8).numpy().tobytes() == checkpoint[name], name
+    assert {e["path"] for e in report["tensor_list"]} == {"mapped"}
+    assert report["paths"]["mapped"] == {"tensors": 5, "bytes": sum(map(len, checkpoint.values()))}
+    assert report["mode"] == "mmap" and report["peak_host_bytes"] == 0
+    assert it.held() == {"device": 0, "host": 0, "caller": 0}
+
+
+def test_writes_stay_in_the_process_and_never_reach_the_file(tmp_path: Path, checkpoint) -> None:
+    before = digests(tmp_path)
+    got = st.load_file(tmp_path)
+    got["a"].fill_(7.0)
+    got["c"][0, 0] = -1
+    assert bool((got["a"] == 7.0).all()) and int(got["c"][0, 0]) == -1
+    # Its neighbours in the same mapping are untouched, the files too, and a new load sees them.
+    assert bytes(got["b"].view(torch.uint8).numpy()) == checkpoint["b"]
+    assert digests(tmp_path) == before
+    again = st.load_file(tmp_path)
+    assert bytes(again["a"].numpy().tobytes()) == checkpoint["a"]
+    assert bytes(again["c"].numpy().tobytes()) == checkpoint["c"]
+
+
+def test_tensors_outlive_the_handle_the_load_and_the_files_name(tmp_path: Path, checkpoint) -> None:
+    with st.safe_open(tmp_path, framework="pt") as f:
+        a = f.get_tensor("a")
+        d = f.get_slice("d")[10:4000]
+        paths = f.report()["paths"]
+        # Every read mapped (the handle reads the next tensor ahead: 3 reads, not 2).
+        assert paths["mapped"]["tensors"] >= 2
+        assert paths["device"]["tensors"] == paths["host"]["tensors"] == 0
+    for p in tmp_path.glob("*.safetensors"):
+        p.unlink()
+    assert a.numpy().tobytes() == checkpoint["a"]
+    assert d.numpy().tobytes() == checkpoint["d"][10:4000]
+
+
+def test_map_false_reads_into_memory_of_our_own(tmp_path: Path, checkpoint) -> None:
+    with st.stage(tmp_path, map=False) as it:
+        got = dict(it)
+        report = it.report()
+    assert {e["path"] for e in report["tensor_list"]} == {"device"}
+    assert report["paths"]["mapped"]["tensors"] == 0
+    assert got["a"].numpy().tobytes() == checkpoint["a"]
+
+
+def test_numpy_loads_map_too(tmp_path: Path, checkpoint) -> None:
+    import safetensors_staging.numpy as stn
+
+    got = stn.load_file(tmp_path, unsupported_dtypes="uint8")
+    assert got["a"].tobytes() == checkpoint["a"]
+    assert got["c"].tobytes() == checkpoint["c"]
+    assert got["d"].tobytes() == checkpoint["d"]
+    got["d"][:] = 0
+    assert st.load_file(tmp_path)["d"].numpy().tobytes() == checkpoint["d"]
+    assert np.asarray(got["d"]).sum() == 0
