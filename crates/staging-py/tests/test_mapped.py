@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import safetensors_staging as st
+
 from conftest import Spec, write_sharded
 
 torch = pytest.importorskip("torch")
@@ -35,7 +36,7 @@ def digests(directory: Path) -> Dict[str, str]:
     }
 
 
-def reference(directory: Path) -> Dict[str, "torch.Tensor"]:
+def reference(directory: Path) -> Dict[str, torch.Tensor]:
     out: Dict[str, torch.Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):
         out.update(safetensors_torch.load_file(f))
