@@ -52,21 +52,31 @@ pub struct AutoOptions {
     pub host: HostOptions,
 }
 
-/// Whether a load for host memory maps its local files ([`HostOptions::map`]).
+/// Whether a load for host memory maps its local files ([`HostOptions::map`]): its tensors
+/// are then private, copy-on-write mappings of the files (`StagingPath::Mapped`), the page cache
+/// their memory, as `safetensors` hands out.
 ///
-/// [`HostOptions::map`]: crate::HostOptions::map
+/// A mapped tensor's bytes are the file's: a file modified in place while its tensors live may
+/// show through [`Tensor::host_bytes`](crate::Tensor::host_bytes), and one truncated under them
+/// makes touching the lost pages a `SIGBUS`. Safe Rust cannot rule that out, so a [`Loader`]
+/// maps only when asked ([`Never`](Self::Never) is the default of [`HostOptions`]); the
+/// options every door spells ([`LoadOptions`](crate::LoadOptions): Python, C, `stage`) default
+/// to [`Auto`](Self::Auto), as `safetensors`' users expect.
+///
+/// [`Loader`]: crate::Loader
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MapFiles {
     /// Map when the device asked for is `cpu` (the tensors are meant to live in host memory,
     /// not stand for a device's), no memory cap is set, and each file is on a local file system
-    /// (not NFS, SMB, Ceph, 9p, FUSE and the like, where reads of our own are the better path).
-    #[default]
+    /// (not NFS, SMB, Ceph, 9p, GPFS, BeeGFS, FUSE and the like, where reads of our own are the
+    /// better path).
     Auto,
     /// Map whenever the host backend reads local files (also for device `auto` on a machine
     /// without a GPU, and on any file system).
     Always,
-    /// Never map: read into memory of the library's own.
+    /// Never map: read into memory of the library's own (the default of [`HostOptions`]).
+    #[default]
     Never,
 }
 
@@ -89,7 +99,7 @@ pub struct HostOptions {
     /// than memory).
     pub direct_io: bool,
     /// Whether loads for host memory hand out mappings of their files (default
-    /// [`MapFiles::Auto`]: for device `cpu`).
+    /// [`MapFiles::Never`]; the doors' options default to [`MapFiles::Auto`]).
     pub map: MapFiles,
 }
 

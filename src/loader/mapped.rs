@@ -11,7 +11,7 @@ use staging_core::{
     Checkpoint, HeldMemory, IoMode, LoadReport, ReadError, ShardFile, StagingPath, TensorMeta,
 };
 
-use crate::mapping::{MappedBytes, Mapping, on_network_file_system};
+use crate::mapping::{Mapped, MappedBytes, Mapping, on_network_file_system};
 use crate::tensor::{Data, Tensor};
 
 /// What a prepared loader decided about mapping.
@@ -30,12 +30,12 @@ pub(crate) enum MapDecision {
 ///
 /// [`Prepared::keep_files_open`]: crate::Prepared::keep_files_open
 #[derive(Default, Clone)]
-pub(crate) struct MapCache(Arc<Mutex<HashMap<Arc<Path>, Arc<Mapping>>>>);
+pub(crate) struct MapCache(Arc<Mutex<HashMap<Arc<Path>, Mapped>>>);
 
 impl MapCache {
-    fn get_or_map(&self, shard: &ShardFile) -> staging_core::Result<Arc<Mapping>> {
+    fn get_or_map(&self, shard: &ShardFile) -> staging_core::Result<Option<Mapped>> {
         let mut maps = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mapping) = maps.get(&shard.path) {
+        if let Some(mapped) = maps.get(&shard.path) {
             // Kept, but still the file its header was read from (as kept files are checked).
             shard.identity.check(&shard.path).map_err(|detail| {
                 staging_core::Error::FileChanged {
@@ -43,11 +43,13 @@ impl MapCache {
                     detail,
                 }
             })?;
-            return Ok(Arc::clone(mapping));
+            return Ok(Some(mapped.clone()));
         }
-        let mapping = Mapping::open(shard)?;
-        maps.insert(Arc::clone(&shard.path), Arc::clone(&mapping));
-        Ok(mapping)
+        let Some(mapped) = Mapping::open(shard)? else {
+            return Ok(None);
+        };
+        maps.insert(Arc::clone(&shard.path), mapped.clone());
+        Ok(Some(mapped))
     }
 
     /// Lets go of the mappings (tensors handed out keep theirs).
@@ -77,16 +79,33 @@ pub(crate) fn maps(decision: MapDecision, checkpoint: &Checkpoint) -> bool {
 pub(crate) struct MappedLoad {
     checkpoint: Checkpoint,
     next: usize,
-    /// Each file's mapping, by its position in the checkpoint, mapped on its first tensor.
-    maps: Vec<Option<Arc<Mapping>>>,
-    cache: Option<MapCache>,
+    /// Each file's mapping, by its position in the checkpoint.
+    maps: Vec<Mapped>,
     report: LoadReport,
     started: Option<Instant>,
     failed: bool,
 }
 
 impl MappedLoad {
-    pub(crate) fn new(checkpoint: Checkpoint, cache: Option<MapCache>) -> Self {
+    /// Maps every file of `checkpoint` (through `cache` when a reader keeps its files), each
+    /// checked against the identity its header was read with. `Ok(None)` when the system has no
+    /// memory for a mapping: the load then reads into memory of its own, as an allocation
+    /// failure falls back.
+    pub(crate) fn open(
+        checkpoint: Checkpoint,
+        cache: Option<&MapCache>,
+    ) -> staging_core::Result<Option<Self>> {
+        let mut maps = Vec::with_capacity(checkpoint.files().len());
+        for shard in checkpoint.files() {
+            let mapped = match cache {
+                Some(cache) => cache.get_or_map(shard)?,
+                None => Mapping::open(shard)?,
+            };
+            match mapped {
+                Some(mapped) => maps.push(mapped),
+                None => return Ok(None),
+            }
+        }
         let report = LoadReport {
             backend: "host".into(),
             mode: IoMode::Mapped,
@@ -107,42 +126,34 @@ impl MappedLoad {
             read_requests: 0,
             bytes_read: 0,
         };
-        Self {
-            maps: vec![None; checkpoint.files().len()],
+        Ok(Some(Self {
+            maps,
             checkpoint,
             next: 0,
-            cache,
             report,
             started: None,
             failed: false,
-        }
+        }))
     }
 
     /// The mapping of `meta`'s file.
-    fn mapping(&mut self, meta: &TensorMeta) -> staging_core::Result<Arc<Mapping>> {
-        let slot = self.maps.get_mut(meta.file_index).ok_or_else(|| {
+    fn mapping(&self, meta: &TensorMeta) -> staging_core::Result<Mapped> {
+        self.maps.get(meta.file_index).cloned().ok_or_else(|| {
             staging_core::Error::Internal(format!(
                 "tensor {:?} names file {} of {}",
                 meta.name,
                 meta.file_index,
                 self.checkpoint.files().len()
             ))
-        })?;
-        if let Some(mapping) = slot {
-            return Ok(Arc::clone(mapping));
-        }
-        let shard = &self.checkpoint.files()[meta.file_index];
-        let mapping = match &self.cache {
-            Some(cache) => cache.get_or_map(shard)?,
-            None => Mapping::open(shard)?,
-        };
-        *slot = Some(Arc::clone(&mapping));
-        Ok(mapping)
+        })
     }
 
     /// `meta`'s bytes, mapped (made resident first where the page cache does not hold them).
     fn map_one(&mut self, meta: &TensorMeta) -> staging_core::Result<MappedBytes> {
-        let mapping = self.mapping(meta)?;
+        let Mapped {
+            mapping,
+            file: open,
+        } = self.mapping(meta)?;
         let file = &self.checkpoint.files()[meta.file_index];
         let offset = usize::try_from(meta.offset)
             .ok()
@@ -156,7 +167,7 @@ impl MappedLoad {
                 offset: meta.offset,
                 missing: (meta.offset + meta.len as u64).saturating_sub(mapping.len() as u64),
             })?;
-        if let Err(error) = mapping.populate(offset, meta.len) {
+        if let Err(error) = mapping.populate(&open, offset, meta.len) {
             return Err(self.populate_failed(meta, error));
         }
         // Still the file its header was read from, as every read tensor is checked.

@@ -291,12 +291,14 @@ impl<'d> Prepared<'d> {
         };
         // Host tensors from local files: mappings of the files, when the loader maps and no
         // destination was given for this load.
+        // With no memory for a mapping (an allocation failure), it reads into memory of its own.
         if matches!(source, Source::Local)
             && matches!(self.destination, AnyDestination::None)
             && super::mapped::maps(self.map, &checkpoint)
+            && let Some(mapped) = MappedLoad::open(checkpoint.clone(), self.maps.as_ref())?
         {
             return Ok(Load {
-                inner: Box::new(MappedLoad::new(checkpoint, self.maps.clone())),
+                inner: Box::new(mapped),
                 passed_over: self.chosen.passed_over.clone(),
                 mode_reason: self.chosen.mode_reason.clone(),
                 #[cfg(feature = "mock")]

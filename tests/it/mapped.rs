@@ -37,11 +37,18 @@ fn map(map: MapFiles) -> Backend {
     Backend::Host(HostOptions::default().map(map))
 }
 
+/// A loader for host memory that maps as the doors do by default (`map=auto`).
+fn cpu() -> Loader<'static> {
+    Loader::new()
+        .device(Device::Cpu)
+        .backend(map(MapFiles::Auto))
+}
+
 #[test]
 fn device_cpu_maps_every_tensor_with_its_bytes_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
-    let (tensors, report) = load(Loader::new().device(Device::Cpu), dir.path());
+    let (tensors, report) = load(cpu(), dir.path());
     assert_eq!(tensors.len(), 5);
     for tensor in &tensors {
         assert_eq!(tensor.path(), StagingPath::Mapped, "{}", tensor.name());
@@ -77,6 +84,12 @@ fn which_loads_map() {
         let (tensors, _) = load(loader, dir.path());
         tensors[0].path()
     };
+    // A Rust loader maps only when asked (safe Rust cannot rule out a file changing under a
+    // mapping); the doors' options ask (below).
+    assert_eq!(
+        path_of(Loader::new().device(Device::Cpu)),
+        StagingPath::Device
+    );
     // The host backend standing for a device (device auto on a machine without a GPU), or a
     // cap making the host a device of that size: its own memory, as before.
     assert_eq!(
@@ -84,7 +97,7 @@ fn which_loads_map() {
         StagingPath::Device
     );
     assert_eq!(
-        path_of(Loader::new().device(Device::Cpu).memory_cap(Some(1 << 30))),
+        path_of(cpu().memory_cap(Some(1 << 30))),
         StagingPath::Device
     );
     assert_eq!(
@@ -101,16 +114,15 @@ fn which_loads_map() {
     );
     // O_DIRECT reads were asked for: no mapping.
     assert_eq!(
-        path_of(
-            Loader::new()
-                .device(Device::Cpu)
-                .backend(Backend::Host(HostOptions::default().direct_io(true)))
-        ),
+        path_of(Loader::new().device(Device::Cpu).backend(Backend::Host(
+            HostOptions::default().direct_io(true).map(MapFiles::Auto)
+        ))),
         StagingPath::Device
     );
     // The same through the options every door spells.
     let mut options = safetensors_staging::LoadOptions::new();
     options.set("device", "cpu").unwrap();
+    assert_eq!(path_of(options.loader().unwrap()), StagingPath::Mapped);
     options.set("map", "false").unwrap();
     assert_eq!(path_of(options.loader().unwrap()), StagingPath::Device);
     options.set("map", "auto").unwrap();
@@ -140,12 +152,7 @@ fn a_destination_is_preferred_to_a_mapping() {
     let fixture = fixture(dir.path());
     let mut mine = Vec::new();
     {
-        let (tensors, report) = load(
-            Loader::new()
-                .device(Device::Cpu)
-                .destination(IntoVec(&mut mine)),
-            dir.path(),
-        );
+        let (tensors, report) = load(cpu().destination(IntoVec(&mut mine)), dir.path());
         let b = tensors.iter().find(|t| t.name() == "one.b").unwrap();
         assert_eq!(b.path(), StagingPath::Destination);
         assert_eq!(report.paths.destination.tensors, 1);
@@ -163,7 +170,7 @@ fn writes_to_a_mapped_tensor_stay_in_it_and_never_reach_the_file() {
         .iter()
         .map(|f| std::fs::read(f).unwrap())
         .collect();
-    let (tensors, _) = load(Loader::new().device(Device::Cpu), dir.path());
+    let (tensors, _) = load(cpu(), dir.path());
     let a = tensors.iter().find(|t| t.name() == "one.a").unwrap();
     let ptr = a.host_mut_ptr().unwrap();
     // SAFETY: `ptr` is the first of `a`'s `len` bytes, writable (copy-on-write), and no slice
@@ -176,7 +183,7 @@ fn writes_to_a_mapped_tensor_stay_in_it_and_never_reach_the_file() {
     for (file, bytes) in fixture.files.iter().zip(&before) {
         assert_eq!(&std::fs::read(file).unwrap(), bytes);
     }
-    let (again, _) = load(Loader::new().device(Device::Cpu), dir.path());
+    let (again, _) = load(cpu(), dir.path());
     let a2 = again.iter().find(|t| t.name() == "one.a").unwrap();
     assert_eq!(a2.host_bytes().unwrap(), &fixture.contents["one.a"][..]);
 }
@@ -185,7 +192,7 @@ fn writes_to_a_mapped_tensor_stay_in_it_and_never_reach_the_file() {
 fn tensors_keep_their_mapping_after_the_load_and_the_files_are_gone() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
-    let (tensors, _) = load(Loader::new().device(Device::Cpu), dir.path());
+    let (tensors, _) = load(cpu(), dir.path());
     drop(dir);
     for tensor in &tensors {
         assert_eq!(
@@ -209,10 +216,7 @@ fn row_ranges_and_selections_map_just_their_bytes() {
     let fixture = fixture(dir.path());
     let selection = staging_core::Selection::names(["two.a"])
         .rows("two.a", staging_core::RowRange::Rows(10..20));
-    let (tensors, report) = load(
-        Loader::new().device(Device::Cpu).select(selection),
-        dir.path(),
-    );
+    let (tensors, report) = load(cpu().select(selection), dir.path());
     assert_eq!(tensors.len(), 1);
     let row = 700 * 2;
     assert_eq!(
@@ -227,19 +231,19 @@ fn row_ranges_and_selections_map_just_their_bytes() {
 fn a_file_replaced_after_its_header_was_read_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
-    let loader = Loader::new().device(Device::Cpu);
+    let loader = cpu();
     let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
     // Same size, same bytes, another file (inode).
     let first = &fixture.files[0];
     let copy = dir.path().join("copy");
     std::fs::copy(first, &copy).unwrap();
     std::fs::rename(&copy, first).unwrap();
-    let mut load = loader
+    // Every file is mapped (and checked) when the load opens: nothing is handed out.
+    let error = loader
         .prepare()
         .unwrap()
         .open_checkpoint(checkpoint)
-        .unwrap();
-    let error = load.next().unwrap().unwrap_err();
+        .unwrap_err();
     assert!(
         matches!(
             &error,
@@ -247,14 +251,13 @@ fn a_file_replaced_after_its_header_was_read_is_refused() {
         ),
         "{error}"
     );
-    assert!(load.next().is_none());
 }
 
 #[test]
 fn a_file_cut_short_under_its_mapping_is_an_error_naming_the_tensor_not_a_fault() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
-    let mut load = Loader::new().device(Device::Cpu).open(dir.path()).unwrap();
+    let mut load = cpu().open(dir.path()).unwrap();
     // The first tensor maps the first file; then the file loses its last tensor's bytes (and
     // the page cache with them).
     let first = load.next().unwrap().unwrap();
@@ -283,7 +286,7 @@ fn a_file_cut_short_under_its_mapping_is_an_error_naming_the_tensor_not_a_fault(
 fn a_reader_maps_each_file_once_and_lets_go_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
-    let loader = Loader::new().device(Device::Cpu);
+    let loader = cpu();
     let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
     let mut prepared = loader.prepare().unwrap();
     prepared.keep_files_open();

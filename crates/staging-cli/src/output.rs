@@ -242,7 +242,7 @@ fn memory_word(path: StagingPath, report: &LoadReport) -> &'static str {
         StagingPath::Device if matches!(report.backend.as_str(), "host" | "mock") => "host",
         StagingPath::Device => "device",
         StagingPath::Host => "host",
-        StagingPath::Mapped => "the file's mapping in host",
+        StagingPath::Mapped => "page cache",
     }
 }
 
@@ -321,10 +321,12 @@ fn print_human(
         StagingPath::Destination,
         StagingPath::Device,
         StagingPath::Host,
+        StagingPath::Mapped,
     ] {
         let count = report.paths.get(path);
-        // `stage` has no destination of its own: the row only where a caller's was used.
-        if path == StagingPath::Destination && count.tensors == 0 {
+        // `stage` has no destination of its own: the row only where a caller's was used; the
+        // mapped row only where files were mapped (device cpu).
+        if matches!(path, StagingPath::Destination | StagingPath::Mapped) && count.tensors == 0 {
             continue;
         }
         writeln!(

@@ -45,8 +45,9 @@ pub enum IoMode {
     /// Ranged GETs from object storage or an HTTP server: straight into host memory, or into
     /// pinned host buffers copied to the device.
     Remote,
-    /// Private mappings of local files, their pages made resident before each tensor is handed
-    /// out (`MADV_POPULATE_READ`): the host backend's tensors for host memory.
+    /// Private mappings of local files, the pages of each tensor not all in the page cache made
+    /// resident before it is handed out (`MADV_POPULATE_READ`): the host backend's tensors for
+    /// host memory.
     Mapped,
 }
 

@@ -205,9 +205,10 @@ def stage(
             - `memory_cap`: bytes of device memory the load may use (in place of the GPU's
               free memory; for "cpu", the host backend's device buffers). Tensors that do not
               fit take the host path.
-            - `map`: on device "cpu" (the default), tensors from local files are private,
-              copy-on-write mappings of the files, as `safetensors` hands out: the page cache
-              is their memory and nothing is copied (the report's path is `mapped`).
+            - `map`: on device "cpu" (the default), with no `memory_cap`, tensors from files
+              on a local file system (not NFS, SMB, FUSE, ...) are private, copy-on-write
+              mappings of the files, as `safetensors` hands out: the page cache is their
+              memory and nothing is copied (the report's path is `mapped`).
               `map=False` reads into memory of the library's own; `map=True` maps on the host
               backend whatever the device (`auto` on a machine without a GPU). Writes to a
               mapped tensor stay in this process; a file modified in place while its tensors
