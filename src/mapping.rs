@@ -25,6 +25,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use memmap2::{Advice, MmapMut, MmapOptions};
+#[cfg(doc)]
+use staging_core::StagingPath;
 use staging_core::host::open_regular_file;
 use staging_core::{FileIdentity, ShardFile};
 
