@@ -103,6 +103,7 @@ mod tests {
                 (_, "device") => "cuda:2",
                 (_, "cufile_mode") => "posix",
                 (_, "hipfile_mode") => "hipfile",
+                (_, "map") => "false",
                 (_, "rows") => "w=1/2",
                 (_, "store_option") => "aws_region=x",
                 (_, "allow_redirect") => "cdn.example.com",

@@ -71,7 +71,7 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
     assert_eq!(report["unchanged_by"], "file-identity");
     assert_eq!(
         keys(&report["paths"]),
-        set(&["destination", "device", "host"])
+        set(&["destination", "device", "host", "mapped"])
     );
     assert_eq!(keys(&report["paths"]["device"]), set(&["tensors", "bytes"]));
     assert_eq!(
