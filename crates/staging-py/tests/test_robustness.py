@@ -71,6 +71,16 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def assert_rss_came_back(label: str, peaks: List[int], after: List[int], total: int) -> None:
+    """Every load really held its `total` bytes (RSS with its tensors alive), and gave them back
+    (RSS after each drop stays where it was after the first)."""
+    mib = 1 << 20
+    print(f"\n{label}: RSS with the tensors alive (MiB): {[p // mib for p in peaks]}")
+    print(f"{label}: RSS after each drop (MiB): {[a // mib for a in after]}")
+    assert min(peaks) - max(after) > total * 0.9
+    assert max(after[1:]) - after[1] < 64 * mib
+
+
 @pytest.mark.parametrize("backend", ["host"])
 def test_ten_loads_of_1gib_do_not_grow_rss(big_checkpoint, backend: str) -> None:
     """Load and drop a 1 GiB checkpoint 10 times into memory of the library's own (`map=False`):
@@ -87,12 +97,7 @@ def test_ten_loads_of_1gib_do_not_grow_rss(big_checkpoint, backend: str) -> None
         gc.collect()
         assert it.held() == ZERO
         after.append(rss_bytes())
-    mib = 1 << 20
-    print(f"\n{backend}: RSS with the tensors alive (MiB): {[p // mib for p in peaks]}")
-    print(f"{backend}: RSS after each drop (MiB): {[a // mib for a in after]}")
-    # Every load really held its gigabyte, and gave it back.
-    assert min(peaks) - max(after) > total * 0.9
-    assert max(after[1:]) - after[1] < 64 * mib
+    assert_rss_came_back(backend, peaks, after, total)
 
 
 def mappings_of(path: Path) -> int:
@@ -126,11 +131,7 @@ def test_ten_mapped_loads_of_1gib_unmap_when_their_tensors_go(big_checkpoint) ->
         assert [mappings_of(f) for f in files] == [0] * len(files)
         assert it.held() == ZERO
         after.append(rss_bytes())
-    mib = 1 << 20
-    print(f"\nmapped: RSS with the tensors alive (MiB): {[p // mib for p in peaks]}")
-    print(f"mapped: RSS after each drop (MiB): {[a // mib for a in after]}")
-    assert min(peaks) - max(after) > total * 0.9
-    assert max(after[1:]) - after[1] < 64 * mib
+    assert_rss_came_back("mapped", peaks, after, total)
 
 
 CHILD = textwrap.dedent(
