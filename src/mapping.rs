@@ -104,14 +104,35 @@ impl Mapping {
     /// Makes `[offset, offset + len)` resident: read from the file where the page cache does not
     /// hold it, mapped into this process. `Err` is why the pages cannot be read (the file is
     /// shorter than its header says, or the read failed).
-    /// `file` is the mapped file, open.
-    pub(crate) fn populate(&self, file: &File, offset: usize, len: usize) -> std::io::Result<()> {
+    /// `file` is the mapped file, open. When the range must be read, up to `ahead` bytes after
+    /// it are asked of the kernel first, to be read in the background (what a reader of part of
+    /// a tensor asks for next, in file order).
+    pub(crate) fn populate(
+        &self,
+        file: &File,
+        offset: usize,
+        len: usize,
+        ahead: usize,
+    ) -> std::io::Result<()> {
         if len == 0 || resident(file, offset, len) {
             return Ok(());
+        }
+        let end = offset.saturating_add(len);
+        let ahead = ahead.min(self.map.len().saturating_sub(end));
+        if ahead > 0 {
+            // Advice only: a failure changes nothing but speed.
+            let _ = self.map.advise_range(Advice::WillNeed, end, ahead);
         }
         self.map.advise_range(Advice::PopulateRead, offset, len)
     }
 }
+
+/// Bytes after part of a tensor (rows, columns) that a read asks the kernel for ahead, when that
+/// part was not in the page cache: the parts read next, in file order. Cold, 4 parts of every
+/// tensor of a 1 GiB checkpoint were usable in 0.52 s with it and 0.73 s without (medians of 5,
+/// 2026-12-03); whole tensors lost by it (0.89 s against 0.54 s for `load_file`: the kernel's
+/// reads ahead then compete with the next tensor's own), so they do not ask.
+pub(crate) const READ_AHEAD: usize = 32 << 20;
 
 /// Whether every page of `[offset, offset + len)` is in the page cache, as `cachestat`
 /// (Linux 6.5) counts them: such a range needs no read, so nothing can fail reading it,

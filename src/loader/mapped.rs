@@ -11,8 +11,9 @@ use staging_core::{
     Checkpoint, HeldMemory, IoMode, LoadReport, ReadError, ShardFile, StagingPath, TensorMeta,
 };
 
-use crate::mapping::{Mapped, MappedBytes, Mapping, on_network_file_system};
+use crate::mapping::{Mapped, MappedBytes, Mapping, READ_AHEAD, on_network_file_system};
 use crate::tensor::{Data, Tensor};
+use staging_core::{HostBytes, HostTensor};
 
 /// What a prepared loader decided about mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,26 +107,7 @@ impl MappedLoad {
                 None => return Ok(None),
             }
         }
-        let report = LoadReport {
-            backend: "host".into(),
-            mode: IoMode::Mapped,
-            passed_over: Vec::new(),
-            unchanged_by: "file-identity",
-            redirects: Vec::new(),
-            mode_reason: None,
-            files: checkpoint.files().len(),
-            tensors: 0,
-            bytes: 0,
-            seconds: 0.0,
-            bytes_per_second: 0.0,
-            paths: Default::default(),
-            fallbacks: Default::default(),
-            peak_device_bytes: 0,
-            taken_device_bytes: 0,
-            peak_host_bytes: 0,
-            read_requests: 0,
-            bytes_read: 0,
-        };
+        let report = mapped_report(&checkpoint);
         Ok(Some(Self {
             maps,
             checkpoint,
@@ -155,59 +137,79 @@ impl MappedLoad {
             file: open,
         } = self.mapping(meta)?;
         let file = &self.checkpoint.files()[meta.file_index];
-        let offset = usize::try_from(meta.offset)
-            .ok()
-            .filter(|&o| {
-                o.checked_add(meta.len)
-                    .is_some_and(|end| end <= mapping.len())
-            })
-            .ok_or_else(|| staging_core::Error::Truncated {
-                tensor: meta.name.clone(),
-                file: meta.file.to_path_buf(),
-                offset: meta.offset,
-                missing: (meta.offset + meta.len as u64).saturating_sub(mapping.len() as u64),
-            })?;
-        if let Err(error) = mapping.populate(&open, offset, meta.len) {
-            return Err(self.populate_failed(meta, error));
+        let offset = offset_in(meta, &mapping)?;
+        // Part of a tensor (a slice's rows): the parts after it are asked for ahead.
+        let ahead = if meta.row_range.is_some() {
+            READ_AHEAD
+        } else {
+            0
+        };
+        if let Err(error) = mapping.populate(&open, offset, meta.len, ahead) {
+            return Err(populate_failed(file, meta, error));
         }
-        // Still the file its header was read from, as every read tensor is checked.
-        file.identity
-            .check(&file.path)
-            .map_err(|detail| staging_core::Error::FileChanged {
-                file: file.path.to_path_buf(),
-                detail,
-            })?;
+        still_the_file(file)?;
         Ok(MappedBytes::new(mapping, offset, meta.len))
     }
+}
 
-    /// The error of a populate that failed: the file cut short, or a read error.
-    fn populate_failed(&self, meta: &TensorMeta, error: std::io::Error) -> staging_core::Error {
-        let file = &self.checkpoint.files()[meta.file_index];
-        // The file may have been cut short under the mapping: say so when it was.
-        let now = std::fs::metadata(&meta.file)
-            .map(|m| m.len())
-            .unwrap_or(file.size);
-        let end = meta.offset + meta.len as u64;
-        if now < end {
-            return staging_core::Error::Truncated {
-                tensor: meta.name.clone(),
-                file: meta.file.to_path_buf(),
-                offset: now.max(meta.offset),
-                missing: end - now.max(meta.offset),
-            };
-        }
-        let source = match error.raw_os_error() {
-            Some(libc::EFAULT) => std::io::Error::other(
-                "the mapped file could not be read there (an I/O error, or the file changed)",
-            ),
-            _ => error,
-        };
-        staging_core::Error::Read {
+/// Where `meta`'s bytes start in `mapping`, all of them inside it (else the file is shorter
+/// than its header says).
+fn offset_in(meta: &TensorMeta, mapping: &Mapping) -> staging_core::Result<usize> {
+    usize::try_from(meta.offset)
+        .ok()
+        .filter(|&o| {
+            o.checked_add(meta.len)
+                .is_some_and(|end| end <= mapping.len())
+        })
+        .ok_or_else(|| staging_core::Error::Truncated {
             tensor: meta.name.clone(),
             file: meta.file.to_path_buf(),
             offset: meta.offset,
-            source: ReadError::Io(source),
-        }
+            missing: (meta.offset + meta.len as u64).saturating_sub(mapping.len() as u64),
+        })
+}
+
+/// Still the file its header was read from, as every read tensor is checked.
+fn still_the_file(file: &ShardFile) -> staging_core::Result<()> {
+    file.identity
+        .check(&file.path)
+        .map_err(|detail| staging_core::Error::FileChanged {
+            file: file.path.to_path_buf(),
+            detail,
+        })
+}
+
+/// The error of a populate of `meta`'s bytes in `file` that failed: the file cut short, or a
+/// read error.
+fn populate_failed(
+    file: &ShardFile,
+    meta: &TensorMeta,
+    error: std::io::Error,
+) -> staging_core::Error {
+    // The file may have been cut short under the mapping: say so when it was.
+    let now = std::fs::metadata(&meta.file)
+        .map(|m| m.len())
+        .unwrap_or(file.size);
+    let end = meta.offset + meta.len as u64;
+    if now < end {
+        return staging_core::Error::Truncated {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            offset: now.max(meta.offset),
+            missing: end - now.max(meta.offset),
+        };
+    }
+    let source = match error.raw_os_error() {
+        Some(libc::EFAULT) => std::io::Error::other(
+            "the mapped file could not be read there (an I/O error, or the file changed)",
+        ),
+        _ => error,
+    };
+    staging_core::Error::Read {
+        tensor: meta.name.clone(),
+        file: meta.file.to_path_buf(),
+        offset: meta.offset,
+        source: ReadError::Io(source),
     }
 }
 
@@ -260,5 +262,237 @@ impl super::ErasedLoad for MappedLoad {
 
     fn checkpoint(&self) -> &Checkpoint {
         &self.checkpoint
+    }
+}
+
+/// An empty report of a load that maps the files of `checkpoint`.
+fn mapped_report(checkpoint: &Checkpoint) -> LoadReport {
+    LoadReport {
+        backend: "host".into(),
+        mode: IoMode::Mapped,
+        passed_over: Vec::new(),
+        unchanged_by: "file-identity",
+        redirects: Vec::new(),
+        mode_reason: None,
+        files: checkpoint.files().len(),
+        tensors: 0,
+        bytes: 0,
+        seconds: 0.0,
+        bytes_per_second: 0.0,
+        paths: Default::default(),
+        fallbacks: Default::default(),
+        peak_device_bytes: 0,
+        taken_device_bytes: 0,
+        peak_host_bytes: 0,
+        read_requests: 0,
+        bytes_read: 0,
+    }
+}
+
+/// Rows whose runs are at least this far apart are made resident run by run; closer runs are
+/// made resident together with the gaps between them, as the kernel's read-ahead (128 KiB by
+/// default) would read those gaps anyway.
+pub(crate) const RUN_BY_RUN_GAP: usize = 128 * 1024;
+
+/// Columns `columns` (a range of dimension 1) of every row of the one tensor of `checkpoint`,
+/// copied out of the mapping of its file into host memory of their own: one run per row of
+/// dimension 0, and only those runs read (made resident where the page cache does not hold
+/// them). The report counts the bytes returned as the bytes read.
+///
+/// `Ok(None)` when the system has no memory for the mapping, or when the tensor's rows are not
+/// runs of whole bytes (fewer than two dimensions, sub-byte elements): the caller reads whole
+/// rows instead.
+pub(crate) fn read_columns(
+    checkpoint: &Checkpoint,
+    cache: Option<&MapCache>,
+    columns: std::ops::Range<usize>,
+) -> staging_core::Result<Option<(Tensor, LoadReport)>> {
+    let started = Instant::now();
+    let [meta] = checkpoint.tensors() else {
+        return Err(staging_core::Error::Internal(format!(
+            "a read of columns is of one tensor, not {}",
+            checkpoint.tensors().len()
+        )));
+    };
+    let Some(geometry) = RunGeometry::of(meta, &columns)? else {
+        return Ok(None);
+    };
+    let shard = checkpoint.files().get(meta.file_index).ok_or_else(|| {
+        staging_core::Error::Internal(format!("tensor {:?} names no file", meta.name))
+    })?;
+    let mapped = match cache {
+        Some(cache) => cache.get_or_map(shard)?,
+        None => Mapping::open(shard)?,
+    };
+    let Some(Mapped { mapping, file }) = mapped else {
+        return Ok(None);
+    };
+    let offset = offset_in(meta, &mapping)?;
+    let RunGeometry {
+        rows,
+        row_bytes,
+        skip,
+        run,
+    } = geometry;
+    let populated = if rows == 0 || run == 0 {
+        Ok(())
+    } else if row_bytes - run >= RUN_BY_RUN_GAP {
+        (0..rows).try_for_each(|r| mapping.populate(&file, offset + r * row_bytes + skip, run, 0))
+    } else {
+        mapping.populate(
+            &file,
+            offset + skip,
+            (rows - 1) * row_bytes + run,
+            READ_AHEAD,
+        )
+    };
+    populated.map_err(|error| populate_failed(shard, meta, error))?;
+    let len = rows * run;
+    let mut bytes =
+        HostBytes::zeroed_present(len, 64).ok_or_else(|| staging_core::Error::HostAllocation {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            offset: meta.offset,
+            bytes: len,
+        })?;
+    if len > 0 {
+        let source = MappedBytes::new(mapping, offset, meta.len);
+        for (r, out) in bytes[..].chunks_exact_mut(run).enumerate() {
+            let from = r * row_bytes + skip;
+            out.copy_from_slice(&source[from..from + run]);
+        }
+    }
+    still_the_file(shard)?;
+    let mut narrowed = meta.clone();
+    narrowed.shape[1] = columns.len();
+    narrowed.offset = meta.offset + skip as u64;
+    narrowed.len = len;
+    let mut report = mapped_report(checkpoint);
+    report.tensors = 1;
+    report.bytes = len as u64;
+    report.paths.add(StagingPath::Host, len as u64);
+    report.peak_host_bytes = len as u64;
+    if len > 0 {
+        report.read_requests = 1;
+        report.bytes_read = len as u64;
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    if report.seconds > 0.0 {
+        report.bytes_per_second = report.bytes as f64 / report.seconds;
+    }
+    let tensor = Tensor {
+        meta: Box::new(narrowed),
+        data: Data::Host(HostTensor::uncounted(bytes)),
+        fallback: None,
+    };
+    Ok(Some((tensor, report)))
+}
+
+/// The runs a read of columns takes, in bytes: one per row of dimension 0.
+#[derive(Debug, PartialEq, Eq)]
+struct RunGeometry {
+    /// Rows of dimension 0.
+    rows: usize,
+    /// Bytes of one row.
+    row_bytes: usize,
+    /// Bytes of a row before its run.
+    skip: usize,
+    /// Bytes of a run.
+    run: usize,
+}
+
+impl RunGeometry {
+    /// The runs of columns `columns` of `meta`; `None` when its rows are not runs of whole
+    /// bytes. An error when the columns are not within dimension 1.
+    fn of(
+        meta: &TensorMeta,
+        columns: &std::ops::Range<usize>,
+    ) -> staging_core::Result<Option<Self>> {
+        let [rows, width, rest @ ..] = meta.shape.as_slice() else {
+            return Ok(None);
+        };
+        if columns.start > columns.end || columns.end > *width {
+            return Err(staging_core::Error::Internal(format!(
+                "columns {}..{} of tensor {:?}, whose dimension 1 has {width}",
+                columns.start, columns.end, meta.name
+            )));
+        }
+        let bits = rest
+            .iter()
+            .try_fold(meta.dtype.bitsize(), |acc, &d| acc.checked_mul(d));
+        let Some(column_bytes) = bits.filter(|b| b % 8 == 0).map(|b| b / 8) else {
+            return Ok(None);
+        };
+        let (Some(row_bytes), Some(skip), Some(run)) = (
+            width.checked_mul(column_bytes),
+            columns.start.checked_mul(column_bytes),
+            columns.len().checked_mul(column_bytes),
+        ) else {
+            return Ok(None);
+        };
+        if rows.checked_mul(row_bytes) != Some(meta.len) {
+            return Err(staging_core::Error::Internal(format!(
+                "tensor {:?} of shape {:?} has {} bytes",
+                meta.name, meta.shape, meta.len
+            )));
+        }
+        Ok(Some(Self {
+            rows: *rows,
+            row_bytes,
+            skip,
+            run,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code asserts by panicking
+
+    use std::ops::Range;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use staging_core::{Dtype, TensorMeta};
+
+    use super::RunGeometry;
+
+    fn meta(dtype: Dtype, shape: &[usize]) -> TensorMeta {
+        TensorMeta {
+            name: "w".into(),
+            dtype,
+            shape: shape.to_vec(),
+            file: Arc::from(Path::new("f")),
+            file_index: 0,
+            offset: 8,
+            len: shape.iter().product::<usize>() * dtype.bitsize() / 8,
+            row_range: None,
+        }
+    }
+
+    #[test]
+    fn runs_are_the_columns_of_each_row_in_bytes() {
+        let g = RunGeometry::of(&meta(Dtype::F16, &[4, 8, 3]), &(2..5)).unwrap();
+        assert_eq!(
+            g,
+            Some(RunGeometry {
+                rows: 4,
+                row_bytes: 48,
+                skip: 12,
+                run: 18
+            })
+        );
+        // One dimension, or sub-byte columns: no runs (the caller reads rows).
+        assert_eq!(
+            RunGeometry::of(&meta(Dtype::F16, &[8]), &(0..1)).unwrap(),
+            None
+        );
+        assert_eq!(
+            RunGeometry::of(&meta(Dtype::F4, &[4, 3]), &(0..1)).unwrap(),
+            None
+        );
+        // Columns past dimension 1 are refused, not read.
+        assert!(RunGeometry::of(&meta(Dtype::F16, &[4, 8]), &(6..9)).is_err());
+        assert!(RunGeometry::of(&meta(Dtype::F16, &[4, 8]), &Range { start: 5, end: 2 }).is_err());
     }
 }

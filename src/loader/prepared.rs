@@ -151,6 +151,40 @@ impl<'d> Prepared<'d> {
         self.load(checkpoint, source)
     }
 
+    /// Columns `columns` (a range of dimension 1) of every row of the one tensor of
+    /// `checkpoint` (narrowed to it, and to rows of it, by [`Checkpoint::only`]), copied into
+    /// host memory of their own, reading only those columns: for a tensor-parallel rank that
+    /// keeps a share of a tensor's columns, and for slices of an inner dimension.
+    ///
+    /// Served where this loader's loads map their files (host tensors from local files; see
+    /// [`HostOptions::map`](crate::HostOptions::map)): the columns are copied out of the
+    /// mapping, and only the pages holding them are read. `Ok(None)` elsewhere (a GPU, no
+    /// mapping, a URL, a tensor whose rows are not runs of whole bytes): read the rows and
+    /// take their columns.
+    ///
+    /// Returns the tensor, whose shape has `columns.len()` in dimension 1, and the read's
+    /// report.
+    pub fn read_columns(
+        &mut self,
+        checkpoint: &Checkpoint,
+        columns: std::ops::Range<usize>,
+    ) -> Result<Option<(crate::Tensor, crate::LoadReport)>> {
+        let Some(first) = checkpoint.files().first() else {
+            return Ok(None);
+        };
+        if !matches!(self.source_of(&first.path, Revalidate::No)?, Source::Local)
+            || !matches!(self.destination, AnyDestination::None)
+            || !super::mapped::maps(self.map, checkpoint)
+        {
+            return Ok(None);
+        }
+        Ok(super::mapped::read_columns(
+            checkpoint,
+            self.maps.as_ref(),
+            columns,
+        )?)
+    }
+
     /// A Hub path's source and what to open in it (see `Source::hub`); its store is kept for
     /// the loads of the checkpoint read here ([`open_checkpoint`](Self::open_checkpoint)).
     fn hub_source(&mut self, path: &Path) -> Result<Option<(Source, Vec<std::path::PathBuf>)>> {

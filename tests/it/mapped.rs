@@ -8,7 +8,7 @@ use std::path::Path;
 
 use backend_mock::fixtures::{ShardedFixture, TensorSpec, write_sharded};
 use safetensors_staging::{
-    Backend, Device, Error, HostOptions, Loader, MapFiles, StagingPath, Tensor,
+    Backend, Device, Error, HostOptions, Loader, MapFiles, RowRange, StagingPath, Tensor,
 };
 use staging_core::{DestinationError, DeviceRegion, Dtype, HostMemory, TensorMeta};
 
@@ -304,4 +304,85 @@ fn a_reader_maps_each_file_once_and_lets_go_when_asked() {
     assert_eq!(prepared.files_open(), 2);
     prepared.close_files();
     assert_eq!(prepared.files_open(), 0);
+}
+
+#[test]
+fn columns_are_read_alone_out_of_the_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture(dir.path());
+    let loader = cpu();
+    let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
+    let mut prepared = loader.prepare().unwrap();
+    // two.a is F16 [64, 700]: a row is 1400 bytes; columns 100..300 are bytes 200..600 of it.
+    let rows = checkpoint
+        .only("two.a", Some(&RowRange::Rows(3..40)))
+        .unwrap();
+    let (tensor, report) = prepared.read_columns(&rows, 100..300).unwrap().unwrap();
+    let whole = &fixture.contents["two.a"];
+    let want: Vec<u8> = (3..40)
+        .flat_map(|r| whole[r * 1400 + 200..r * 1400 + 600].iter().copied())
+        .collect();
+    assert_eq!(tensor.host_bytes().unwrap(), &want[..]);
+    assert_eq!(tensor.meta().shape, vec![37, 200]);
+    assert_eq!(tensor.len(), want.len());
+    assert_eq!(tensor.path(), StagingPath::Host);
+    // Only the columns were read, into memory of their own.
+    assert_eq!(report.bytes_read, want.len() as u64);
+    assert_eq!(report.paths.host.bytes, want.len() as u64);
+    assert_eq!(report.paths.mapped.tensors, 0);
+    assert_eq!(report.mode.as_str(), "mmap");
+    // No columns: an empty tensor, nothing read.
+    let (empty, report) = prepared.read_columns(&rows, 5..5).unwrap().unwrap();
+    assert_eq!((empty.len(), empty.meta().shape.clone()), (0, vec![37, 0]));
+    assert_eq!(report.bytes_read, 0);
+    // Columns past dimension 1 are an error, not a read; a tensor of one dimension has none.
+    let all = checkpoint.only("two.a", None).unwrap();
+    assert!(prepared.read_columns(&all, 600..701).is_err());
+    let one = checkpoint.only("one.a", None).unwrap();
+    assert!(prepared.read_columns(&one, 0..10).unwrap().is_none());
+    // A loader that reads into memory of its own (as on a GPU) does not read columns alone:
+    // the caller reads the rows.
+    let mut reads = Loader::new()
+        .device(Device::Cpu)
+        .backend(map(MapFiles::Never))
+        .prepare()
+        .unwrap();
+    assert!(reads.read_columns(&rows, 100..300).unwrap().is_none());
+}
+
+#[test]
+fn columns_of_a_file_cut_short_are_an_error_naming_it_not_a_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture(dir.path());
+    let loader = cpu();
+    let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
+    let mut prepared = loader.prepare().unwrap();
+    prepared.keep_files_open();
+    let all = checkpoint.only("two.a", None).unwrap();
+    // Mapped (and kept), then the file loses two.b and the last rows of two.a.
+    let (first, _) = prepared.read_columns(&all, 0..350).unwrap().unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&fixture.files[1])
+        .unwrap();
+    let size = file.metadata().unwrap().len();
+    file.set_len(size - 9000 - 14000).unwrap();
+    let error = prepared.read_columns(&all, 350..700).unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            Error::Load(staging_core::Error::Truncated { tensor, file, .. })
+                if tensor == "two.a" && file == &fixture.files[1]
+        ) || matches!(
+            &error,
+            Error::Load(staging_core::Error::FileChanged { file, .. }) if file == &fixture.files[1]
+        ),
+        "{error}"
+    );
+    // What was read before is still whole: memory of its own.
+    let whole = &fixture.contents["two.a"];
+    let want: Vec<u8> = (0..64)
+        .flat_map(|r| whole[r * 1400..r * 1400 + 700].iter().copied())
+        .collect();
+    assert_eq!(first.host_bytes().unwrap(), &want[..]);
 }

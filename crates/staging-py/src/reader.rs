@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, Tensor};
+use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, StagingPath, Tensor};
 
 use crate::errors;
 use crate::info::{PyCheckpoint, interrupted_or};
@@ -82,8 +82,16 @@ pub(crate) fn reader(
 }
 
 impl PyReader {
-    /// One load of `name` (its rows `rows` when given), on the handle's backend.
-    fn load_one(&self, name: &str, rows: Option<RowRange>) -> Result<Tensor, Failure> {
+    /// One load of `name` (its rows `rows` when given), on the handle's backend. With
+    /// `columns` (of dimension 1), the caller takes only those columns of what it reads: a
+    /// tensor mapped from its file then counts only their bytes as read (the caller's view
+    /// touches those alone; the page cache reads the pages that hold them).
+    fn load_one(
+        &self,
+        name: &str,
+        rows: Option<RowRange>,
+        columns: Option<(usize, usize)>,
+    ) -> Result<Tensor, Failure> {
         let narrowed = self
             .checkpoint
             .only(name, rows.as_ref())
@@ -107,7 +115,20 @@ impl PyReader {
         };
         // The load is over (one tensor): its report is final.
         drop(load.next());
-        let report = load.report();
+        let mut report = load.report();
+        if let Some((start, end)) = columns
+            && tensor.path() == StagingPath::Mapped
+            && let [_, width, ..] = tensor.meta().shape[..]
+            && width > 0
+            && start <= end
+            && end <= width
+        {
+            let taken = (tensor.len() / width * (end - start)) as u64;
+            report.bytes_read = report.bytes_read - tensor.len() as u64 + taken;
+            if taken == 0 {
+                report.read_requests = report.read_requests.saturating_sub(1);
+            }
+        }
         match &mut *locked(&self.report) {
             Some(total) => total.absorb(&report),
             empty @ None => *empty = Some(report),
@@ -134,17 +155,21 @@ impl From<Error> for Failure {
 impl PyReader {
     /// The tensor `name` (rows `start..end` of dimension 0 when `rows` is given), as a
     /// `_Staged` owning its memory. The GIL is released while its bytes move.
-    #[pyo3(signature = (name, rows=None))]
+    ///
+    /// With `columns` (`(start, end)` of dimension 1), the caller takes only those columns:
+    /// a tensor mapped from its file counts only their bytes as read.
+    #[pyo3(signature = (name, rows=None, columns=None))]
     fn read(
         &self,
         py: Python<'_>,
         name: &str,
         rows: Option<(usize, usize)>,
+        columns: Option<(usize, usize)>,
     ) -> PyResult<Py<PyAny>> {
         let rows = rows.map(|(start, end)| RowRange::Rows(start..end));
         let _call = self.calls.enter();
         let tensor = py
-            .detach(|| self.load_one(name, rows))
+            .detach(|| self.load_one(name, rows, columns))
             .map_err(|e| match e {
                 // A read the handle's close() interrupted, too.
                 Failure::Closed => errors::staging("File is closed"),
@@ -152,6 +177,51 @@ impl PyReader {
                 Failure::Error(e) => interrupted_or(py, e),
             })?;
         staged(py, tensor, self.device_index)
+    }
+
+    /// Columns `columns` (`(start, end)` of dimension 1) of the tensor `name` (of its rows
+    /// `rows` when given), reading only those columns, as a `_Staged` owning its memory; `None`
+    /// where the handle's reads cannot (see `Prepared::read_columns`): read the rows then.
+    #[pyo3(signature = (name, rows, columns))]
+    fn read_columns(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        rows: Option<(usize, usize)>,
+        columns: (usize, usize),
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let rows = rows.map(|(start, end)| RowRange::Rows(start..end));
+        let _call = self.calls.enter();
+        let read = py.detach(|| -> Result<Option<Tensor>, Failure> {
+            let narrowed = self
+                .checkpoint
+                .only(name, rows.as_ref())
+                .map_err(Error::from)?;
+            let read = {
+                let mut prepared = locked(&self.prepared);
+                let Some(prepared) = prepared.as_mut().filter(|_| !self.calls.is_closed()) else {
+                    return Err(Failure::Closed);
+                };
+                prepared.read_columns(&narrowed, columns.0..columns.1)?
+            };
+            let Some((tensor, report)) = read else {
+                return Ok(None);
+            };
+            match &mut *locked(&self.report) {
+                Some(total) => total.absorb(&report),
+                empty @ None => *empty = Some(report),
+            }
+            Ok(Some(tensor))
+        });
+        match read {
+            Ok(Some(tensor)) => staged(py, tensor, self.device_index).map(Some),
+            Ok(None) => Ok(None),
+            Err(Failure::Closed) => Err(errors::staging("File is closed")),
+            Err(Failure::Error(_)) if self.calls.is_closed() => {
+                Err(errors::staging("File is closed"))
+            }
+            Err(Failure::Error(e)) => Err(interrupted_or(py, e)),
+        }
     }
 
     /// The headers, as `open(path)` gives them.

@@ -114,6 +114,6 @@ def test_dcp_load_through_staging_equals_torchs_reader_and_reads_each_ranks_shar
         assert "error" not in r, r
         assert r["bad"] == [], r
         # a: 32 of 64 rows of 32 F32; b: 24 of 48 rows of 16 BF16; c: all 10 F32; d: a column
-        # block needs every row, all 32 x 64 F32.
-        assert r["bytes_read"] == 32 * 32 * 4 + 24 * 16 * 2 + 10 * 4 + 32 * 64 * 4, r
+        # block, 32 of the 64 F32 columns of each of its 32 rows.
+        assert r["bytes_read"] == 32 * 32 * 4 + 24 * 16 * 2 + 10 * 4 + 32 * 32 * 4, r
         assert r["reads"] == 4, r

@@ -200,35 +200,68 @@ def test_slices_agree_with_safetensors_and_read_only_their_rows(pt_file: Path, k
         assert read == 0, "nothing is read for an index that cannot be taken"
         return
     same(got[1], want[1])
-    # What was read: the rows of dimension 0 from the first to the last the index touches (a
-    # row is 5 x 4 bytes), found by indexing a tensor of row numbers the same way. An index
-    # with a list (advanced indexing) reads the whole tensor.
-    touched = torch.arange(8).reshape(8, 1).expand(8, 5)[key]
-    expected = 0 if touched.numel() == 0 else (int(touched.max()) - int(touched.min()) + 1) * 20
+    # What was read: of the rows of dimension 0 from the first to the last the index touches,
+    # the columns from the first to the last it touches (an element is 4 bytes), found by
+    # indexing tensors of row and of column numbers the same way. An index with a list
+    # (advanced indexing) reads the whole tensor.
+    rows = torch.arange(8).reshape(8, 1).expand(8, 5)[key]
+    columns = torch.arange(5).reshape(1, 5).expand(8, 5)[key]
+
+    def span(touched: torch.Tensor) -> int:
+        return int(touched.max()) - int(touched.min()) + 1
+
+    expected = 0 if rows.numel() == 0 else span(rows) * span(columns) * 4
     advanced = isinstance(key, tuple) and any(isinstance(k, list) for k in key)
     assert read == (8 * 20 if advanced else expected), (key, read, expected)
 
 
-def test_slicing_reads_the_rows_it_needs_of_a_big_tensor(tmp_path: Path) -> None:
+def test_slicing_reads_the_rows_and_columns_it_needs_of_a_big_tensor(tmp_path: Path) -> None:
     path = tmp_path / "big.safetensors"
     weight = torch.randn(4096, 256)
     safetensors.torch.save_file({"w": weight}, path)
     row = 256 * 4
-    with st.safe_open(path, framework="pt") as f:
+    with (
+        st.safe_open(path, framework="pt") as f,
+        safetensors.safe_open(path, framework="pt") as theirs,
+    ):
         parts = [f.get_slice("w")[i * 1024 : (i + 1) * 1024] for i in range(4)]
         assert f.bytes_read == 4096 * row  # four quarters, each read once
         assert torch.equal(torch.cat(parts), weight)
         before = f.bytes_read
-        column_block = f.get_slice("w")[:, 64:128]  # an inner dimension: every row is needed
-        assert f.bytes_read - before == 4096 * row
+        column_block = f.get_slice("w")[:, 64:128]  # an inner dimension: its columns only
+        assert f.bytes_read - before == 4096 * 64 * 4
         assert torch.equal(column_block, weight[:, 64:128])
-        # The columns are a compact copy: the rows read for them are not held by the result.
-        assert column_block.untyped_storage().nbytes() == 4096 * 64 * 4
+        # A view of the file's mapping, as safetensors gives: the same strides, not contiguous.
+        want = theirs.get_slice("w")[:, 64:128]
+        assert (column_block.stride(), column_block.is_contiguous()) == (
+            want.stride(),
+            want.is_contiguous(),
+        )
+        # A tensor-parallel split of the columns in four: each column read once.
+        before = f.bytes_read
+        shares = [f.get_slice("w")[:, i * 64 : (i + 1) * 64] for i in range(4)]
+        assert f.bytes_read - before == 4096 * row
+        assert torch.equal(torch.cat(shares, dim=1), weight)
         before = f.bytes_read
         assert torch.equal(f.get_slice("w")[100, 3:9], weight[100, 3:9])
-        assert f.bytes_read - before == row
+        assert f.bytes_read - before == 6 * 4  # six elements of one row
         report = f.report()
-        assert report["tensors"] == 6 and report["read_requests"] >= 6
+        assert report["tensors"] == 10 and report["read_requests"] >= 10
+        assert report["paths"]["mapped"]["tensors"] == 10
+    # NumPy's slices are compact copies: the columns alone, copied out of the mapping.
+    with st.safe_open(path, framework="np") as f:
+        block = f.get_slice("w")[:, 64:128]
+        assert block.flags["C_CONTIGUOUS"] and block.nbytes == 4096 * 64 * 4
+        assert np.array_equal(block, weight[:, 64:128].numpy())
+        assert f.bytes_read == 4096 * 64 * 4
+        assert f.report()["paths"]["host"] == {"tensors": 1, "bytes": 4096 * 64 * 4}
+    # Where the handle reads into memory of its own (as on a GPU), every row is read whole
+    # and the columns copied out of them (a compact tensor: the rows are let go).
+    with st.safe_open(path, framework="pt", map=False) as f:
+        block = f.get_slice("w")[:, 64:128]
+        assert torch.equal(block, weight[:, 64:128])
+        assert block.is_contiguous() and block.untyped_storage().nbytes() == 4096 * 64 * 4
+        assert f.bytes_read == 4096 * row
 
 
 @pytest.mark.parametrize("framework", ["np", "numpy", "flax", "jax"])

@@ -173,7 +173,7 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
             helper.safe_open = original
         reference = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
         theirs = dict(reference.named_parameters())
-        bad, row_shares, expected = [], 0, 0
+        bad, row_shares, column_shares, expected = [], 0, 0, 0
         for name, param in ours.named_parameters():
             want = theirs[name]
             local = param.to_local() if isinstance(param, DTensor) else param.data
@@ -181,11 +181,14 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
                 local, want.to_local() if isinstance(want, DTensor) else want.data
             ):
                 bad.append(name)
-            # What this rank must read: the rows of its share of a tensor split along dimension 0;
-            # every row of one split along dimension 1 (a column block spans them) or replicated.
-            if isinstance(param, DTensor) and param.placements == (Shard(0),):
-                row_shares += 1
-                assert local.shape[0] < param.shape[0]
+            # What this rank must read: its share of a tensor split along dimension 0 (its rows)
+            # or dimension 1 (its columns of every row: on the CPU, only those); all of a
+            # replicated one.
+            if isinstance(param, DTensor) and param.placements in ((Shard(0),), (Shard(1),)):
+                dim = param.placements[0].dim
+                row_shares += dim == 0
+                column_shares += dim == 1
+                assert local.shape[dim] < param.shape[dim]
                 expected += local.numel() * local.element_size()
             else:
                 expected += param.numel() * param.element_size()
@@ -196,6 +199,7 @@ def _tensor_parallel_worker(rank: int, world: int, path: str, out: str) -> None:
         result.update(
             bad=bad,
             row_shares=row_shares,
+            column_shares=column_shares,
             expected=expected,
             bytes_read=report["bytes_read"],
             same_logits=same_logits,
@@ -211,8 +215,9 @@ def test_tensor_parallel_ranks_read_their_share_and_compute_as_transformers_does
     tmp_path: Path,
 ) -> None:
     """`model_kwargs={"tp_plan": "auto"}` on 2 gloo ranks: `transformers` shards the model as
-    DTensors and indexes our lazy slices, so each rank reads the rows of its dimension-0 shares
-    only; its local shards and the logits equal `transformers`' own tensor-parallel load."""
+    DTensors and indexes our lazy slices, so each rank reads only its shares: the rows of
+    those split along dimension 0, the columns of those split along dimension 1; its local
+    shards and the logits equal `transformers`' own tensor-parallel load."""
     import torch.multiprocessing as mp
 
     path = small_causal_lm("qwen2", tmp_path)
@@ -233,5 +238,6 @@ def test_tensor_parallel_ranks_read_their_share_and_compute_as_transformers_does
         assert r["row_shares"] >= 20, (
             "q/k/v/gate/up projections, embeddings and lm_head split by rows"
         )
+        assert r["column_shares"] >= 4, "o/down projections split by columns"
         assert r["bytes_read"] == r["expected"], r
         assert r["bytes_read"] < 0.65 * total, r

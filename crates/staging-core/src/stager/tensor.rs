@@ -140,6 +140,13 @@ pub struct HostTensor {
 }
 
 impl HostTensor {
+    /// Host bytes no load counts: a tensor assembled outside a stager (columns copied out of a
+    /// mapping of their file), owned by whoever holds it.
+    pub fn uncounted(bytes: HostBytes) -> Self {
+        let held = Held::new(&Arc::new(Accounting::default()), MemoryKind::Host, 0);
+        Self { bytes, held }
+    }
+
     /// Takes the bytes; the load's accounting stops counting them (host memory is not under the
     /// device budget).
     pub fn into_bytes(self) -> HostBytes {

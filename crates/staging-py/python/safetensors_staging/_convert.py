@@ -59,6 +59,8 @@ class ToTorch:
     """Tensors as `torch.Tensor`, on the handle's device (`gpu`: its GPU ordinal, if any)."""
 
     name = "pt"
+    # A slice of a tensor mapped from its file is a view of the mapping, as `safetensors`'.
+    views_of_mappings = True
 
     def __init__(self, gpu: Optional[int]) -> None:
         need("torch", 'framework="pt"')
@@ -90,6 +92,7 @@ class ToNumpy:
     """Arrays as `numpy.ndarray`, in host memory."""
 
     name = "np"
+    views_of_mappings = False
 
     def own(self, array: Any) -> Any:
         """A compact copy of a view."""
@@ -110,6 +113,7 @@ class ToJax:
     """Arrays as `jax.Array` (through NumPy, with `ml_dtypes` for bfloat16 and float8)."""
 
     name = "flax"
+    views_of_mappings = False
 
     def __init__(self) -> None:
         need("jax.numpy", 'framework="flax"')

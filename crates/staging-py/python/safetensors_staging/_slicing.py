@@ -1,7 +1,10 @@
 """Slices read lazily: `safe_slice`, and the rows of dimension 0 an index needs.
 
-`get_slice(name)[...]` reads only the rows of dimension 0 the index needs (for an index on an
-inner dimension, every row: the smallest run of rows covering it). The index is checked first
+`get_slice(name)[...]` reads only the rows of dimension 0 the index needs, and of those, where
+the handle maps its files (host tensors from local files), only the columns of dimension 1 the
+index needs: torch gets a view of the mapping (as `safetensors` gives), NumPy and JAX a copy of
+the smallest run of each row covering them. Elsewhere (a GPU, `map=False`) an index on an inner
+dimension reads every row it covers whole, and the result is a compact copy. The index is checked first
 against an empty stand-in of the tensor (a `meta` tensor, a zero-stride NumPy array), so a bad
 index raises exactly what the framework raises, before any byte is read; for NumPy and Flax,
 whose tensors `safetensors` slices by rules of its own (stricter than NumPy's), first what
@@ -32,6 +35,25 @@ def covering_rows(key: Any, dim0: int, ndim: int) -> Tuple[Optional[Tuple[int, i
         `((start, end), narrowed key)`; or `(None, key)` when every row is needed, or the key
         is of a kind this does not narrow (lists, arrays, booleans).
     """
+    return covering_range(key, 0, dim0, ndim)
+
+
+def covering_range(
+    key: Any, dim: int, size: int, ndim: int
+) -> Tuple[Optional[Tuple[int, int]], Any]:
+    """The smallest range of dimension `dim` that `tensor[key]` needs, and the key to apply to
+    a tensor holding just that range of the dimension.
+
+    Args:
+        key: an index, already checked valid.
+        dim: the dimension.
+        size: its length.
+        ndim: the number of dimensions.
+
+    Returns:
+        `((start, end), narrowed key)`; or `(None, key)` when all of the dimension is needed,
+        or the key is of a kind this does not narrow (lists, arrays, booleans).
+    """
     entries = key if isinstance(key, tuple) else (key,)
     simple = all(
         e is None
@@ -40,39 +62,44 @@ def covering_rows(key: Any, dim0: int, ndim: int) -> Tuple[Optional[Tuple[int, i
         or (isinstance(e, int) and not isinstance(e, bool))
         for e in entries
     )
-    if ndim == 0 or not simple:
+    if ndim <= dim or not simple:
         return None, key
     consuming = sum(1 for e in entries if e is not None and e is not Ellipsis)
     position = None
+    at = 0  # the dimension the next entry that consumes one indexes
     for i, entry in enumerate(entries):
         if entry is None:
             continue
         if entry is Ellipsis:
-            if consuming < ndim:
-                return None, key  # the ellipsis covers dimension 0
-            continue  # it covers no dimension
-        position = i
-        break
+            covered = max(ndim - consuming, 0)
+            if at <= dim < at + covered:
+                return None, key  # the ellipsis covers the dimension
+            at += covered
+            continue
+        if at == dim:
+            position = i
+            break
+        at += 1
     if position is None:
         return None, key
     entry = entries[position]
     if isinstance(entry, int):
-        row = entry + dim0 if entry < 0 else entry
-        rows, local = (row, row + 1), 0
+        index = entry + size if entry < 0 else entry
+        span, local = (index, index + 1), 0
     else:
-        start, stop, step = entry.indices(dim0)
+        start, stop, step = entry.indices(size)
         count = len(range(start, stop, step))
         last = start + (count - 1) * step
         if count == 0:
-            rows, local = (0, 0), slice(0, 0)
+            span, local = (0, 0), slice(0, 0)
         elif step > 0:
-            rows, local = (start, last + 1), slice(0, last + 1 - start, step)
-        else:  # NumPy and JAX step backwards: from `start` down to `last`, row 0 of those read
-            rows, local = (last, start + 1), slice(start - last, None, step)
-    if rows == (0, dim0) and local == slice(0, dim0, 1):
+            span, local = (start, last + 1), slice(0, last + 1 - start, step)
+        else:  # NumPy and JAX step backwards: from `start` down to `last`, entry 0 of those read
+            span, local = (last, start + 1), slice(start - last, None, step)
+    if span == (0, size) and local == slice(0, size, 1):
         return None, key
     narrowed = entries[:position] + (local,) + entries[position + 1 :]
-    return rows, narrowed if isinstance(key, tuple) else narrowed[0]
+    return span, narrowed if isinstance(key, tuple) else narrowed[0]
 
 
 def _indexer_text(start: Optional[int], stop: Optional[int], step: int, select: bool) -> str:
@@ -212,10 +239,26 @@ def read_slice(
     # Rows of a 1-dimensional tensor of sub-byte values may not be whole bytes.
     if stand_in is not None and stand_in.ndim and (len(shape) > 1 or _DTYPES[dtype].bits % 8 == 0):
         rows, local = covering_rows(key, int(stand_in.shape[0]), int(stand_in.ndim))
-    staged = reader.read(name, rows)
     read_shape = list(shape) if rows is None else [rows[1] - rows[0], *shape[1:]]
+    staged, columns = None, None
+    if stand_in is not None and len(shape) > 1 and _DTYPES[dtype].bits % 8 == 0:
+        columns, narrowed = covering_range(local, 1, int(shape[1]), len(shape))
+    if columns is not None and not convert.views_of_mappings:
+        # Only the columns of dimension 1 it needs, copied out of the mapping of the file
+        # where the handle maps (host tensors from local files): a run of each row.
+        staged = reader.read_columns(name, rows, columns)
+        if staged is not None:
+            local = narrowed
+            read_shape[1] = columns[1] - columns[0]
+    if staged is None:
+        # Torch takes a view of the rows where they are a mapping of the file, as
+        # `safetensors` does: only the pages holding its columns are touched, and only
+        # their bytes are counted as read.
+        staged = reader.read(name, rows, columns)
     tensor = convert.convert(staged, dtype, read_shape, name)
     result = tensor[local]
+    if staged.path == "mapped" and convert.views_of_mappings:
+        return result
     if int(result.nbytes) < int(tensor.nbytes):
         # A view of part of what was read (columns of every row, one element): its own
         # compact copy, so that the rest is freed now rather than held by the view (a
@@ -228,12 +271,14 @@ class safe_slice:
     """A tensor not read yet, as `safetensors`' `get_slice` gives it.
 
     Indexing it (ints, slices, negative indices, `...`, `None`, on any dimension) reads only
-    the rows of dimension 0 the index needs.
+    the rows of dimension 0 the index needs and, on the CPU from local files, only the columns
+    of dimension 1.
 
     Example:
         ```python
         with st.safe_open("model.safetensors", framework="pt") as f:
             part = f.get_slice("lm_head.weight")[0:512]  # reads 512 rows
+            share = f.get_slice("lm_head.weight")[:, 0:256]  # reads 256 columns of each row
         ```
     """
 
