@@ -12,6 +12,34 @@ pub enum Error {
     /// message names the file, and the tensor and offset where there is one.
     #[error(transparent)]
     Load(#[from] staging_core::Error),
+    /// A reload's targets do not fit the checkpoint ([`Loader::load_into`]): a length, dtype or
+    /// shape, or (strict) a target the checkpoint lacks or a tensor no target takes. Nothing
+    /// was written.
+    ///
+    /// [`Loader::load_into`]: crate::Loader::load_into
+    #[error("the checkpoint does not fit the targets, nothing was written: {}", problems.join("; "))]
+    Mismatch {
+        /// One line per tensor that does not fit.
+        problems: Vec<String>,
+    },
+    /// A reload failed after writing began ([`Loader::load_into`]): what each target holds.
+    ///
+    /// [`Loader::load_into`]: crate::Loader::load_into
+    #[error(
+        "the load into the targets failed after writing began: {source}; {} hold the checkpoint's bytes, {} may hold some of them ({}), {} are unchanged",
+        written.len(), partly_written.len(), partly_written.join(", "), unchanged.len()
+    )]
+    PartialLoad {
+        /// Why it failed.
+        #[source]
+        source: Box<Error>,
+        /// Targets that hold the checkpoint's bytes, whole.
+        written: Vec<String>,
+        /// Targets whose writing had begun and not ended: some bytes may be new, some old.
+        partly_written: Vec<String>,
+        /// Targets never written.
+        unchanged: Vec<String>,
+    },
     /// The backend asked for cannot run here (no driver, no device, no library, a mode that is
     /// not available).
     #[error("{backend} backend: {source}")]
@@ -94,6 +122,8 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Load(error) => error.kind(),
+            Self::PartialLoad { source, .. } => source.kind(),
+            Self::Mismatch { .. } => ErrorKind::Selection,
             Self::Backend { .. } | Self::NotBuilt(_) | Self::NoGpu { .. } => {
                 ErrorKind::BackendUnavailable
             }
@@ -108,6 +138,7 @@ impl Error {
     pub fn file(&self) -> Option<&std::path::Path> {
         match self {
             Self::Load(error) => error.file(),
+            Self::PartialLoad { source, .. } => source.file(),
             _ => None,
         }
     }
@@ -116,6 +147,7 @@ impl Error {
     pub fn tensor(&self) -> Option<&str> {
         match self {
             Self::Load(error) => error.tensor(),
+            Self::PartialLoad { source, .. } => source.tensor(),
             Self::DeviceCopy { tensor, .. } | Self::Tensor { tensor, .. } => Some(tensor),
             _ => None,
         }

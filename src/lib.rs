@@ -61,6 +61,7 @@ pub struct RustPageDoctests;
 mod backend;
 mod device;
 mod error;
+mod load_into;
 mod loader;
 mod mapping;
 mod options;
@@ -77,6 +78,7 @@ pub mod hip;
 pub use backend::{AutoOptions, Backend, HostOptions, MapFiles};
 pub use device::Device;
 pub use error::{Error, Result};
+pub use load_into::{LoadedInto, Target};
 pub use loader::{Load, Loader, Prepared};
 pub use mapping::MappedBytes;
 pub use options::{

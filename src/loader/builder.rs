@@ -55,7 +55,7 @@ pub struct Loader<'d> {
     policy: StagingPolicy,
     memory_cap: Option<u64>,
     suballocate: bool,
-    selection: Selection,
+    pub(crate) selection: Selection,
     destination: AnyDestination<'d>,
 }
 

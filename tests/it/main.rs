@@ -22,6 +22,7 @@ mod hipfile;
 #[cfg(feature = "remote")]
 mod hub;
 mod limits;
+mod load_into;
 mod loader;
 mod malformed;
 mod mapped;

@@ -162,6 +162,21 @@ impl Selection {
         self
     }
 
+    /// Only the tensors of this selection that are also among `names` (their rows as this
+    /// selection says).
+    pub fn within<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let names: BTreeSet<String> = names.into_iter().map(Into::into).collect();
+        self.names = Some(match self.names.take() {
+            Some(mine) => mine.intersection(&names).cloned().collect(),
+            None => names,
+        });
+        self
+    }
+
     /// Whether this selection loads every tensor whole.
     pub fn is_all(&self) -> bool {
         self.names.is_none()

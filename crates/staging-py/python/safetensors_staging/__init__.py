@@ -38,6 +38,7 @@ from ._load import PathLike as PathLike  # the types of `path` and `rows`, for a
 from ._load import Paths as Paths
 from ._load import RowSpec as RowSpec
 from ._load import Stage, describe_options, load_file, open, stage
+from ._load_into import LoadIntoError, MismatchError, PartialLoadError
 from ._native import (
     BackendUnavailableError,
     Checkpoint,
@@ -66,8 +67,11 @@ __all__ = [
     "DestinationError",
     "DeviceError",
     "InvalidOptionError",
+    "LoadIntoError",
     "MalformedCheckpointError",
+    "MismatchError",
     "OutOfMemoryError",
+    "PartialLoadError",
     "PathNotFoundError",
     "PathPermissionError",
     "ReadError",

@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from . import _convert, _dtypes, _load, _requires, _serialize
+from ._load_into import LoadIntoResult, load_into
 from ._native import _DTYPES
 
 try:
@@ -27,8 +28,10 @@ except ModuleNotFoundError as error:  # the message names the extra that install
     raise
 
 __all__ = [
+    "LoadIntoResult",
     "load",
     "load_file",
+    "load_into",
     "load_model",
     "save",
     "save_file",

@@ -1,0 +1,313 @@
+"""`load_into`: a checkpoint read into the tensors that already hold a model's weights.
+
+Every header is read and every name, shape and dtype checked against the target before the
+first byte moves; then each tensor goes through the library's destination path straight into
+the memory of the tensor it replaces (no second copy of the model). A failure after writing
+began says exactly which tensors hold new bytes, which may hold some, and which hold old ones.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+
+from . import _native
+from ._device import resolve_device
+from ._dtypes import torch_view
+from ._load import Paths, paths_of, stage_with
+from ._native import StagingError, TensorInfo
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LoadIntoError", "LoadIntoResult", "MismatchError", "PartialLoadError", "load_into"]
+
+
+class MismatchError(StagingError):
+    """The checkpoint does not fit the target (a missing or unexpected tensor with `strict`, a
+    shape, a dtype, memory that cannot be written in place): raised before any byte is
+    written, so the target is unchanged.
+
+    Attributes:
+        problems: one line per tensor that does not fit.
+    """
+
+    def __init__(self, problems: List[str]) -> None:
+        self.problems = list(problems)
+        shown = "; ".join(problems[:8])
+        more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+        super().__init__(
+            f"the checkpoint does not fit the target, nothing was written: {shown}{more}"
+        )
+
+
+class PartialLoadError(StagingError):
+    """A load into the target failed after writing began (a read error, an interrupt). The
+    cause is `__cause__`; what each tensor of the target holds is listed.
+
+    Attributes:
+        written: names of the tensors that hold the checkpoint's bytes, whole.
+        partly_written: names of the tensors whose writing had begun and not ended: some of
+            their bytes may be new, some old. Reload them (or the whole model).
+        unchanged: names of the tensors never written: their old bytes.
+    """
+
+    def __init__(
+        self,
+        cause: BaseException,
+        written: List[str],
+        partly_written: List[str],
+        unchanged: List[str],
+    ) -> None:
+        self.written = written
+        self.partly_written = partly_written
+        self.unchanged = unchanged
+        super().__init__(
+            f"the load into the target failed after writing began ({type(cause).__name__}: "
+            f"{cause}); {len(written)} tensors hold the checkpoint's bytes, "
+            f"{len(partly_written)} may hold some of them ({_names(partly_written)}), "
+            f"{len(unchanged)} are unchanged"
+        )
+
+
+class LoadIntoError(PartialLoadError, KeyboardInterrupt):
+    """A `PartialLoadError` caused by Ctrl-C: still a `KeyboardInterrupt`."""
+
+
+def _names(names: List[str]) -> str:
+    shown = ", ".join(names[:4])
+    return shown + (f", ... ({len(names) - 4} more)" if len(names) > 4 else "") if names else "none"
+
+
+class LoadIntoResult(NamedTuple):
+    """What `load_into` did: `missing_keys` and `unexpected_keys` as `load_state_dict`
+    returns them, and the load's report (`stage --json`'s keys)."""
+
+    missing_keys: List[str]
+    unexpected_keys: List[str]
+    report: Dict[str, Any]
+
+
+def _targets(target: Any) -> Dict[str, torch.Tensor]:
+    """The target's tensors by name: a module's `state_dict()` (parameters and persistent
+    buffers, sharing their memory), or a mapping of names to tensors."""
+    import torch
+
+    if isinstance(target, torch.nn.Module):
+        tensors = target.state_dict()
+    elif isinstance(target, Mapping):
+        tensors = dict(target)
+    else:
+        raise TypeError(
+            f"load_into takes a torch.nn.Module or a mapping of names to tensors, not "
+            f"{type(target).__name__}"
+        )
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"target tensor {name!r} is a {type(tensor).__name__}, not a tensor")
+    return {name: tensor.detach() for name, tensor in tensors.items()}
+
+
+def _tied_groups(tensors: Mapping[str, torch.Tensor]) -> List[List[str]]:
+    """Names that are one tensor (tied weights: the same memory, shape, strides and dtype),
+    each group in the target's order."""
+    groups: Dict[Tuple[Any, ...], List[str]] = {}
+    for name, tensor in tensors.items():
+        key = (
+            tensor.device,
+            tensor.data_ptr(),
+            tensor.dtype,
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+        )
+        if tensor.numel() == 0:
+            key = (name,)  # empty tensors share no bytes, whatever their pointer says
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def _matches(name: str, only: Optional[List[str]]) -> bool:
+    return only is None or any(fnmatch.fnmatchcase(name, pattern) for pattern in only)
+
+
+def _problem(name: str, info: TensorInfo, tensor: torch.Tensor) -> Optional[str]:
+    """Why `tensor` cannot take `info`'s bytes in place; None when it can."""
+    import torch
+
+    dtype, shape = torch_view(info.dtype, list(info.shape), "uint8", name)
+    if dtype is None:  # no torch dtype of its own: the bytes, as `uint8`
+        dtype = torch.uint8
+    if list(tensor.shape) != list(shape):
+        return (
+            f"{name}: shape {list(info.shape)} in the checkpoint, {list(tensor.shape)} in the "
+            "target"
+        )
+    if tensor.dtype != dtype:
+        return f"{name}: dtype {info.dtype} in the checkpoint, {tensor.dtype} in the target"
+    if not tensor.is_contiguous():
+        return f"{name}: not contiguous in the target (its bytes cannot be written in place)"
+    return None
+
+
+def _device_of(tensor: torch.Tensor) -> str:
+    if tensor.device.type == "cpu":
+        return "cpu"
+    if tensor.device.type == "cuda":
+        return f"cuda:{tensor.device.index or 0}"
+    raise MismatchError([f"a tensor on {tensor.device}, which the library does not load to"])
+
+
+def load_into(
+    target: Any,
+    source: Paths,
+    *,
+    strict: bool = True,
+    only: Optional[Iterable[str]] = None,
+    rows: Any = None,
+    **options: Any,
+) -> LoadIntoResult:
+    """Reads a checkpoint into the tensors of `target`, in place: every parameter keeps its
+    memory (`data_ptr`), and no second copy of the model is ever held.
+
+    Before the first byte is written, every header is read and every tensor of the checkpoint
+    that the target has is checked: the same shape, the same dtype, contiguous memory. Then
+    each is read through the library's destination path straight into the target's memory (on
+    a GPU through cuFile, or a pinned buffer, into the parameter itself; on the CPU a read into
+    the parameter's memory).
+
+    Args:
+        target: a `torch.nn.Module` (its `state_dict()` names: parameters and persistent
+            buffers) or a mapping of names to tensors. Tied weights (names sharing one
+            tensor's memory) are written once, from whichever of their names the checkpoint
+            has.
+        source: anything `stage` reads: a file, a directory, an index, a hub-cache snapshot,
+            a URL, a list of files.
+        strict: as `load_state_dict`'s: a tensor of the target the checkpoint lacks, or one of
+            the checkpoint the target lacks, is a `MismatchError` (nothing written). With
+            `strict=False` they are returned in `missing_keys` and `unexpected_keys`.
+        only: names or globs (`"model.layers.0.*"`): only the tensors matching them, in the
+            target and in the checkpoint, are considered.
+        rows: rows of dimension 0 of the checkpoint's tensors, as `stage`'s `rows`
+            (`{"*.q_proj.weight": "1/4"}`): a tensor-parallel rank's parameter holding its
+            rows of the checkpoint's tensor.
+        **options: `stage`'s options (`backend`, `threads`, the remote keywords, ...); not
+            `device`, `select` or `destination`, which the target decides.
+
+    Returns:
+        A `LoadIntoResult`: `missing_keys`, `unexpected_keys`, `report`.
+
+    Raises:
+        MismatchError: before anything is written: a shape, a dtype, non-contiguous memory,
+            or (with `strict`) a missing or unexpected tensor; its `problems` list each.
+        PartialLoadError: writing began and failed; its `written`, `partly_written` and
+            `unchanged` say what each tensor holds (`LoadIntoError`, also a
+            `KeyboardInterrupt`, when Ctrl-C ended it).
+        StagingError: the checkpoint's headers cannot be read (nothing written).
+        TypeError: a target that is not a module or a mapping of tensors; an option the
+            target decides.
+    """
+    for key in ("device", "select", "destination"):
+        if key in options:
+            raise TypeError(f"load_into takes no {key}=: the target's tensors decide it")
+    patterns = None if only is None else ([only] if isinstance(only, str) else list(only))
+    tensors = _targets(target)
+    groups = _tied_groups(tensors)
+    group_of = {name: group for group in groups for name in group}
+    wanted = {name for name in tensors if _matches(name, patterns)}
+    store_options = options.pop("store_options", None)
+    remote = dict(options)
+    checkpoint, kept = _native._select(
+        paths_of(source),
+        select=lambda name: name in wanted,
+        rows=rows,
+        store_options=store_options,
+        **remote,
+    )
+    in_checkpoint = [name for name in checkpoint.keys() if _matches(name, patterns)]
+    present = set(in_checkpoint)
+    # One name per tied group is loaded: the first the checkpoint has.
+    loading: Dict[str, TensorInfo] = {}
+    covered = set()
+    for info in kept:
+        group = group_of[info.name]
+        if id(group) in covered:
+            continue
+        covered.add(id(group))
+        loading[info.name] = info
+    missing = [
+        name
+        for name in tensors
+        if name in wanted and name not in present and not any(n in present for n in group_of[name])
+    ]
+    unexpected = [name for name in in_checkpoint if name not in tensors]
+    problems = []
+    if strict:
+        problems += [f"{name}: missing from the checkpoint" for name in missing]
+        problems += [f"{name}: in the checkpoint, not in the target" for name in unexpected]
+    by_device: Dict[str, List[str]] = {}
+    for name, info in loading.items():
+        tensor = tensors[name]
+        problem = _problem(name, info, tensor)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        by_device.setdefault(_device_of(tensor), []).append(name)
+    if problems:
+        raise MismatchError(problems)
+
+    # Writing begins. A name is "started" once the library asked for its destination (its bytes
+    # may be written from then on), "written" once the load handed it out whole.
+    started: List[str] = []
+    written: List[str] = []
+    reports: List[Dict[str, Any]] = []
+
+    def destination(name: str, _info: TensorInfo) -> Any:
+        import torch
+
+        started.append(name)
+        tensor = tensors[name]
+        return tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor
+
+    try:
+        for device, names in by_device.items():
+            spelled, _gpu = resolve_device(device)
+            chosen = set(names)
+            with _stage(
+                source,
+                spelled,
+                select=lambda name, chosen=chosen: name in chosen,
+                rows=rows,
+                store_options=store_options,
+                destination=destination,
+                **remote,
+            ) as load:
+                for name, _tensor in load:
+                    written.append(name)
+                reports.append(load.report())
+    except BaseException as cause:
+        done = set(written)
+        partly = [name for name in dict.fromkeys(started) if name not in done]
+        unchanged = [name for name in loading if name not in done and name not in set(partly)]
+        error_type = LoadIntoError if isinstance(cause, KeyboardInterrupt) else PartialLoadError
+        raise error_type(cause, written, partly, unchanged) from cause
+    return LoadIntoResult(missing, unexpected, _merged(reports))
+
+
+def _stage(source: Paths, device: str, **options: Any) -> Any:
+    """The load of `source` onto `device`, its tensors as the library hands them out (the
+    target's own objects)."""
+    return stage_with(source, device, lambda staged: staged, **options)
+
+
+def _merged(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One report of the loads of several devices (the one report, when there was one)."""
+    if len(reports) == 1:
+        return reports[0]
+    if not reports:
+        return {"tensors": 0, "bytes": 0, "bytes_read": 0, "read_requests": 0, "loads": []}
+    merged = {
+        key: sum(int(r.get(key, 0)) for r in reports)
+        for key in ("tensors", "bytes", "bytes_read", "read_requests")
+    }
+    merged["loads"] = reports
+    return merged

@@ -1,0 +1,204 @@
+"""`safetensors_staging.torch.load_into`: weights reloaded into the tensors that hold them.
+
+A model trained one step, saved, and reloaded into the model it started from: every
+parameter keeps its memory, and the outputs equal a fresh load of the new checkpoint's. A
+checkpoint that does not fit changes nothing; a read that fails after writing began says which
+tensors hold what; tied weights are written once; only= and rows= choose what is read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import safetensors.torch
+import torch
+
+import safetensors_staging as st
+import safetensors_staging._load_into as load_into_module
+from safetensors_staging.torch import load_into
+
+from test_transformers import small_causal_lm
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def snapshot(model: Any) -> Dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def pointers(model: Any) -> Dict[str, int]:
+    return {name: t.data_ptr() for name, t in model.state_dict().items()}
+
+
+def trained_one_step(kind: str, tmp_path: Path) -> Any:
+    """A small model saved as `tmp_path/kind`, then trained one step and saved again as
+    `tmp_path/kind-step1`; returns the model as it was before the step, freshly loaded."""
+    import transformers
+
+    path = small_causal_lm(kind, tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = torch.tensor([[1, 17, 42, 99, 3, 250, 7, 8]])
+    model(batch, labels=batch).loss.backward()
+    optimizer.step()
+    model.save_pretrained(tmp_path / f"{kind}-step1", max_shard_size="200KB")
+    return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_a_trained_step_reloads_in_place_bit_equal_to_a_fresh_load(
+    kind: str, tmp_path: Path
+) -> None:
+    import transformers
+
+    model = trained_one_step(kind, tmp_path)
+    before_ptrs, before = pointers(model), snapshot(model)
+    result = load_into(model, tmp_path / f"{kind}-step1")
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    # Every parameter kept its memory, and changed.
+    assert pointers(model) == before_ptrs
+    fresh = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"{kind}-step1").eval()
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    assert any(not torch.equal(before[n], t) for n, t in model.state_dict().items())
+    prompt = torch.tensor([[1, 17, 42, 99, 3, 250]])
+    with torch.no_grad():
+        assert torch.equal(model(prompt).logits, fresh(prompt).logits)
+    report = result.report
+    # Every tensor went into the target's own memory: the destination path, read once.
+    stored = safetensors_files_bytes(tmp_path / f"{kind}-step1")
+    assert report["paths"]["destination"]["tensors"] == report["tensors"] > 0
+    assert report["bytes_read"] == report["bytes"] == stored
+    if kind == "llama":
+        # Tied embeddings: the checkpoint has embed_tokens only; lm_head is the same memory.
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def safetensors_files_bytes(directory: Path) -> int:
+    total = 0
+    for path in directory.glob("*.safetensors"):
+        with st.open(path) as checkpoint:
+            total += checkpoint.total_bytes
+    return total
+
+
+def test_a_mismatch_changes_nothing_and_names_the_tensor(tmp_path: Path) -> None:
+    target = {"a": torch.zeros(4, 8), "b": torch.zeros(3), "c": torch.zeros(2, dtype=torch.int64)}
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(
+        {"a": torch.ones(4, 8), "b": torch.ones(5), "c": torch.ones(2, dtype=torch.int32)}, path
+    )
+    with pytest.raises(st.MismatchError) as caught:
+        load_into(target, path)
+    assert caught.value.problems == [
+        "b: shape [5] in the checkpoint, [3] in the target",
+        "c: dtype I32 in the checkpoint, torch.int64 in the target",
+    ]
+    assert "nothing was written" in str(caught.value)
+    assert all(not t.any() for t in target.values()), "a mismatch writes nothing"
+    # strict: a tensor missing from the checkpoint, or one the target lacks, is a mismatch too.
+    safetensors.torch.save_file({"a": torch.ones(4, 8), "z": torch.ones(1)}, path)
+    with pytest.raises(st.MismatchError) as caught:
+        load_into({"a": target["a"], "b": target["b"]}, path)
+    assert caught.value.problems == [
+        "b: missing from the checkpoint",
+        "z: in the checkpoint, not in the target",
+    ]
+    assert not target["a"].any()
+    # Not strict: the ones both have are loaded, the rest returned.
+    result = load_into({"a": target["a"], "b": target["b"]}, path, strict=False)
+    assert (result.missing_keys, result.unexpected_keys) == (["b"], ["z"])
+    assert torch.equal(target["a"], torch.ones(4, 8)) and not target["b"].any()
+    # Memory that cannot be written in place is refused, before anything is written.
+    safetensors.torch.save_file({"a": torch.full((4, 8), 2.0)}, path)
+    transposed = torch.zeros(8, 4).t()
+    with pytest.raises(st.MismatchError, match="a: not contiguous"):
+        load_into({"a": transposed}, path)
+    assert not transposed.any()
+
+
+def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = [f"w{i}" for i in range(8)]
+    new = {name: torch.full((256, 1024), float(i + 1)) for i, name in enumerate(names)}
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(new, path)
+    target = {name: torch.zeros(256, 1024) for name in names}
+    real_stage = load_into_module._stage
+
+    class CutShort:
+        """The real load; after its first tensor, the file loses its second half."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.load = real_stage(*args, **kwargs)
+
+        def __enter__(self) -> Any:
+            self.load.__enter__()
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.load.__exit__(*exc)
+
+        def __iter__(self) -> Any:
+            for i, item in enumerate(self.load):
+                yield item
+                if i == 0:
+                    with open(path, "r+b") as f:
+                        f.truncate(os.path.getsize(path) // 2)
+
+        def report(self) -> Any:
+            return self.load.report()
+
+    monkeypatch.setattr(load_into_module, "_stage", CutShort)
+    with pytest.raises(st.PartialLoadError) as caught:
+        load_into(target, path, threads=1)
+    error = caught.value
+    assert isinstance(error.__cause__, st.StagingError)
+    assert str(path) in str(error.__cause__)  # the library's error names the file
+    assert "w0" in error.written
+    assert error.unchanged, "the second half of the file was never read"
+    # Exactly what it says: every tensor is new, old, or listed as maybe partly written.
+    assert sorted(error.written + error.partly_written + error.unchanged) == sorted(names)
+    for name in names:
+        if name in error.written:
+            assert torch.equal(target[name], new[name]), name
+        elif name in error.unchanged:
+            assert not target[name].any(), name
+
+
+def test_only_and_rows_read_what_a_rank_holds(tmp_path: Path) -> None:
+    full = {
+        "layers.0.w": torch.arange(64.0).reshape(8, 8),
+        "layers.1.w": torch.arange(64.0, 128.0).reshape(8, 8),
+        "norm": torch.ones(8),
+    }
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(full, path)
+    rank = {"layers.0.w": torch.zeros(2, 8), "layers.1.w": torch.zeros(2, 8)}
+    result = load_into(rank, path, only="layers.*", rows={"layers.*": "1/4"})
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    assert torch.equal(rank["layers.0.w"], full["layers.0.w"][2:4])
+    assert torch.equal(rank["layers.1.w"], full["layers.1.w"][2:4])
+    assert result.report["bytes_read"] == 2 * 2 * 8 * 4
+
+
+def test_tied_weights_are_written_once(tmp_path: Path) -> None:
+    shared = torch.zeros(16, 4)
+    target = {"embed.weight": shared, "lm_head.weight": shared, "bias": torch.zeros(4)}
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({"embed.weight": torch.ones(16, 4), "bias": torch.ones(4)}, path)
+    result = load_into(target, path)
+    assert result.missing_keys == []  # lm_head is embed, which the checkpoint has
+    assert torch.equal(shared, torch.ones(16, 4)) and torch.equal(target["bias"], torch.ones(4))
+    assert result.report["tensors"] == 2
+
+
+def test_the_target_decides_device_and_selection() -> None:
+    with pytest.raises(TypeError, match="device"):
+        load_into({}, "x.safetensors", device="cpu")
+    with pytest.raises(TypeError, match="Module or a mapping"):
+        load_into([torch.zeros(1)], "x.safetensors")

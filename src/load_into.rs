@@ -1,0 +1,379 @@
+//! [`Loader::load_into`]: a checkpoint read into memory that already holds its tensors (a
+//! model's weights reloaded in place), checked whole before the first byte is written.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use staging_core::{DestinationError, DeviceRegion, Dtype, LoadReport, MemorySpace, TensorMeta};
+
+use crate::error::{Error, Result};
+use crate::loader::Loader;
+use crate::space::KnownSpace;
+
+/// The memory one tensor of a reload goes into, and what it holds: the bytes are checked
+/// against the checkpoint's tensor (its length always; its dtype and shape when given) before
+/// anything is written.
+#[derive(Debug)]
+pub struct Target<'a, S: MemorySpace> {
+    region: DeviceRegion<'a, S>,
+    dtype: Option<Dtype>,
+    shape: Option<Vec<usize>>,
+}
+
+impl<'a, S: MemorySpace> Target<'a, S> {
+    /// The tensor's memory; the checkpoint's tensor must have exactly `region.len()` bytes.
+    pub fn new(region: DeviceRegion<'a, S>) -> Self {
+        Self {
+            region,
+            dtype: None,
+            shape: None,
+        }
+    }
+
+    /// The dtype the tensor in memory has: the checkpoint's must be the same.
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = Some(dtype);
+        self
+    }
+
+    /// The shape the tensor in memory has: the checkpoint's (narrowed to the loader's rows)
+    /// must be the same.
+    pub fn shape(mut self, shape: impl Into<Vec<usize>>) -> Self {
+        self.shape = Some(shape.into());
+        self
+    }
+}
+
+/// What [`Loader::load_into`] did.
+#[derive(Debug, Clone)]
+pub struct LoadedInto {
+    /// Targets the checkpoint has no tensor for (left as they were).
+    pub missing: Vec<String>,
+    /// Tensors of the checkpoint no target was given for (not read).
+    pub unexpected: Vec<String>,
+    /// The load's report.
+    pub report: LoadReport,
+}
+
+/// The destination of a reload: each target's memory, once; the names whose memory was handed
+/// to the load, in order.
+struct IntoTargets<'a, S: MemorySpace> {
+    targets: BTreeMap<String, DeviceRegion<'a, S>>,
+    started: Arc<Mutex<Vec<String>>>,
+}
+
+impl<S: MemorySpace> staging_core::Destination<S> for IntoTargets<'_, S> {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+    ) -> std::result::Result<Option<DeviceRegion<'_, S>>, DestinationError> {
+        let Some(region) = self.targets.get_mut(&tensor.name) else {
+            return Ok(None);
+        };
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tensor.name.clone());
+        let len = region.len();
+        Ok(region.slice(0, len))
+    }
+}
+
+impl Loader<'_> {
+    /// Reads the checkpoint at `path` into `targets` (by tensor name), in place: a model's
+    /// weights reloaded into the memory that holds them, with no second copy.
+    ///
+    /// Every header is read and every target checked first: the checkpoint's tensor (narrowed
+    /// to this loader's rows, if it has a [`select`](Self::select)ion with rows) must have the
+    /// target's length, and its dtype and shape where the target gives them. A mismatch, or
+    /// with `strict` a target the checkpoint lacks or a tensor of the checkpoint no target
+    /// takes, is [`Error::Mismatch`] and nothing is written. A failure after writing began is
+    /// [`Error::PartialLoad`], which lists exactly which targets hold new bytes, which may hold
+    /// some, and which are unchanged.
+    ///
+    /// The targets' memory must be the memory the backend loads into (host memory for `host`,
+    /// device memory for `cufile`): otherwise [`Error::DestinationSpace`], before anything is
+    /// written.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    /// # let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    /// # file.extend_from_slice(header);
+    /// # file.extend_from_slice(&[0, 0, 128, 63, 0, 0, 0, 64]);
+    /// # std::fs::write(dir.path().join("model.safetensors"), file)?;
+    /// use std::collections::BTreeMap;
+    /// use safetensors_staging::{DeviceRegion, Dtype, Loader, Target};
+    ///
+    /// let mut w = vec![0u8; 8]; // the weight as the model holds it: 2 x F32
+    /// let targets = BTreeMap::from([(
+    ///     "w".to_owned(),
+    ///     Target::new(DeviceRegion::from_slice(&mut w)).dtype(Dtype::F32).shape([2]),
+    /// )]);
+    /// let done = Loader::new().load_into(dir.path(), targets, true)?;
+    /// assert!(done.missing.is_empty() && done.unexpected.is_empty());
+    /// assert_eq!(w, [0, 0, 128, 63, 0, 0, 0, 64]); // 1.0, 2.0
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn load_into<S>(
+        self,
+        path: impl AsRef<Path>,
+        targets: BTreeMap<String, Target<'_, S>>,
+        strict: bool,
+    ) -> Result<LoadedInto>
+    where
+        S: KnownSpace,
+    {
+        self.load_into_with(path.as_ref(), targets, strict, &mut |_| {})
+    }
+
+    /// [`load_into`](Self::load_into), calling `after_each` with the name of each tensor
+    /// written (the tests' way in, between two tensors).
+    fn load_into_with<S>(
+        self,
+        path: &Path,
+        targets: BTreeMap<String, Target<'_, S>>,
+        strict: bool,
+        after_each: &mut dyn FnMut(&str),
+    ) -> Result<LoadedInto>
+    where
+        S: KnownSpace,
+    {
+        let checkpoint = self.read_headers(&[path])?;
+        let present: BTreeSet<&str> = checkpoint
+            .tensors()
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        let missing: Vec<String> = targets
+            .keys()
+            .filter(|name| !present.contains(name.as_str()))
+            .cloned()
+            .collect();
+        let unexpected: Vec<String> = checkpoint
+            .tensors()
+            .iter()
+            .filter(|t| !targets.contains_key(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        let loading: Vec<String> = targets
+            .keys()
+            .filter(|name| present.contains(name.as_str()))
+            .cloned()
+            .collect();
+        let selection = self.selection.clone().within(loading.iter().cloned());
+        let narrowed = checkpoint.select(&selection)?;
+        let mut problems = Vec::new();
+        if strict {
+            problems.extend(
+                missing
+                    .iter()
+                    .map(|n| format!("{n}: missing from the checkpoint")),
+            );
+            problems.extend(
+                unexpected
+                    .iter()
+                    .map(|n| format!("{n}: in the checkpoint, not in the targets")),
+            );
+        }
+        for meta in narrowed.tensors() {
+            let Some(target) = targets.get(&meta.name) else {
+                continue;
+            };
+            if let Some(problem) = mismatch(meta, target) {
+                problems.push(problem);
+            }
+        }
+        if !problems.is_empty() {
+            return Err(Error::Mismatch { problems });
+        }
+        // Writing begins: a name is started once the load asked for its memory, written once
+        // the load handed it out whole.
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let destination = IntoTargets {
+            targets: targets
+                .into_iter()
+                .map(|(name, target)| (name, target.region))
+                .collect(),
+            started: Arc::clone(&started),
+        };
+        let names: Vec<String> = narrowed.tensors().iter().map(|t| t.name.clone()).collect();
+        let mut written = Vec::new();
+        let outcome = (|| -> Result<LoadReport> {
+            let mut load = self.select(selection).destination(destination).open(path)?;
+            for tensor in load.by_ref() {
+                let name = tensor?.name().to_owned();
+                after_each(&name);
+                written.push(name);
+            }
+            Ok(load.report())
+        })();
+        match outcome {
+            Ok(report) => Ok(LoadedInto {
+                missing,
+                unexpected,
+                report,
+            }),
+            Err(source) => {
+                let started = started.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                // Nothing was started: the load failed before writing (a file replaced since
+                // its header was read, a backend that cannot run): every target is unchanged.
+                if started.is_empty() && written.is_empty() {
+                    return Err(source);
+                }
+                let done: BTreeSet<&String> = written.iter().collect();
+                let partly: Vec<String> = started
+                    .iter()
+                    .filter(|n| !done.contains(n))
+                    .cloned()
+                    .collect();
+                let unchanged = names
+                    .into_iter()
+                    .filter(|n| !done.contains(n) && !partly.contains(n))
+                    .collect();
+                Err(Error::PartialLoad {
+                    source: Box::new(source),
+                    written,
+                    partly_written: partly,
+                    unchanged,
+                })
+            }
+        }
+    }
+}
+
+/// Why `target` cannot take `meta`'s bytes; `None` when it can.
+fn mismatch<S: MemorySpace>(meta: &TensorMeta, target: &Target<'_, S>) -> Option<String> {
+    let name = &meta.name;
+    if let Some(shape) = &target.shape
+        && shape != &meta.shape
+    {
+        return Some(format!(
+            "{name}: shape {:?} in the checkpoint, {shape:?} in the target",
+            meta.shape
+        ));
+    }
+    if let Some(dtype) = target.dtype
+        && dtype != meta.dtype
+    {
+        return Some(format!(
+            "{name}: dtype {:?} in the checkpoint, {dtype:?} in the target",
+            meta.dtype
+        ));
+    }
+    if target.region.len() != meta.len {
+        return Some(format!(
+            "{name}: {} bytes in the checkpoint, {} in the target",
+            meta.len,
+            target.region.len()
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
+
+    use std::collections::BTreeMap;
+
+    use staging_core::{DeviceRegion, HostMemory, StagingPolicy};
+
+    use super::Target;
+    use crate::{Backend, Device, Error, HostOptions, Loader};
+
+    /// `names.len()` tensors of `len` bytes each, tensor i all `i + 1`.
+    fn checkpoint(path: &std::path::Path, names: &[&str], len: usize) {
+        let mut header = String::from("{");
+        for (i, name) in names.iter().enumerate() {
+            if i > 0 {
+                header.push(',');
+            }
+            header.push_str(&format!(
+                r#""{name}":{{"dtype":"U8","shape":[{len}],"data_offsets":[{},{}]}}"#,
+                i * len,
+                (i + 1) * len
+            ));
+        }
+        header.push('}');
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        for i in 0..names.len() {
+            file.extend(std::iter::repeat_n(i as u8 + 1, len));
+        }
+        std::fs::write(path, file).unwrap();
+    }
+
+    #[test]
+    fn a_read_failing_after_writing_began_says_what_each_target_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let len = 1 << 20;
+        checkpoint(&path, &names, len);
+        let mut memory: Vec<Vec<u8>> = names.iter().map(|_| vec![0u8; len]).collect();
+        let targets: BTreeMap<String, Target<'_, HostMemory>> = names
+            .iter()
+            .zip(memory.iter_mut())
+            .map(|(n, m)| ((*n).to_owned(), Target::new(DeviceRegion::from_slice(m))))
+            .collect();
+        let loader = Loader::new()
+            .device(Device::Cpu)
+            .backend(Backend::Host(HostOptions::default()))
+            .policy(
+                StagingPolicy::builder()
+                    .io_threads(1)
+                    .chunk_size(1 << 20)
+                    .build()
+                    .unwrap(),
+            );
+        // After the first tensor is written, the file loses its second half.
+        let mut cut = false;
+        let error = loader
+            .load_into_with(&path, targets, true, &mut |_| {
+                if !cut {
+                    cut = true;
+                    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                    let size = file.metadata().unwrap().len();
+                    file.set_len(size / 2).unwrap();
+                }
+            })
+            .unwrap_err();
+        let Error::PartialLoad {
+            source,
+            written,
+            partly_written,
+            unchanged,
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        // The library's own error, naming the file (it changed under the load).
+        assert_eq!(source.file(), Some(path.as_path()), "{source}");
+        assert_eq!(written.first().map(String::as_str), Some("a"));
+        assert!(
+            !unchanged.is_empty(),
+            "the second half was never read: {error}"
+        );
+        // Every target is exactly one of the three.
+        let mut all: Vec<&str> = written
+            .iter()
+            .chain(partly_written)
+            .chain(unchanged)
+            .map(String::as_str)
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, names);
+        for (i, name) in names.iter().enumerate() {
+            let bytes = &memory[i];
+            if written.iter().any(|w| w == name) {
+                assert!(bytes.iter().all(|&b| b == i as u8 + 1), "{name}");
+            } else if unchanged.iter().any(|u| u == name) {
+                assert!(bytes.iter().all(|&b| b == 0), "{name}");
+            }
+        }
+    }
+}
