@@ -12,7 +12,10 @@ reloaded into it; rounds interleaved; the page cache warm):
 - `safetensors.load_model`: `safetensors.torch.load_model(model, f, strict=False)` for each
   shard (`safetensors`' own helper).
 
-For each: the seconds of the reload call, and the memory above the model's own while it ran:
+The model's weights are first copied into memory of its own (as a model being trained holds
+them: `from_pretrained` may leave CPU weights as copy-on-write pages of the file's mapping, which
+any write in place copies). For each: the seconds of the reload call, and the memory above the
+model's own while it ran:
 on the CPU, the process's peak RSS (`VmHWM`, reset through `/proc/self/clear_refs` just before)
 less its RSS just before; on a GPU (`--device cuda:0`), `torch.cuda.max_memory_allocated()`
 (reset just before) less the memory allocated before. Every row checks that the reloaded
@@ -49,6 +52,11 @@ from pathlib import Path
 import transformers
 first, second, how, device = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 model = transformers.AutoModelForCausalLM.from_pretrained(first, dtype=torch.bfloat16).to(device)
+# Weights in memory of the model's own, as a model being trained holds them (from_pretrained may
+# leave CPU weights as copy-on-write pages of the file's mapping, which any write copies).
+with torch.no_grad():
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        tensor.data = tensor.data.clone()
 shards = sorted(second.glob("*.safetensors"))
 def rss():
     fields = dict(l.split(":", 1) for l in open("/proc/self/status"))

@@ -78,7 +78,7 @@ pub mod hip;
 pub use backend::{AutoOptions, Backend, HostOptions, MapFiles};
 pub use device::Device;
 pub use error::{Error, Result};
-pub use load_into::{LoadedInto, Target};
+pub use load_into::{LoadedInto, RawTarget, Target};
 pub use loader::{Load, Loader, Prepared};
 pub use mapping::MappedBytes;
 pub use options::{

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use staging_core::{DestinationError, DeviceRegion, Dtype, LoadReport, MemorySpace, TensorMeta};
+use staging_core::{
+    DestinationError, DeviceRegion, Dtype, LoadReport, MemorySpace, RawDestination, TensorMeta,
+};
 
 use crate::error::{Error, Result};
 use crate::loader::Loader;
@@ -45,6 +47,27 @@ impl<'a, S: MemorySpace> Target<'a, S> {
     }
 }
 
+/// A target of [`Loader::load_into_raw`]: the address and length of its memory, in the space
+/// the backend loads into, and what it holds (checked as [`Target`]'s).
+#[derive(Debug, Clone)]
+pub struct RawTarget {
+    /// The first byte's address.
+    pub addr: usize,
+    /// Bytes: the checkpoint's tensor must have exactly this many.
+    pub len: usize,
+    /// The dtype the tensor in memory has, if it is to be checked.
+    pub dtype: Option<Dtype>,
+    /// The shape the tensor in memory has, if it is to be checked.
+    pub shape: Option<Vec<usize>>,
+}
+
+/// What a target must be to take a tensor, whatever its memory.
+struct Expected {
+    len: usize,
+    dtype: Option<Dtype>,
+    shape: Option<Vec<usize>>,
+}
+
 /// What [`Loader::load_into`] did.
 #[derive(Debug, Clone)]
 pub struct LoadedInto {
@@ -80,7 +103,32 @@ impl<S: MemorySpace> staging_core::Destination<S> for IntoTargets<'_, S> {
     }
 }
 
-impl Loader<'_> {
+/// The raw destination of a reload: each target's address and length.
+struct RawTargets {
+    targets: BTreeMap<String, (usize, usize)>,
+    started: Arc<Mutex<Vec<String>>>,
+}
+
+// SAFETY: the regions are the caller's targets, which `Loader::load_into_raw`'s contract makes
+// writable memory of the load's space, untouched by anything else until the load ends.
+unsafe impl RawDestination for RawTargets {
+    fn region(
+        &mut self,
+        tensor: &TensorMeta,
+        _space: &'static str,
+    ) -> std::result::Result<Option<(usize, usize)>, DestinationError> {
+        let Some(&region) = self.targets.get(&tensor.name) else {
+            return Ok(None);
+        };
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tensor.name.clone());
+        Ok(Some(region))
+    }
+}
+
+impl<'d> Loader<'d> {
     /// Reads the checkpoint at `path` into `targets` (by tensor name), in place: a model's
     /// weights reloaded into the memory that holds them, with no second copy.
     ///
@@ -130,6 +178,50 @@ impl Loader<'_> {
         self.load_into_with(path.as_ref(), targets, strict, &mut |_| {})
     }
 
+    /// [`load_into`](Self::load_into) with raw targets: addresses and lengths of memory of the
+    /// space the backend loads into (device memory for `cufile` and `hipfile`, host memory for
+    /// `host`), for callers outside Rust. Checked and written as `load_into` does.
+    ///
+    /// # Safety
+    ///
+    /// Each target's `[addr, addr + len)` must be writable memory of the space the backend
+    /// loads into, not overlapping another target's, and neither read nor written by anything
+    /// else until this returns.
+    pub unsafe fn load_into_raw(
+        self,
+        path: impl AsRef<Path>,
+        targets: BTreeMap<String, RawTarget>,
+        strict: bool,
+    ) -> Result<LoadedInto> {
+        let expected = targets
+            .iter()
+            .map(|(name, t)| {
+                let expected = Expected {
+                    len: t.len,
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                };
+                (name.clone(), expected)
+            })
+            .collect();
+        let regions = targets
+            .into_iter()
+            .map(|(name, t)| (name, (t.addr, t.len)))
+            .collect();
+        self.reload(
+            path.as_ref(),
+            expected,
+            strict,
+            |loader, started| {
+                loader.raw_destination(RawTargets {
+                    targets: regions,
+                    started,
+                })
+            },
+            &mut |_| {},
+        )
+    }
+
     /// [`load_into`](Self::load_into), calling `after_each` with the name of each tensor
     /// written (the tests' way in, between two tensors).
     fn load_into_with<S>(
@@ -142,13 +234,53 @@ impl Loader<'_> {
     where
         S: KnownSpace,
     {
+        let expected = targets
+            .iter()
+            .map(|(name, t)| {
+                let expected = Expected {
+                    len: t.region.len(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                };
+                (name.clone(), expected)
+            })
+            .collect();
+        let regions = targets
+            .into_iter()
+            .map(|(name, target)| (name, target.region))
+            .collect();
+        self.reload(
+            path,
+            expected,
+            strict,
+            |loader, started| {
+                loader.destination(IntoTargets {
+                    targets: regions,
+                    started,
+                })
+            },
+            after_each,
+        )
+    }
+
+    /// Checks `expected` against the checkpoint at `path`, then loads it through the
+    /// destination `attach` gives the loader (which records each name whose memory it hands
+    /// to the load in `started`).
+    fn reload<'e>(
+        self,
+        path: &Path,
+        expected: BTreeMap<String, Expected>,
+        strict: bool,
+        attach: impl FnOnce(Loader<'d>, Arc<Mutex<Vec<String>>>) -> Loader<'e>,
+        after_each: &mut dyn FnMut(&str),
+    ) -> Result<LoadedInto> {
         let checkpoint = self.read_headers(&[path])?;
         let present: BTreeSet<&str> = checkpoint
             .tensors()
             .iter()
             .map(|t| t.name.as_str())
             .collect();
-        let missing: Vec<String> = targets
+        let missing: Vec<String> = expected
             .keys()
             .filter(|name| !present.contains(name.as_str()))
             .cloned()
@@ -156,15 +288,15 @@ impl Loader<'_> {
         let unexpected: Vec<String> = checkpoint
             .tensors()
             .iter()
-            .filter(|t| !targets.contains_key(&t.name))
+            .filter(|t| !expected.contains_key(&t.name))
             .map(|t| t.name.clone())
             .collect();
-        let loading: Vec<String> = targets
+        let loading: Vec<String> = expected
             .keys()
             .filter(|name| present.contains(name.as_str()))
             .cloned()
             .collect();
-        let selection = self.selection.clone().within(loading.iter().cloned());
+        let selection = self.selection.clone().within(loading);
         let narrowed = checkpoint.select(&selection)?;
         let mut problems = Vec::new();
         if strict {
@@ -180,10 +312,7 @@ impl Loader<'_> {
             );
         }
         for meta in narrowed.tensors() {
-            let Some(target) = targets.get(&meta.name) else {
-                continue;
-            };
-            if let Some(problem) = mismatch(meta, target) {
+            if let Some(problem) = expected.get(&meta.name).and_then(|e| mismatch(meta, e)) {
                 problems.push(problem);
             }
         }
@@ -193,17 +322,11 @@ impl Loader<'_> {
         // Writing begins: a name is started once the load asked for its memory, written once
         // the load handed it out whole.
         let started = Arc::new(Mutex::new(Vec::new()));
-        let destination = IntoTargets {
-            targets: targets
-                .into_iter()
-                .map(|(name, target)| (name, target.region))
-                .collect(),
-            started: Arc::clone(&started),
-        };
         let names: Vec<String> = narrowed.tensors().iter().map(|t| t.name.clone()).collect();
         let mut written = Vec::new();
+        let loader = attach(self.select(selection), Arc::clone(&started));
         let outcome = (|| -> Result<LoadReport> {
-            let mut load = self.select(selection).destination(destination).open(path)?;
+            let mut load = loader.open(path)?;
             for tensor in load.by_ref() {
                 let name = tensor?.name().to_owned();
                 after_each(&name);
@@ -245,10 +368,10 @@ impl Loader<'_> {
     }
 }
 
-/// Why `target` cannot take `meta`'s bytes; `None` when it can.
-fn mismatch<S: MemorySpace>(meta: &TensorMeta, target: &Target<'_, S>) -> Option<String> {
+/// Why a target `expected` to be so cannot take `meta`'s bytes; `None` when it can.
+fn mismatch(meta: &TensorMeta, expected: &Expected) -> Option<String> {
     let name = &meta.name;
-    if let Some(shape) = &target.shape
+    if let Some(shape) = &expected.shape
         && shape != &meta.shape
     {
         return Some(format!(
@@ -256,7 +379,7 @@ fn mismatch<S: MemorySpace>(meta: &TensorMeta, target: &Target<'_, S>) -> Option
             meta.shape
         ));
     }
-    if let Some(dtype) = target.dtype
+    if let Some(dtype) = expected.dtype
         && dtype != meta.dtype
     {
         return Some(format!(
@@ -264,11 +387,10 @@ fn mismatch<S: MemorySpace>(meta: &TensorMeta, target: &Target<'_, S>) -> Option
             meta.dtype
         ));
     }
-    if target.region.len() != meta.len {
+    if expected.len != meta.len {
         return Some(format!(
             "{name}: {} bytes in the checkpoint, {} in the target",
-            meta.len,
-            target.region.len()
+            meta.len, expected.len
         ));
     }
     None

@@ -347,6 +347,40 @@ typedef uint32_t stg_dtype;
 #endif // __cplusplus
 
 /*
+ What a target of `stg_load_into` holds when it returns.
+ */
+enum stg_target_state
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Its old bytes: never written (nothing is written when the checkpoint does not fit).
+   */
+  STG_TARGET_UNCHANGED = 0,
+  /*
+   The checkpoint's bytes, whole.
+   */
+  STG_TARGET_WRITTEN = 1,
+  /*
+   Writing began and did not end (the load failed meanwhile): some bytes may be new, some
+   old. Load it again.
+   */
+  STG_TARGET_PARTLY_WRITTEN = 2,
+  /*
+   The checkpoint has no tensor of its name (an error when `strict`).
+   */
+  STG_TARGET_MISSING = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum stg_target_state stg_target_state;
+#else
+typedef uint32_t stg_target_state;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  Load settings. Create with `stg_config_new`, free with `stg_config_free`.
  */
 typedef struct stg_config stg_config;
@@ -579,6 +613,41 @@ typedef struct stg_report {
    */
   uint64_t taken_device_bytes;
 } stg_report;
+
+/*
+ One tensor's memory for `stg_load_into`, and what it must hold.
+ */
+typedef struct stg_target {
+  /*
+   The tensor's name in the checkpoint, NUL-terminated UTF-8.
+   */
+  const char *name;
+  /*
+   Its memory: of the load's device (host memory for the `host` backend, CUDA device
+   memory for `cufile`, HIP for `hipfile`), writable, `len` bytes.
+   */
+  void *data;
+  /*
+   Bytes: the checkpoint's tensor must have exactly this many.
+   */
+  size_t len;
+  /*
+   The dtype to check it against (a `stg_dtype`), or `STG_DTYPE_UNKNOWN` (0) for none.
+   */
+  uint32_t dtype;
+  /*
+   The shape to check it against (`ndim` values), or NULL for none.
+   */
+  const uint64_t *shape;
+  /*
+   The number of values in `shape`.
+   */
+  size_t ndim;
+  /*
+   Written by `stg_load_into`: a `stg_target_state`.
+   */
+  uint32_t state;
+} stg_target;
 
 #ifdef __cplusplus
 extern "C" {
@@ -920,6 +989,40 @@ const char *stg_load_backend(struct stg_load *load, const char **mode);
  `load` NULL or live; `buf` writable for `len` bytes; `written` valid for a write.
  */
 stg_status stg_load_last_error(const struct stg_load *load, char *buf, size_t len, size_t *written);
+
+/*
+ Reads the checkpoint at `path` into `targets` (`count` of them), in place: a model's
+ weights reloaded into the memory that holds them, with `config`'s backend and settings
+ (its destination callback, if any, is not used: the targets are the destination; its
+ `rows` narrow the checkpoint's tensors, for a rank's part).
+
+ First every header is read and every target checked: the checkpoint's tensor must have
+ exactly `len` bytes, and the target's `dtype` and `shape` where given. A mismatch, or with
+ `strict` a target the checkpoint lacks or a tensor of the checkpoint no target takes,
+ returns `STG_SELECTION` and writes nothing (the message, from `stg_config_last_error`,
+ lists every problem). Then each tensor is read straight into its target.
+
+ Every target's `state` is written: `STG_TARGET_WRITTEN` for each one loaded,
+ `STG_TARGET_MISSING` for one the checkpoint lacks. When the load fails after writing
+ began, the status is the failure's and the states say exactly which targets hold the
+ checkpoint's bytes, which may hold some (`STG_TARGET_PARTLY_WRITTEN`) and which are
+ unchanged. `*unexpected` (if not NULL) gets the number of the checkpoint's tensors no
+ target takes; `*report` (if not NULL) the load's report on success.
+
+ # Safety
+ `config` NULL or live; `path` NULL or NUL-terminated; `targets` NULL or `count` valid,
+ writable `stg_target`s whose `name`s are NUL-terminated, whose `shape`s (when not NULL)
+ hold `ndim` values, and whose `data` are `len` writable bytes of the load's device memory,
+ not overlapping, and untouched by anything else until this returns; `unexpected` and
+ `report` NULL or writable.
+ */
+stg_status stg_load_into(const struct stg_config *config,
+                         const char *path,
+                         struct stg_target *targets,
+                         size_t count,
+                         bool strict,
+                         size_t *unexpected,
+                         struct stg_report *report);
 
 /*
  Bits per element of `dtype` (4 for `STG_DTYPE_F4`, 16 for `STG_DTYPE_BF16`); 0 for

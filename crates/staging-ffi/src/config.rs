@@ -27,7 +27,7 @@ pub struct stg_config {
 impl stg_config {
     /// Records the message of a failure, for `stg_config_last_error`, and its details (the
     /// library's, where it is the library's error), for `stg_config_last_error_details`.
-    fn fail(&self, error: &(dyn std::error::Error + 'static)) {
+    pub(crate) fn fail(&self, error: &(dyn std::error::Error + 'static)) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
         let details = error
             .downcast_ref::<safetensors_staging::Error>()

@@ -34,11 +34,13 @@ mod plan;
 
 // A load and what it yields.
 mod load;
+mod load_into;
 mod tensor;
 
 pub use config::*;
 pub use destination::*;
 pub use load::*;
+pub use load_into::*;
 pub use plan::*;
 pub use status::*;
 pub use tensor::*;

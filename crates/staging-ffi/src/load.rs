@@ -194,7 +194,7 @@ const FREED_IN_CALLBACK: &str = "stg_load_free was called on this load from its 
 const FREED_ELSEWHERE: &str = "stg_load_free was called on this load from another thread";
 
 /// The loader the configuration's options give, with the plan rank's selection if one is set.
-fn loader_of(config: &stg_config) -> Result<Loader<'static>, Error> {
+pub(crate) fn loader_of(config: &stg_config) -> Result<Loader<'static>, Error> {
     let loader = config.options.loader()?;
     match &config.plan_selection {
         None => Ok(loader),
@@ -431,27 +431,7 @@ pub unsafe extern "C" fn stg_load_report(load: *mut stg_load, out: *mut stg_repo
         if out.is_null() {
             return stg_status::STG_NULL_ARGUMENT;
         }
-        let r = load.report();
-        let report = stg_report {
-            files: r.files,
-            tensors: r.tensors,
-            bytes: r.bytes,
-            seconds: r.seconds,
-            bytes_per_second: r.bytes_per_second,
-            destination_tensors: r.paths.destination.tensors,
-            destination_bytes: r.paths.destination.bytes,
-            device_tensors: r.paths.device.tensors,
-            device_bytes: r.paths.device.bytes,
-            host_tensors: r.paths.host.tensors,
-            host_bytes: r.paths.host.bytes,
-            fallbacks_insufficient_memory: r.fallbacks.insufficient_memory,
-            fallbacks_allocation_race: r.fallbacks.allocation_race,
-            peak_device_bytes: r.peak_device_bytes,
-            peak_host_bytes: r.peak_host_bytes,
-            read_requests: r.read_requests,
-            bytes_read: r.bytes_read,
-            taken_device_bytes: r.taken_device_bytes,
-        };
+        let report = report_of(&load.report());
         // SAFETY: `out` is non-null and writable by the caller's contract.
         unsafe { *out = report };
         stg_status::STG_OK
@@ -513,4 +493,28 @@ pub unsafe extern "C" fn stg_load_last_error(
         // SAFETY: forwarded caller contract.
         unsafe { copy_message(&load.shared().last_error, buf, len, written) }
     })
+}
+
+/// A load's report as C reads it.
+pub(crate) fn report_of(r: &LoadReport) -> stg_report {
+    stg_report {
+        files: r.files,
+        tensors: r.tensors,
+        bytes: r.bytes,
+        seconds: r.seconds,
+        bytes_per_second: r.bytes_per_second,
+        destination_tensors: r.paths.destination.tensors,
+        destination_bytes: r.paths.destination.bytes,
+        device_tensors: r.paths.device.tensors,
+        device_bytes: r.paths.device.bytes,
+        host_tensors: r.paths.host.tensors,
+        host_bytes: r.paths.host.bytes,
+        fallbacks_insufficient_memory: r.fallbacks.insufficient_memory,
+        fallbacks_allocation_race: r.fallbacks.allocation_race,
+        peak_device_bytes: r.peak_device_bytes,
+        peak_host_bytes: r.peak_host_bytes,
+        read_requests: r.read_requests,
+        bytes_read: r.bytes_read,
+        taken_device_bytes: r.taken_device_bytes,
+    }
 }

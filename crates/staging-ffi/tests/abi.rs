@@ -1177,3 +1177,125 @@ fn every_dtype_has_a_stable_number_and_its_bits_beside_its_name() {
         .collect();
     assert_eq!(seen, told);
 }
+
+fn target(name: &CStr, data: &mut [u8]) -> stg_target {
+    stg_target {
+        name: name.as_ptr(),
+        data: data.as_mut_ptr().cast(),
+        len: data.len(),
+        dtype: 0,
+        shape: null(),
+        ndim: 0,
+        state: 99,
+    }
+}
+
+#[test]
+fn load_into_writes_each_target_in_place_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let want_a = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let config = config();
+    let (a, b, z) = (c"a", c"b", c"z");
+    let mut mem_a = vec![0u8; 1000];
+    let mut mem_b = vec![0u8; 3000];
+    let mut mem_z = vec![0u8; 4];
+    // A mismatch (b's length) writes nothing; every problem is in the message.
+    let mut short_b = vec![0u8; 2999];
+    let mut targets = [target(a, &mut mem_a), target(b, &mut short_b)];
+    let mut unexpected = 77;
+    // SAFETY: live config, path and targets.
+    let status = unsafe {
+        stg_load_into(
+            config,
+            path.as_ptr(),
+            targets.as_mut_ptr(),
+            2,
+            true,
+            &mut unexpected,
+            null_mut(),
+        )
+    };
+    assert_eq!(status, STG_SELECTION);
+    assert!(config_error(config).contains("b: 3000 bytes in the checkpoint, 2999 in the target"));
+    assert!(
+        targets
+            .iter()
+            .all(|t| t.state == stg_target_state::STG_TARGET_UNCHANGED as u32)
+    );
+    assert!(mem_a.iter().all(|&x| x == 0) && short_b.iter().all(|&x| x == 0));
+    assert_eq!(unexpected, 77, "untouched on failure");
+    // Not strict, with a target the checkpoint lacks: a and b written, z missing.
+    let mut targets = [
+        target(a, &mut mem_a),
+        target(b, &mut mem_b),
+        target(z, &mut mem_z),
+    ];
+    targets[0].dtype = stg_dtype::STG_DTYPE_U8 as u32;
+    let shape = [1000u64];
+    targets[0].shape = shape.as_ptr();
+    targets[0].ndim = 1;
+    let mut report = std::mem::MaybeUninit::<stg_report>::zeroed();
+    // SAFETY: live config, path, targets and out-pointers.
+    let status = unsafe {
+        stg_load_into(
+            config,
+            path.as_ptr(),
+            targets.as_mut_ptr(),
+            3,
+            false,
+            &mut unexpected,
+            report.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, STG_OK, "{}", config_error(config));
+    let states: Vec<u32> = targets.iter().map(|t| t.state).collect();
+    assert_eq!(
+        states,
+        [
+            stg_target_state::STG_TARGET_WRITTEN as u32,
+            stg_target_state::STG_TARGET_WRITTEN as u32,
+            stg_target_state::STG_TARGET_MISSING as u32
+        ]
+    );
+    assert_eq!(unexpected, 0);
+    // SAFETY: written by the call that returned STG_OK.
+    let report = unsafe { report.assume_init() };
+    assert_eq!((report.destination_tensors, report.bytes_read), (2, 4000));
+    // The file's data section is a's 1000 bytes then b's 3000.
+    let data = &want_a[want_a.len() - 4000..];
+    assert_eq!(&mem_a[..], &data[..1000]);
+    assert_eq!(&mem_b[..], &data[1000..]);
+    assert_eq!(mem_z, [0; 4]);
+    // A dtype number that is no dtype is refused before anything else.
+    let mut targets = [target(a, &mut mem_a)];
+    targets[0].dtype = 999;
+    // SAFETY: live config, path and targets.
+    let status = unsafe {
+        stg_load_into(
+            config,
+            path.as_ptr(),
+            targets.as_mut_ptr(),
+            1,
+            true,
+            null_mut(),
+            null_mut(),
+        )
+    };
+    assert_eq!(status, STG_INVALID_ARGUMENT);
+    // SAFETY: a NULL configuration is a status; nothing else is read.
+    let status = unsafe {
+        stg_load_into(
+            null(),
+            path.as_ptr(),
+            null_mut(),
+            0,
+            true,
+            null_mut(),
+            null_mut(),
+        )
+    };
+    assert_eq!(status, STG_NULL_ARGUMENT);
+    // SAFETY: `config` is live and freed once.
+    unsafe { stg_config_free(config) };
+}
