@@ -25,7 +25,8 @@ RSS are the process's and its children's, from `wait4`, Python's start-up includ
 - `boto3`: `download_file` of every object to /dev/shm, then `safetensors.numpy.load_file`;
 - without added latency, from the local files too: `read2` (two processes, each reading one
   half of the files into fresh memory: the machine's limit), `stage_local` (`stage DIR --backend
-  host`), `safetensors_np` and `safetensors_pt` (`safetensors.{numpy,torch}.load_file` of every
+  host`: mapped, since mapping became the default for device `cpu`), `stage_local_read`
+  (the same with `--map false`: read into memory of its own), `safetensors_np` and `safetensors_pt` (`safetensors.{numpy,torch}.load_file` of every
   file, kept; torch's tensors are mapped from the page cache, not read, so each of their pages
   is touched once).
 
@@ -278,7 +279,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="curl_mem,curl_ranges,stage_http,stage_s3,staging_py,runai,boto3,"
-        "read2,stage_local,safetensors_np,safetensors_pt",
+        "read2,stage_local,stage_local_read,safetensors_np,safetensors_pt",
     )
     parser.add_argument("--stage-args", default="", help="more options for the stage rows")
     parser.add_argument("--write-f32", type=float, metavar="GB")
@@ -353,6 +354,15 @@ def main() -> None:
                             str(args.checkpoint),
                             "--backend",
                             "host",
+                            "--json",
+                        ],
+                        "stage_local_read": lambda: [
+                            str(args.stage),
+                            str(args.checkpoint),
+                            "--backend",
+                            "host",
+                            "--map",
+                            "false",
                             "--json",
                         ],
                         "safetensors_np": lambda: [py, "-c", SAFETENSORS, "np", *local],

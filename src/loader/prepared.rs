@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use staging_core::host::HostReader;
 use staging_core::{
-    Checkpoint, Destination, IoThreads, OpenFiles, RawDestination, Selection, StagingPolicy,
+    Checkpoint, Destination, HostMemory, IoThreads, OpenFiles, RawDestination, Selection,
+    StagingPolicy,
 };
 
 #[cfg(doc)]
@@ -327,9 +328,19 @@ impl<'d> Prepared<'d> {
         // destination was given for this load.
         // With no memory for a mapping (an allocation failure), it reads into memory of its own.
         if matches!(source, Source::Local)
-            && matches!(self.destination, AnyDestination::None)
+            && matches!(
+                self.destination,
+                AnyDestination::None | AnyDestination::Host(_) | AnyDestination::Raw(_)
+            )
             && super::mapped::maps(self.map, &checkpoint)
-            && let Some(mapped) = MappedLoad::open(checkpoint.clone(), self.maps.as_ref())?
+            && let Some(mapped) = MappedLoad::open(
+                checkpoint.clone(),
+                self.maps.as_ref(),
+                <HostMemory as crate::space::sealed::Sealed>::unwrap(
+                    std::mem::replace(&mut self.destination, AnyDestination::None),
+                    "host",
+                )?,
+            )?
         {
             return Ok(Load {
                 inner: Box::new(mapped),

@@ -156,8 +156,14 @@ fn a_destination_is_preferred_to_a_mapping() {
         let b = tensors.iter().find(|t| t.name() == "one.b").unwrap();
         assert_eq!(b.path(), StagingPath::Destination);
         assert_eq!(report.paths.destination.tensors, 1);
-        assert_eq!(report.paths.mapped.tensors, 0);
+        // The tensors the destination declines are mappings, as without one.
+        assert_eq!(report.paths.mapped.tensors, 4);
+        for tensor in tensors.iter().filter(|t| t.name() != "one.b") {
+            assert_eq!(tensor.path(), StagingPath::Mapped);
+            assert_eq!(tensor.host_bytes().unwrap(), &fixture.contents[tensor.name()][..]);
+        }
     }
+    // Copied out of the mapping into the caller's memory.
     assert_eq!(mine, fixture.contents["one.b"]);
 }
 

@@ -196,7 +196,7 @@ HAND_OFF = SERVER + textwrap.dedent(
             seen.append(entry)
             return None
 
-        it = st.stage(path, backend="host", destination=destination, coalesce_below=0, threads=1)
+        it = st.stage(path, backend="host", destination=destination, coalesce_below=0, threads=1, map=False)
         got = {}
         try:
             for name, tensor in it:

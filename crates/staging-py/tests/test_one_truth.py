@@ -392,6 +392,9 @@ CLASS_KINDS = {
     "SelectionError": "selection",
     "DestinationError": "destination",
     "UnsupportedDtypeError": "unsupported-dtype",
+    "MismatchError": "selection",
+    "PartialLoadError": "read",
+    "LoadIntoError": "read",
 }
 
 

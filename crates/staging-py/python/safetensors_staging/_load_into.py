@@ -15,7 +15,7 @@ from . import _native
 from ._device import resolve_device
 from ._dtypes import torch_view
 from ._load import Paths, paths_of, stage_with
-from ._native import StagingError, TensorInfo
+from ._native import SelectionError, StagingError, TensorInfo
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["LoadIntoError", "LoadIntoResult", "MismatchError", "PartialLoadError", "load_into"]
 
 
-class MismatchError(StagingError):
+class MismatchError(SelectionError):
     """The checkpoint does not fit the target (a missing or unexpected tensor with `strict`, a
     shape, a dtype, memory that cannot be written in place): raised before any byte is
     written, so the target is unchanged.
@@ -32,18 +32,25 @@ class MismatchError(StagingError):
         problems: one line per tensor that does not fit.
     """
 
-    def __init__(self, problems: List[str]) -> None:
-        self.problems = list(problems)
-        shown = "; ".join(problems[:8])
-        more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
-        super().__init__(
-            f"the checkpoint does not fit the target, nothing was written: {shown}{more}"
-        )
+    kind = "selection"
+
+    def __init__(self, message: str, problems: Optional[List[str]] = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems or [])
+
+
+def _mismatch(problems: List[str]) -> MismatchError:
+    shown = "; ".join(problems[:8])
+    more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+    return MismatchError(
+        f"the checkpoint does not fit the target, nothing was written: {shown}{more}", problems
+    )
 
 
 class PartialLoadError(StagingError):
     """A load into the target failed after writing began (a read error, an interrupt). The
-    cause is `__cause__`; what each tensor of the target holds is listed.
+    cause is `__cause__` (its `kind` is this error's); what each tensor of the target holds is
+    listed.
 
     Attributes:
         written: names of the tensors that hold the checkpoint's bytes, whole.
@@ -52,26 +59,44 @@ class PartialLoadError(StagingError):
         unchanged: names of the tensors never written: their old bytes.
     """
 
+    kind = "read"
+
     def __init__(
         self,
-        cause: BaseException,
-        written: List[str],
-        partly_written: List[str],
-        unchanged: List[str],
+        message: str,
+        written: Optional[List[str]] = None,
+        partly_written: Optional[List[str]] = None,
+        unchanged: Optional[List[str]] = None,
     ) -> None:
-        self.written = written
-        self.partly_written = partly_written
-        self.unchanged = unchanged
-        super().__init__(
-            f"the load into the target failed after writing began ({type(cause).__name__}: "
-            f"{cause}); {len(written)} tensors hold the checkpoint's bytes, "
-            f"{len(partly_written)} may hold some of them ({_names(partly_written)}), "
-            f"{len(unchanged)} are unchanged"
-        )
+        super().__init__(message)
+        self.written = list(written or [])
+        self.partly_written = list(partly_written or [])
+        self.unchanged = list(unchanged or [])
 
 
 class LoadIntoError(PartialLoadError, KeyboardInterrupt):
     """A `PartialLoadError` caused by Ctrl-C: still a `KeyboardInterrupt`."""
+
+    kind = "read"
+
+
+def _partial(
+    cause: BaseException, written: List[str], partly: List[str], unchanged: List[str]
+) -> PartialLoadError:
+    error_type = LoadIntoError if isinstance(cause, KeyboardInterrupt) else PartialLoadError
+    error = error_type(
+        f"the load into the target failed after writing began ({type(cause).__name__}: "
+        f"{cause}); {len(written)} tensors hold the checkpoint's bytes, "
+        f"{len(partly)} may hold some of them ({_names(partly)}), "
+        f"{len(unchanged)} are unchanged",
+        written,
+        partly,
+        unchanged,
+    )
+    kind = getattr(cause, "kind", None)
+    if isinstance(kind, str):
+        error.kind = kind
+    return error
 
 
 def _names(names: List[str]) -> str:
@@ -154,7 +179,7 @@ def _device_of(tensor: torch.Tensor) -> str:
         return "cpu"
     if tensor.device.type == "cuda":
         return f"cuda:{tensor.device.index or 0}"
-    raise MismatchError([f"a tensor on {tensor.device}, which the library does not load to"])
+    raise _mismatch([f"{tensor.device}: the library does not load to this device"])
 
 
 def load_into(
@@ -253,7 +278,7 @@ def load_into(
             continue
         by_device.setdefault(_device_of(tensor), []).append(name)
     if problems:
-        raise MismatchError(problems)
+        raise _mismatch(problems)
 
     # Writing begins. A name is "started" once the library asked for its destination (its bytes
     # may be written from then on), "written" once the load handed it out whole.
@@ -288,8 +313,7 @@ def load_into(
         done = set(written)
         partly = [name for name in dict.fromkeys(started) if name not in done]
         unchanged = [name for name in loading if name not in done and name not in set(partly)]
-        error_type = LoadIntoError if isinstance(cause, KeyboardInterrupt) else PartialLoadError
-        raise error_type(cause, written, partly, unchanged) from cause
+        raise _partial(cause, written, partly, unchanged) from cause
     return LoadIntoResult(missing, unexpected, _merged(reports))
 
 
