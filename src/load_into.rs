@@ -75,14 +75,18 @@ pub struct LoadedInto {
     pub missing: Vec<String>,
     /// Tensors of the checkpoint no target was given for (not read).
     pub unexpected: Vec<String>,
+    /// Targets written, in the order they were (every target the checkpoint has, unless the
+    /// loader's selection left some out).
+    pub written: Vec<String>,
     /// The load's report.
     pub report: LoadReport,
 }
 
 /// The destination of a reload: each target's memory, once; the names whose memory was handed
-/// to the load, in order.
+/// to the load, in order. Each tensor is checked again as the load reaches it (the checkpoint
+/// may have been replaced since it was checked).
 struct IntoTargets<'a, S: MemorySpace> {
-    targets: BTreeMap<String, DeviceRegion<'a, S>>,
+    targets: BTreeMap<String, (DeviceRegion<'a, S>, Expected)>,
     started: Arc<Mutex<Vec<String>>>,
 }
 
@@ -91,9 +95,12 @@ impl<S: MemorySpace> staging_core::Destination<S> for IntoTargets<'_, S> {
         &mut self,
         tensor: &TensorMeta,
     ) -> std::result::Result<Option<DeviceRegion<'_, S>>, DestinationError> {
-        let Some(region) = self.targets.get_mut(&tensor.name) else {
+        let Some((region, expected)) = self.targets.get_mut(&tensor.name) else {
             return Ok(None);
         };
+        if let Some(problem) = mismatch(tensor, expected) {
+            return Err(format!("the checkpoint changed since it was checked: {problem}").into());
+        }
         self.started
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -105,7 +112,7 @@ impl<S: MemorySpace> staging_core::Destination<S> for IntoTargets<'_, S> {
 
 /// The raw destination of a reload: each target's address and length.
 struct RawTargets {
-    targets: BTreeMap<String, (usize, usize)>,
+    targets: BTreeMap<String, ((usize, usize), Expected)>,
     started: Arc<Mutex<Vec<String>>>,
 }
 
@@ -117,9 +124,13 @@ unsafe impl RawDestination for RawTargets {
         tensor: &TensorMeta,
         _space: &'static str,
     ) -> std::result::Result<Option<(usize, usize)>, DestinationError> {
-        let Some(&region) = self.targets.get(&tensor.name) else {
+        let Some((region, expected)) = self.targets.get(&tensor.name) else {
             return Ok(None);
         };
+        if let Some(problem) = mismatch(tensor, expected) {
+            return Err(format!("the checkpoint changed since it was checked: {problem}").into());
+        }
+        let region = *region;
         self.started
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -206,7 +217,14 @@ impl<'d> Loader<'d> {
             .collect();
         let regions = targets
             .into_iter()
-            .map(|(name, t)| (name, (t.addr, t.len)))
+            .map(|(name, t)| {
+                let expected = Expected {
+                    len: t.len,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                };
+                (name, ((t.addr, t.len), expected))
+            })
             .collect();
         self.reload(
             path.as_ref(),
@@ -247,7 +265,14 @@ impl<'d> Loader<'d> {
             .collect();
         let regions = targets
             .into_iter()
-            .map(|(name, target)| (name, target.region))
+            .map(|(name, target)| {
+                let expected = Expected {
+                    len: target.region.len(),
+                    dtype: target.dtype,
+                    shape: target.shape,
+                };
+                (name, (target.region, expected))
+            })
             .collect();
         self.reload(
             path,
@@ -338,6 +363,7 @@ impl<'d> Loader<'d> {
             Ok(report) => Ok(LoadedInto {
                 missing,
                 unexpected,
+                written,
                 report,
             }),
             Err(source) => {

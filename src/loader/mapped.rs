@@ -83,6 +83,9 @@ pub(crate) fn maps(decision: MapDecision, checkpoint: &Checkpoint) -> bool {
 pub(crate) struct MappedLoad<'d> {
     /// The caller's destination (one that declines every tensor when none was given).
     destination: Boxed<'d, HostMemory>,
+    /// Whether the mappings are this load's alone (not a reader's, kept across its loads):
+    /// then a tensor copied into the destination is unmapped after the copy.
+    own_maps: bool,
     checkpoint: Checkpoint,
     next: usize,
     /// Each file's mapping, by its position in the checkpoint.
@@ -97,11 +100,13 @@ impl<'d> MappedLoad<'d> {
     /// checked against the identity its header was read with. `Ok(None)` when the system has no
     /// memory for a mapping: the load then reads into memory of its own, as an allocation
     /// failure falls back.
+    /// With no memory for a mapping, `Ok(Err(destination))`: the destination given back, for
+    /// the load that reads instead.
     pub(crate) fn open(
         checkpoint: Checkpoint,
         cache: Option<&MapCache>,
         destination: Boxed<'d, HostMemory>,
-    ) -> staging_core::Result<Option<Self>> {
+    ) -> staging_core::Result<Result<Self, Boxed<'d, HostMemory>>> {
         let mut maps = Vec::with_capacity(checkpoint.files().len());
         for shard in checkpoint.files() {
             let mapped = match cache {
@@ -110,12 +115,13 @@ impl<'d> MappedLoad<'d> {
             };
             match mapped {
                 Some(mapped) => maps.push(mapped),
-                None => return Ok(None),
+                None => return Ok(Err(destination)),
             }
         }
         let report = mapped_report(&checkpoint);
-        Ok(Some(Self {
+        Ok(Ok(Self {
             destination,
+            own_maps: cache.is_none(),
             maps,
             checkpoint,
             next: 0,
@@ -224,18 +230,19 @@ impl MappedLoad<'_> {
     /// `meta`'s tensor: copied into the caller's destination when it takes it, else its bytes
     /// in the mapping.
     fn one(&mut self, meta: &TensorMeta) -> staging_core::Result<(Data, StagingPath)> {
-        // Made resident (and the file checked) first: a read error leaves the destination
-        // untouched.
-        let bytes = self.map_one(meta)?;
-        let region = self.destination.region(meta).map_err(|source| {
-            staging_core::Error::Destination {
-                tensor: meta.name.clone(),
-                file: meta.file.to_path_buf(),
-                source,
-            }
-        })?;
+        let Mapped { mapping, file } = self.mapping(meta)?;
+        let shard = self.checkpoint.files()[meta.file_index].clone();
+        let own_maps = self.own_maps;
+        let region =
+            self.destination
+                .region(meta)
+                .map_err(|source| staging_core::Error::Destination {
+                    tensor: meta.name.clone(),
+                    file: meta.file.to_path_buf(),
+                    source,
+                })?;
         let Some(region) = region else {
-            return Ok((Data::Mapped(bytes), StagingPath::Mapped));
+            return Ok((Data::Mapped(self.map_one(meta)?), StagingPath::Mapped));
         };
         let capacity = region.len();
         let Some((mut region, _)) = region.split_at(meta.len) else {
@@ -246,7 +253,15 @@ impl MappedLoad<'_> {
                 capacity,
             });
         };
-        copy_in_parallel(region.as_mut_slice(), &bytes);
+        let offset = offset_in(meta, &mapping)?;
+        let bytes = MappedBytes::new(Arc::clone(&mapping), offset, meta.len);
+        // Piece by piece: made resident where the page cache does not hold it, copied, and
+        // (this load's own mapping) unmapped again, so the process holds no more of the file
+        // than the pieces being copied.
+        let populate = |at: usize, len: usize| mapping.populate(&file, offset + at, len, 0);
+        copy_in_parallel(region.as_mut_slice(), &bytes, &populate, own_maps)
+            .map_err(|error| populate_failed(&shard, meta, error))?;
+        still_the_file(&shard)?;
         let data = Data::Destination {
             addr: region.addr(),
             space: HostMemory::NAME,
@@ -265,27 +280,52 @@ const PARALLEL_COPY_FROM: usize = 1 << 20;
 /// read, so keeping it in cache costs nothing.
 const COPY_PIECE: usize = 4 << 20;
 
-/// `dst.copy_from_slice(src)`, in pieces of `COPY_PIECE`, on as many threads as the machine
-/// has cores (at most 8) when it is large.
-fn copy_in_parallel(dst: &mut [u8], src: &[u8]) {
-    fn copy(dst: &mut [u8], src: &[u8]) {
-        for (d, s) in dst.chunks_mut(COPY_PIECE).zip(src.chunks(COPY_PIECE)) {
-            d.copy_from_slice(s);
+/// `dst.copy_from_slice(src)`, in pieces of `COPY_PIECE`, each first made resident with
+/// `populate(at, len)`, on as many threads as the machine has cores (at most 8) when it is
+/// large; with `release`, each piece of `src` is unmapped once copied
+/// (`MappedBytes::release`). The first populate that fails ends it with that error (`dst` is
+/// then partly written).
+fn copy_in_parallel(
+    dst: &mut [u8],
+    src: &MappedBytes,
+    populate: &(dyn Fn(usize, usize) -> std::io::Result<()> + Sync),
+    release: bool,
+) -> std::io::Result<()> {
+    let copy = |dst: &mut [u8], from: usize| -> std::io::Result<()> {
+        for (i, d) in dst.chunks_mut(COPY_PIECE).enumerate() {
+            let at = from + i * COPY_PIECE;
+            populate(at, d.len())?;
+            d.copy_from_slice(&src[at..at + d.len()]);
+            if release {
+                // SAFETY: `src` is a tensor's bytes in a mapping of the load's own, copied and
+                // never handed out nor written: nothing else covers its range.
+                unsafe { src.release(at, d.len()) };
+            }
         }
-    }
+        Ok(())
+    };
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .min(8);
     if dst.len() < PARALLEL_COPY_FROM || threads < 2 {
-        copy(dst, src);
-        return;
+        return copy(dst, 0);
     }
-    let part = dst.len().div_ceil(threads);
+    // Parts of whole pieces, so that a piece's pages are released by the thread that copied them.
+    let part = dst.len().div_ceil(threads).div_ceil(COPY_PIECE) * COPY_PIECE;
     std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
-            scope.spawn(move || copy(d, s));
-        }
-    });
+        let parts: Vec<_> = dst
+            .chunks_mut(part)
+            .enumerate()
+            .map(|(i, d)| {
+                let copy = &copy;
+                scope.spawn(move || copy(d, i * part))
+            })
+            .collect();
+        parts.into_iter().try_for_each(|part| {
+            part.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a copying thread panicked")))
+        })
+    })
 }
 
 impl super::ErasedLoad for MappedLoad<'_> {

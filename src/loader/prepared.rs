@@ -324,31 +324,33 @@ impl<'d> Prepared<'d> {
         } else {
             checkpoint.select(&self.selection)?
         };
-        // Host tensors from local files: mappings of the files, when the loader maps and no
-        // destination was given for this load.
-        // With no memory for a mapping (an allocation failure), it reads into memory of its own.
+        // Host tensors from local files: mappings of the files, when the loader maps; a
+        // destination in host memory is filled by copies out of the mappings. With no memory
+        // for a mapping (an allocation failure), it reads into memory of its own.
         if matches!(source, Source::Local)
             && matches!(
                 self.destination,
                 AnyDestination::None | AnyDestination::Host(_) | AnyDestination::Raw(_)
             )
             && super::mapped::maps(self.map, &checkpoint)
-            && let Some(mapped) = MappedLoad::open(
-                checkpoint.clone(),
-                self.maps.as_ref(),
-                <HostMemory as crate::space::sealed::Sealed>::unwrap(
-                    std::mem::replace(&mut self.destination, AnyDestination::None),
-                    "host",
-                )?,
-            )?
         {
-            return Ok(Load {
-                inner: Box::new(mapped),
-                passed_over: self.chosen.passed_over.clone(),
-                mode_reason: self.chosen.mode_reason.clone(),
-                #[cfg(feature = "mock")]
-                ledger: None,
-            });
+            let destination = <HostMemory as crate::space::sealed::Sealed>::unwrap(
+                std::mem::replace(&mut self.destination, AnyDestination::None),
+                "host",
+            )?;
+            match MappedLoad::open(checkpoint.clone(), self.maps.as_ref(), destination)? {
+                Ok(mapped) => {
+                    return Ok(Load {
+                        inner: Box::new(mapped),
+                        passed_over: self.chosen.passed_over.clone(),
+                        mode_reason: self.chosen.mode_reason.clone(),
+                        #[cfg(feature = "mock")]
+                        ledger: None,
+                    });
+                }
+                // No memory for a mapping: the destination serves the load that reads instead.
+                Err(destination) => self.destination = AnyDestination::Host(destination),
+            }
         }
         let policy = match &source {
             Source::Local => self.policy.clone(),

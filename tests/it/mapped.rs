@@ -160,7 +160,10 @@ fn a_destination_is_preferred_to_a_mapping() {
         assert_eq!(report.paths.mapped.tensors, 4);
         for tensor in tensors.iter().filter(|t| t.name() != "one.b") {
             assert_eq!(tensor.path(), StagingPath::Mapped);
-            assert_eq!(tensor.host_bytes().unwrap(), &fixture.contents[tensor.name()][..]);
+            assert_eq!(
+                tensor.host_bytes().unwrap(),
+                &fixture.contents[tensor.name()][..]
+            );
         }
     }
     // Copied out of the mapping into the caller's memory.

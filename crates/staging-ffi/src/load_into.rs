@@ -90,8 +90,9 @@ fn dtype_of(code: u32) -> Option<Dtype> {
 /// returns `STG_SELECTION` and writes nothing (the message, from `stg_config_last_error`,
 /// lists every problem). Then each tensor is read straight into its target.
 ///
-/// Every target's `state` is written: `STG_TARGET_WRITTEN` for each one loaded,
-/// `STG_TARGET_MISSING` for one the checkpoint lacks. When the load fails after writing
+/// Every target's `state` is written (`STG_TARGET_UNCHANGED` first, whatever happens):
+/// `STG_TARGET_WRITTEN` for each one loaded, `STG_TARGET_MISSING` for one the checkpoint lacks,
+/// unchanged for one the configuration's selection leaves out. When the load fails after writing
 /// began, the status is the failure's and the states say exactly which targets hold the
 /// checkpoint's bytes, which may hold some (`STG_TARGET_PARTLY_WRITTEN`) and which are
 /// unchanged. `*unexpected` (if not NULL) gets the number of the checkpoint's tensors no
@@ -133,9 +134,11 @@ pub unsafe extern "C" fn stg_load_into(
             // caller's contract.
             unsafe { std::slice::from_raw_parts_mut(targets, count) }
         };
-        let mut raw = BTreeMap::new();
         for target in targets.iter_mut() {
             target.state = stg_target_state::STG_TARGET_UNCHANGED as u32;
+        }
+        let mut raw = BTreeMap::new();
+        for target in targets.iter_mut() {
             // SAFETY: each name is NULL or NUL-terminated by the caller's contract.
             let name = match unsafe { utf8(target.name) } {
                 Ok(name) => name.to_owned(),
@@ -189,7 +192,10 @@ pub unsafe extern "C" fn stg_load_into(
                 Ok(done) if done.missing.iter().any(|m| m == name) => {
                     Some(stg_target_state::STG_TARGET_MISSING)
                 }
-                Ok(_) => Some(stg_target_state::STG_TARGET_WRITTEN),
+                Ok(done) if done.written.iter().any(|w| w == name) => {
+                    Some(stg_target_state::STG_TARGET_WRITTEN)
+                }
+                Ok(_) => None,
                 Err(Error::PartialLoad {
                     written,
                     partly_written,

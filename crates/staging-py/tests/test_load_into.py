@@ -120,8 +120,9 @@ def test_a_mismatch_changes_nothing_and_names_the_tensor(tmp_path: Path) -> None
     assert not transposed.any()
 
 
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
 def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool
 ) -> None:
     names = [f"w{i}" for i in range(8)]
     new = {name: torch.full((256, 1024), float(i + 1)) for i, name in enumerate(names)}
@@ -155,7 +156,7 @@ def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
 
     monkeypatch.setattr(load_into_module, "_stage", CutShort)
     with pytest.raises(st.PartialLoadError) as caught:
-        load_into(target, path, threads=1)
+        load_into(target, path, threads=1, map=mapped)
     error = caught.value
     assert isinstance(error.__cause__, st.StagingError)
     assert str(path) in str(error.__cause__)  # the library's error names the file

@@ -286,9 +286,20 @@ def load_into(
     written: List[str] = []
     reports: List[Dict[str, Any]] = []
 
-    def destination(name: str, _info: TensorInfo) -> Any:
+    def destination(name: str, info: TensorInfo) -> Any:
         import torch
 
+        # Checked again as the load reaches it: the checkpoint may have been replaced since.
+        checked = loading[name]
+        if (info.dtype, list(info.shape), info.nbytes) != (
+            checked.dtype,
+            list(checked.shape),
+            checked.nbytes,
+        ):
+            raise MismatchError(
+                f"the checkpoint changed since it was checked: {name} is {info.dtype} "
+                f"{list(info.shape)}, was {checked.dtype} {list(checked.shape)}"
+            )
         started.append(name)
         tensor = tensors[name]
         return tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor
@@ -310,6 +321,8 @@ def load_into(
                     written.append(name)
                 reports.append(load.report())
     except BaseException as cause:
+        if not started and not written:
+            raise  # nothing was written: the target is as it was
         done = set(written)
         partly = [name for name in dict.fromkeys(started) if name not in done]
         unchanged = [name for name in loading if name not in done and name not in set(partly)]
@@ -327,11 +340,16 @@ def _merged(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
     """One report of the loads of several devices (the one report, when there was one)."""
     if len(reports) == 1:
         return reports[0]
-    if not reports:
-        return {"tensors": 0, "bytes": 0, "bytes_read": 0, "read_requests": 0, "loads": []}
-    merged = {
+    merged: Dict[str, Any] = {
         key: sum(int(r.get(key, 0)) for r in reports)
         for key in ("tensors", "bytes", "bytes_read", "read_requests")
+    }
+    merged["paths"] = {
+        path: {
+            count: sum(int(r.get("paths", {}).get(path, {}).get(count, 0)) for r in reports)
+            for count in ("tensors", "bytes")
+        }
+        for path in ("destination", "device", "host", "mapped")
     }
     merged["loads"] = reports
     return merged

@@ -252,8 +252,9 @@ def read_slice(
             read_shape[1] = columns[1] - columns[0]
     if staged is None:
         # Torch takes a view of the rows where they are a mapping of the file, as
-        # `safetensors` does: only the pages holding its columns are touched, and only
-        # their bytes are counted as read.
+        # `safetensors` does, and only the columns' bytes are counted as read: the bytes the
+        # view can touch. (The rows are made resident first where the page cache does not
+        # hold them: with rows of a few KiB, every page holds some of the columns anyway.)
         staged = reader.read(name, rows, columns)
     tensor = convert.convert(staged, dtype, read_shape, name)
     result = tensor[local]
