@@ -248,6 +248,28 @@ def test_load_weights_reads_the_indexed_shards_into_owned_tensors(
     )
 
 
+def test_get_all_weights_gives_every_weight_for_an_in_place_reload(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """vLLM's in-place reload (`reload_weights`) asks the loader for `get_all_weights(
+    model_config, model)`; a loader without it makes vLLM raise NotImplementedError."""
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging.vllm as plugin
+
+    tensors = checkpoint(tmp_path / "model")
+    loader = plugin.StagingModelLoader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"})
+    )
+    config = ModelConfig(str(tmp_path / "model"))
+    loader.download_model(config)
+    got = dict(loader.get_all_weights(config, Model()))
+    assert sorted(got) == sorted(tensors)
+    for name, tensor in got.items():
+        assert torch.equal(tensor, tensors[name]), name
+    assert loader.last_report["bytes_read"] == sum(t.nbytes for t in tensors.values())
+
+
 def test_weights_elsewhere_and_ignore_patterns(vllm: Any, tmp_path: Path) -> None:
     from vllm.config.load import LoadConfig
 

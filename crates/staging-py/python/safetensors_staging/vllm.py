@@ -85,6 +85,12 @@ def _make_loader_class() -> type:
             """`(name, tensor)` for every tensor, full, owning its memory, on vLLM's device."""
             yield from self._staged_weights(model_config.model, model_config.revision)
 
+        def get_all_weights(self, model_config: Any, model: Any) -> Iterator[Tuple[str, Any]]:
+            """Every weight, as vLLM's in-place reload asks for them
+            (`collective_rpc("reload_weights")`, the weight-transfer paths): the same
+            `(name, tensor)` pairs as `weights_iterator`, read through the library."""
+            yield from self.weights_iterator(model_config)
+
         def load_weights(self, model: Any, model_config: Any) -> None:
             """Loads every weight into `model` (`model.load_weights`).
 
