@@ -1002,8 +1002,9 @@ stg_status stg_load_last_error(const struct stg_load *load, char *buf, size_t le
  returns `STG_SELECTION` and writes nothing (the message, from `stg_config_last_error`,
  lists every problem). Then each tensor is read straight into its target.
 
- Every target's `state` is written: `STG_TARGET_WRITTEN` for each one loaded,
- `STG_TARGET_MISSING` for one the checkpoint lacks. When the load fails after writing
+ Every target's `state` is written (`STG_TARGET_UNCHANGED` first, whatever happens):
+ `STG_TARGET_WRITTEN` for each one loaded, `STG_TARGET_MISSING` for one the checkpoint lacks,
+ unchanged for one the configuration's selection leaves out. When the load fails after writing
  began, the status is the failure's and the states say exactly which targets hold the
  checkpoint's bytes, which may hold some (`STG_TARGET_PARTLY_WRITTEN`) and which are
  unchanged. `*unexpected` (if not NULL) gets the number of the checkpoint's tensors no
