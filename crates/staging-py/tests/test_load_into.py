@@ -198,6 +198,20 @@ def test_tied_weights_are_written_once(tmp_path: Path) -> None:
     assert result.report["tensors"] == 2
 
 
+def test_targets_sharing_part_of_their_memory_are_refused(tmp_path: Path) -> None:
+    fused = torch.zeros(6, 4)  # q, k, v rows of one fused tensor
+    target = {"qkv": fused, "q": fused[0:2]}
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({"qkv": torch.ones(6, 4), "q": torch.full((2, 4), 2.0)}, path)
+    with pytest.raises(st.MismatchError) as caught:
+        load_into(target, path)
+    assert caught.value.problems == [
+        "q: its memory overlaps qkv's in the target (written in place, one would overwrite "
+        "the other)"
+    ]
+    assert not fused.any(), "nothing written"
+
+
 def test_the_target_decides_device_and_selection() -> None:
     with pytest.raises(TypeError, match="device"):
         load_into({}, "x.safetensors", device="cpu")

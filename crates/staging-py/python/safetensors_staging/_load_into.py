@@ -174,6 +174,24 @@ def _problem(name: str, info: TensorInfo, tensor: torch.Tensor) -> Optional[str]
     return None
 
 
+def _overlaps(tensors: Mapping[str, torch.Tensor]) -> List[str]:
+    """Targets whose memory overlaps another's without being the same tensor (a fused
+    `qkv` and a view of its `q` rows): written in place, one would overwrite the other."""
+    spans = sorted(
+        (str(t.device), t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), name)
+        for name, t in tensors.items()
+        if t.numel()
+    )
+    problems = []
+    for (device, _, end, name), (next_device, start, _, other) in zip(spans, spans[1:]):
+        if device == next_device and start < end:
+            problems.append(
+                f"{name}: its memory overlaps {other}'s in the target (written in place, one "
+                "would overwrite the other)"
+            )
+    return problems
+
+
 def _device_of(tensor: torch.Tensor) -> str:
     if tensor.device.type == "cpu":
         return "cpu"
@@ -277,6 +295,7 @@ def load_into(
             problems.append(problem)
             continue
         by_device.setdefault(_device_of(tensor), []).append(name)
+    problems += _overlaps({name: tensors[name] for name in loading})
     if problems:
         raise _mismatch(problems)
 
