@@ -204,18 +204,7 @@ impl<'d> Loader<'d> {
         targets: BTreeMap<String, RawTarget>,
         strict: bool,
     ) -> Result<LoadedInto> {
-        let expected = targets
-            .iter()
-            .map(|(name, t)| {
-                let expected = Expected {
-                    len: t.len,
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                };
-                (name.clone(), expected)
-            })
-            .collect();
-        let regions = targets
+        let targets = targets
             .into_iter()
             .map(|(name, t)| {
                 let expected = Expected {
@@ -228,14 +217,9 @@ impl<'d> Loader<'d> {
             .collect();
         self.reload(
             path.as_ref(),
-            expected,
+            targets,
             strict,
-            |loader, started| {
-                loader.raw_destination(RawTargets {
-                    targets: regions,
-                    started,
-                })
-            },
+            |loader, targets, started| loader.raw_destination(RawTargets { targets, started }),
             &mut |_| {},
         )
     }
@@ -252,18 +236,7 @@ impl<'d> Loader<'d> {
     where
         S: KnownSpace,
     {
-        let expected = targets
-            .iter()
-            .map(|(name, t)| {
-                let expected = Expected {
-                    len: t.region.len(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                };
-                (name.clone(), expected)
-            })
-            .collect();
-        let regions = targets
+        let targets = targets
             .into_iter()
             .map(|(name, target)| {
                 let expected = Expected {
@@ -276,29 +249,29 @@ impl<'d> Loader<'d> {
             .collect();
         self.reload(
             path,
-            expected,
+            targets,
             strict,
-            |loader, started| {
-                loader.destination(IntoTargets {
-                    targets: regions,
-                    started,
-                })
-            },
+            |loader, targets, started| loader.destination(IntoTargets { targets, started }),
             after_each,
         )
     }
 
-    /// Checks `expected` against the checkpoint at `path`, then loads it through the
-    /// destination `attach` gives the loader (which records each name whose memory it hands
-    /// to the load in `started`).
-    fn reload<'e>(
+    /// Checks each target (its memory `R`, and what it must hold) against the checkpoint at
+    /// `path`, then loads it through the destination `attach` makes of the targets (which
+    /// records each name whose memory it hands to the load in `started`).
+    fn reload<'e, R>(
         self,
         path: &Path,
-        expected: BTreeMap<String, Expected>,
+        targets: BTreeMap<String, (R, Expected)>,
         strict: bool,
-        attach: impl FnOnce(Loader<'d>, Arc<Mutex<Vec<String>>>) -> Loader<'e>,
+        attach: impl FnOnce(
+            Loader<'d>,
+            BTreeMap<String, (R, Expected)>,
+            Arc<Mutex<Vec<String>>>,
+        ) -> Loader<'e>,
         after_each: &mut dyn FnMut(&str),
     ) -> Result<LoadedInto> {
+        let expected = &targets;
         let checkpoint = self.read_headers(&[path])?;
         let present: BTreeSet<&str> = checkpoint
             .tensors()
@@ -337,7 +310,10 @@ impl<'d> Loader<'d> {
             );
         }
         for meta in narrowed.tensors() {
-            if let Some(problem) = expected.get(&meta.name).and_then(|e| mismatch(meta, e)) {
+            if let Some(problem) = expected
+                .get(&meta.name)
+                .and_then(|(_, e)| mismatch(meta, e))
+            {
                 problems.push(problem);
             }
         }
@@ -349,7 +325,7 @@ impl<'d> Loader<'d> {
         let started = Arc::new(Mutex::new(Vec::new()));
         let names: Vec<String> = narrowed.tensors().iter().map(|t| t.name.clone()).collect();
         let mut written = Vec::new();
-        let loader = attach(self.select(selection), Arc::clone(&started));
+        let loader = attach(self.select(selection), targets, Arc::clone(&started));
         let outcome = (|| -> Result<LoadReport> {
             let mut load = loader.open(path)?;
             for tensor in load.by_ref() {
