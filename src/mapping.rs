@@ -339,7 +339,7 @@ impl std::ops::Deref for MappedBytes {
 }
 
 /// The system's page size.
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();
     *PAGE.get_or_init(|| {
         // SAFETY: `sysconf` reads a system constant; it has no preconditions.

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use staging_core::{
-    Checkpoint, HeldMemory, IoMode, LoadReport, ReadError, ShardFile, StagingPath, TensorMeta,
+    Checkpoint, HeldMemory, IoMode, IoThreads, LoadReport, ReadError, ShardFile, StagingPath,
+    TensorMeta,
 };
 
 use crate::mapping::{Mapped, MappedBytes, Mapping, READ_AHEAD, on_network_file_system};
@@ -86,6 +87,8 @@ pub(crate) struct MappedLoad<'d> {
     /// Whether the mappings are this load's alone (not a reader's, kept across its loads):
     /// then a tensor copied into the destination is unmapped after the copy.
     own_maps: bool,
+    /// The threads a copy into the destination is split across.
+    threads: IoThreads,
     checkpoint: Checkpoint,
     next: usize,
     /// Each file's mapping, by its position in the checkpoint.
@@ -106,6 +109,7 @@ impl<'d> MappedLoad<'d> {
         checkpoint: Checkpoint,
         cache: Option<&MapCache>,
         destination: Boxed<'d, HostMemory>,
+        threads: IoThreads,
     ) -> staging_core::Result<Result<Self, Boxed<'d, HostMemory>>> {
         let mut maps = Vec::with_capacity(checkpoint.files().len());
         for shard in checkpoint.files() {
@@ -122,6 +126,7 @@ impl<'d> MappedLoad<'d> {
         Ok(Ok(Self {
             destination,
             own_maps: cache.is_none(),
+            threads,
             maps,
             checkpoint,
             next: 0,
@@ -259,8 +264,14 @@ impl MappedLoad<'_> {
         // (this load's own mapping) unmapped again, so the process holds no more of the file
         // than the pieces being copied.
         let populate = |at: usize, len: usize| mapping.populate(&file, offset + at, len, 0);
-        copy_in_parallel(region.as_mut_slice(), &bytes, &populate, own_maps)
-            .map_err(|error| populate_failed(&shard, meta, error))?;
+        copy_in_parallel(
+            region.as_mut_slice(),
+            &bytes,
+            &populate,
+            own_maps,
+            &self.threads,
+        )
+        .map_err(|error| populate_failed(&shard, meta, error))?;
         still_the_file(&shard)?;
         let data = Data::Destination {
             addr: region.addr(),
@@ -270,8 +281,8 @@ impl MappedLoad<'_> {
     }
 }
 
-/// Copies of at least this many bytes are split across threads: one thread copies from the
-/// page cache at about half of what two do on the 2-core VM.
+/// Copies of at least this many bytes are split across the load's threads: one thread copies
+/// from the page cache at about half of what two do on the 2-core VM.
 const PARALLEL_COPY_FROM: usize = 1 << 20;
 
 /// Each `memcpy` copies at most this many bytes. Larger copies make glibc switch to
@@ -280,52 +291,40 @@ const PARALLEL_COPY_FROM: usize = 1 << 20;
 /// read, so keeping it in cache costs nothing.
 const COPY_PIECE: usize = 4 << 20;
 
-/// `dst.copy_from_slice(src)`, in pieces of `COPY_PIECE`, each first made resident with
-/// `populate(at, len)`, on as many threads as the machine has cores (at most 8) when it is
-/// large; with `release`, each piece of `src` is unmapped once copied
-/// (`MappedBytes::release`). The first populate that fails ends it with that error (`dst` is
-/// then partly written).
+/// `dst.copy_from_slice(src)`, in pieces of at most `COPY_PIECE`, each first made resident with
+/// `populate(at, len)`; on `threads` when it is large (pieces small enough that every thread
+/// gets one), else on the calling thread. With `release`, each piece of `src` is unmapped once
+/// copied (`MappedBytes::release`). The first populate that fails ends it with that error
+/// (`dst` is then partly written).
 fn copy_in_parallel(
     dst: &mut [u8],
     src: &MappedBytes,
     populate: &(dyn Fn(usize, usize) -> std::io::Result<()> + Sync),
     release: bool,
+    threads: &IoThreads,
 ) -> std::io::Result<()> {
-    let copy = |dst: &mut [u8], from: usize| -> std::io::Result<()> {
-        for (i, d) in dst.chunks_mut(COPY_PIECE).enumerate() {
-            let at = from + i * COPY_PIECE;
-            populate(at, d.len())?;
-            d.copy_from_slice(&src[at..at + d.len()]);
-            if release {
-                // SAFETY: `src` is a tensor's bytes in a mapping of the load's own, copied and
-                // never handed out nor written: nothing else covers its range.
-                unsafe { src.release(at, d.len()) };
-            }
+    let copy = |(at, d): (usize, &mut [u8])| -> std::io::Result<()> {
+        populate(at, d.len())?;
+        d.copy_from_slice(&src[at..at + d.len()]);
+        if release {
+            // SAFETY: `src` is a tensor's bytes in a mapping of the load's own, copied and
+            // never handed out nor written: nothing else covers its range.
+            unsafe { src.release(at, d.len()) };
         }
         Ok(())
     };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZeroUsize::get)
-        .min(8);
-    if dst.len() < PARALLEL_COPY_FROM || threads < 2 {
-        return copy(dst, 0);
-    }
-    // Parts of whole pieces, so that a piece's pages are released by the thread that copied them.
-    let part = dst.len().div_ceil(threads).div_ceil(COPY_PIECE) * COPY_PIECE;
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = dst
-            .chunks_mut(part)
-            .enumerate()
-            .map(|(i, d)| {
-                let copy = &copy;
-                scope.spawn(move || copy(d, i * part))
-            })
-            .collect();
-        parts.into_iter().try_for_each(|part| {
-            part.join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("a copying thread panicked")))
-        })
-    })
+    let page = crate::mapping::page_size();
+    let piece = if dst.len() < PARALLEL_COPY_FROM || threads.count() < 2 {
+        COPY_PIECE
+    } else {
+        (dst.len().div_ceil(threads.count()).div_ceil(page) * page).min(COPY_PIECE)
+    };
+    let pieces: Vec<_> = dst
+        .chunks_mut(piece)
+        .enumerate()
+        .map(|(i, d)| (i * piece, d))
+        .collect();
+    threads.try_each(pieces, copy)
 }
 
 impl super::ErasedLoad for MappedLoad<'_> {

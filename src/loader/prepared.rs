@@ -334,11 +334,18 @@ impl<'d> Prepared<'d> {
             )
             && super::mapped::maps(self.map, &checkpoint)
         {
+            // Threads only for copies into a destination: a load that hands out mappings
+            // copies nothing.
+            let threads = if matches!(self.destination, AnyDestination::None) {
+                IoThreads::new(1)?
+            } else {
+                self.threads_for(&self.policy.clone())?
+            };
             let destination = <HostMemory as crate::space::sealed::Sealed>::unwrap(
                 std::mem::replace(&mut self.destination, AnyDestination::None),
                 "host",
             )?;
-            match MappedLoad::open(checkpoint.clone(), self.maps.as_ref(), destination)? {
+            match MappedLoad::open(checkpoint.clone(), self.maps.as_ref(), destination, threads)? {
                 Ok(mapped) => {
                     return Ok(Load {
                         inner: Box::new(mapped),

@@ -158,6 +158,27 @@ impl IoThreads {
     pub(crate) fn pool(&self) -> Option<&rayon::ThreadPool> {
         self.0.as_deref()
     }
+
+    /// Runs `work` on every item, in parallel on these threads (the caller waits), or in order
+    /// on the calling thread when there are none. The first error is returned; items not yet
+    /// started when it happened may still run.
+    pub fn try_each<T, E>(
+        &self,
+        items: Vec<T>,
+        work: impl Fn(T) -> std::result::Result<(), E> + Sync + Send,
+    ) -> std::result::Result<(), E>
+    where
+        T: Send,
+        E: Send,
+    {
+        use rayon::prelude::*;
+        match self.pool() {
+            Some(pool) if items.len() > 1 => {
+                pool.install(|| items.into_par_iter().try_for_each(work))
+            }
+            _ => items.into_iter().try_for_each(work),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +186,29 @@ mod tests {
     use super::*;
     use crate::host::HostReader;
     use std::io::Write;
+
+    #[test]
+    fn try_each_runs_every_item_and_returns_an_error() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for threads in [1, 3] {
+            let pool = IoThreads::new(threads).unwrap();
+            let sum = AtomicUsize::new(0);
+            let done: std::result::Result<(), String> = pool.try_each((1..=100).collect(), |i| {
+                sum.fetch_add(i, Ordering::Relaxed);
+                Ok(())
+            });
+            assert_eq!(done, Ok(()));
+            assert_eq!(sum.load(Ordering::Relaxed), 5050, "{threads} threads");
+            let failed = pool.try_each((0..10).collect(), |i: usize| {
+                if i == 7 {
+                    Err(format!("item {i}"))
+                } else {
+                    Ok(())
+                }
+            });
+            assert_eq!(failed, Err("item 7".to_string()), "{threads} threads");
+        }
+    }
 
     #[test]
     fn a_file_is_opened_once_and_closed_with_the_cache() {
