@@ -110,15 +110,21 @@ impl<S: MemorySpace> staging_core::Destination<S> for IntoTargets<'_, S> {
     }
 }
 
-/// The raw destination of a reload: each target's address and length.
-struct RawTargets {
+/// The raw destination of a reload: each target's address and length; `stop`, asked before
+/// each target is handed to the load, ends the load there when it says so.
+struct RawTargets<'s> {
     targets: BTreeMap<String, ((usize, usize), Expected)>,
     started: Arc<Mutex<Vec<String>>>,
+    stop: &'s (dyn Fn() -> bool + Sync),
 }
+
+/// What a reload stopped by its caller fails with: the destination error at the source of its
+/// [`Error::PartialLoad`] (or of the error itself, when nothing was written yet).
+const STOPPED: &str = "stopped by the caller";
 
 // SAFETY: the regions are the caller's targets, which `Loader::load_into_raw`'s contract makes
 // writable memory of the load's space, untouched by anything else until the load ends.
-unsafe impl RawDestination for RawTargets {
+unsafe impl RawDestination for RawTargets<'_> {
     fn region(
         &mut self,
         tensor: &TensorMeta,
@@ -127,6 +133,9 @@ unsafe impl RawDestination for RawTargets {
         let Some((region, expected)) = self.targets.get(&tensor.name) else {
             return Ok(None);
         };
+        if (self.stop)() {
+            return Err(STOPPED.into());
+        }
         if let Some(problem) = mismatch(tensor, expected) {
             return Err(format!("the checkpoint changed since it was checked: {problem}").into());
         }
@@ -204,6 +213,28 @@ impl<'d> Loader<'d> {
         targets: BTreeMap<String, RawTarget>,
         strict: bool,
     ) -> Result<LoadedInto> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.load_files_into_raw(&[path.as_ref()], targets, strict, &|| false) }
+    }
+
+    /// [`load_into_raw`](Self::load_into_raw) from `paths` (one path as
+    /// [`open`](Self::open) takes it, or several files as [`open_files`](Self::open_files)),
+    /// asking `stop` before each target is written: once it returns true the load ends there,
+    /// with an [`Error::PartialLoad`] (or, when nothing was written yet, the error itself)
+    /// whose destination error says "stopped by the caller". What the Python door's Ctrl-C
+    /// does.
+    ///
+    /// # Safety
+    ///
+    /// As [`load_into_raw`](Self::load_into_raw)'s.
+    pub unsafe fn load_files_into_raw<P: AsRef<Path>>(
+        self,
+        paths: &[P],
+        targets: BTreeMap<String, RawTarget>,
+        strict: bool,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<LoadedInto> {
+        let paths: Vec<&Path> = paths.iter().map(AsRef::as_ref).collect();
         let targets = targets
             .into_iter()
             .map(|(name, t)| {
@@ -216,10 +247,16 @@ impl<'d> Loader<'d> {
             })
             .collect();
         self.reload(
-            path.as_ref(),
+            &paths,
             targets,
             strict,
-            |loader, targets, started| loader.raw_destination(RawTargets { targets, started }),
+            |loader, targets, started| {
+                loader.raw_destination(RawTargets {
+                    targets,
+                    started,
+                    stop,
+                })
+            },
             &mut |_| {},
         )
     }
@@ -248,7 +285,7 @@ impl<'d> Loader<'d> {
             })
             .collect();
         self.reload(
-            path,
+            &[path],
             targets,
             strict,
             |loader, targets, started| loader.destination(IntoTargets { targets, started }),
@@ -261,7 +298,7 @@ impl<'d> Loader<'d> {
     /// records each name whose memory it hands to the load in `started`).
     fn reload<'e, R>(
         self,
-        path: &Path,
+        paths: &[&Path],
         targets: BTreeMap<String, (R, Expected)>,
         strict: bool,
         attach: impl FnOnce(
@@ -272,7 +309,7 @@ impl<'d> Loader<'d> {
         after_each: &mut dyn FnMut(&str),
     ) -> Result<LoadedInto> {
         let expected = &targets;
-        let checkpoint = self.read_headers(&[path])?;
+        let checkpoint = self.read_headers(paths)?;
         let present: BTreeSet<&str> = checkpoint
             .tensors()
             .iter()
@@ -327,7 +364,10 @@ impl<'d> Loader<'d> {
         let mut written = Vec::new();
         let loader = attach(self.select(selection), targets, Arc::clone(&started));
         let outcome = (|| -> Result<LoadReport> {
-            let mut load = loader.open(path)?;
+            let mut load = match paths {
+                [one] => loader.open(one)?,
+                several => loader.open_files(several)?,
+            };
             for tensor in load.by_ref() {
                 let name = tensor?.name().to_owned();
                 after_each(&name);
@@ -499,5 +539,72 @@ mod tests {
                 assert!(bytes.iter().all(|&b| b == 0), "{name}");
             }
         }
+    }
+
+    #[test]
+    fn a_stop_ends_a_raw_reload_between_targets_and_one_from_several_files_loads() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use super::{RawTarget, STOPPED};
+
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("a.safetensors");
+        let second = dir.path().join("b.safetensors");
+        checkpoint(&first, &["a", "b"], 4096);
+        checkpoint(&second, &["c", "d"], 4096);
+        let mut memory: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 4096]).collect();
+        let targets = |memory: &mut Vec<Vec<u8>>| -> BTreeMap<String, RawTarget> {
+            ["a", "b", "c", "d"]
+                .iter()
+                .zip(memory.iter_mut())
+                .map(|(n, m)| {
+                    let target = RawTarget {
+                        addr: m.as_mut_ptr() as usize,
+                        len: m.len(),
+                        dtype: None,
+                        shape: Some(vec![4096]),
+                    };
+                    ((*n).to_owned(), target)
+                })
+                .collect()
+        };
+        let loader = || {
+            Loader::new()
+                .device(Device::Cpu)
+                .backend(Backend::Host(HostOptions::default()))
+        };
+        // Asked before each target: the third ask stops the load.
+        let asked = AtomicUsize::new(0);
+        let stop = || asked.fetch_add(1, Ordering::SeqCst) >= 2;
+        // SAFETY: each target is a live, writable buffer of its own, untouched until it returns.
+        let error = unsafe {
+            loader().load_files_into_raw(&[&first, &second], targets(&mut memory), true, &stop)
+        }
+        .unwrap_err();
+        let Error::PartialLoad {
+            source,
+            written,
+            partly_written,
+            unchanged,
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        assert!(source.to_string().contains(STOPPED), "{source}");
+        assert_eq!(written, &["a", "b"]);
+        assert!(partly_written.is_empty(), "{error}");
+        assert_eq!(unchanged, &["c", "d"]);
+        assert!(memory[0].iter().all(|&b| b == 1) && memory[1].iter().all(|&b| b == 2));
+        assert!(memory[2].iter().all(|&b| b == 0) && memory[3].iter().all(|&b| b == 0));
+
+        // Never stopped: both files, every target.
+        // SAFETY: as above.
+        let done = unsafe {
+            loader().load_files_into_raw(&[&first, &second], targets(&mut memory), true, &|| false)
+        }
+        .unwrap();
+        assert_eq!(done.written, ["a", "b", "c", "d"]);
+        assert!(done.missing.is_empty() && done.unexpected.is_empty());
+        assert!(memory[2].iter().all(|&b| b == 1) && memory[3].iter().all(|&b| b == 2));
     }
 }

@@ -113,6 +113,16 @@ impl Calls {
         }
     }
 
+    /// A predicate for a call that moves bytes with the GIL released and can stop between
+    /// steps (a reload, target by target): true once a SIGINT arrived during one of the
+    /// handle's calls (the SIGINT handler installed now, as for a URL); always false where
+    /// SIGINT has no handler.
+    pub(crate) fn ctrl_c(self: &Arc<Self>) -> impl Fn() -> bool + Sync + use<> {
+        let watching = watching_sigint();
+        let calls = Arc::clone(self);
+        move || watching && calls.ctrl_c_during_a_call()
+    }
+
     /// Whether a SIGINT arrived during a call of the handle that is still running.
     fn ctrl_c_during_a_call(&self) -> bool {
         let now = SIGINTS.load(Ordering::Relaxed);

@@ -9,6 +9,7 @@
 //!   the `dlpark` crate;
 //! - `info`: `open(path)`, metadata without loading;
 //! - `format`: saving (and parsing bytes) through the `safetensors` crate;
+//! - `load_into`: `_load_into`, a checkpoint read in place into memory the caller holds;
 //! - `reader`: `_Reader`, a checkpoint read tensor by tensor (what `safe_open` stands on);
 //! - `errors`: the `StagingError` hierarchy;
 //! - `options`: the keywords as the library's `LoadOptions`, through its one parser;
@@ -23,6 +24,7 @@ mod format;
 mod info;
 mod interrupt;
 mod load;
+mod load_into;
 mod options;
 mod reader;
 
@@ -40,6 +42,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(format::parse, module)?)?;
     module.add_function(wrap_pyfunction!(reader::reader, module)?)?;
     module.add_function(wrap_pyfunction!(load::stage, module)?)?;
+    module.add_function(wrap_pyfunction!(load_into::load_into, module)?)?;
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
     module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;
     module.add_function(wrap_pyfunction!(options::options, module)?)?;

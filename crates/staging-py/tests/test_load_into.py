@@ -129,32 +129,28 @@ def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
     path = tmp_path / "model.safetensors"
     safetensors.torch.save_file(new, path)
     target = {name: torch.zeros(256, 1024) for name in names}
-    real_stage = load_into_module._stage
+    real_native = load_into_module._native
+    asked = []
 
-    class CutShort:
-        """The real load; after its first tensor, the file loses its second half."""
+    def cut_short() -> bool:
+        """Asked before each tensor is written: before the second, the file loses its second
+        half (the load goes on, and fails reading it)."""
+        asked.append(True)
+        if len(asked) == 2:
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 2)
+        return False
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self.load = real_stage(*args, **kwargs)
+    class Native:
+        """The library, its reload asked `cut_short` between two tensors."""
 
-        def __enter__(self) -> Any:
-            self.load.__enter__()
-            return self
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_native, name)
 
-        def __exit__(self, *exc: Any) -> None:
-            self.load.__exit__(*exc)
+        def _load_into(self, *args: Any, **kwargs: Any) -> Any:
+            return real_native._load_into(*args, _between=cut_short, **kwargs)
 
-        def __iter__(self) -> Any:
-            for i, item in enumerate(self.load):
-                yield item
-                if i == 0:
-                    with open(path, "r+b") as f:
-                        f.truncate(os.path.getsize(path) // 2)
-
-        def report(self) -> Any:
-            return self.load.report()
-
-    monkeypatch.setattr(load_into_module, "_stage", CutShort)
+    monkeypatch.setattr(load_into_module, "_native", Native())
     with pytest.raises(st.PartialLoadError) as caught:
         load_into(target, path, threads=1, map=mapped)
     error = caught.value
@@ -217,3 +213,71 @@ def test_the_target_decides_device_and_selection() -> None:
         load_into({}, "x.safetensors", device="cpu")
     with pytest.raises(TypeError, match="Module or a mapping"):
         load_into([torch.zeros(1)], "x.safetensors")
+
+
+def _reload_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, between: Any
+) -> tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor], BaseException]:
+    """A reload of 6 tensors whose library call asks `between` before each tensor."""
+    names = [f"w{i}" for i in range(6)]
+    new = {name: torch.full((64, 64), float(i + 1)) for i, name in enumerate(names)}
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(new, path)
+    target = {name: torch.zeros(64, 64) for name in names}
+    real_native = load_into_module._native
+
+    class Native:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_native, name)
+
+        def _load_into(self, *args: Any, **kwargs: Any) -> Any:
+            return real_native._load_into(*args, _between=between, **kwargs)
+
+    monkeypatch.setattr(load_into_module, "_native", Native())
+    with pytest.raises(BaseException) as caught:
+        load_into(target, path)
+    return new, target, caught.value
+
+
+def test_a_reload_stopped_between_two_tensors_says_which_hold_what(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = []
+
+    def stop_at_the_third() -> bool:
+        asked.append(True)
+        return len(asked) == 3
+
+    new, target, error = _reload_stopped(tmp_path, monkeypatch, stop_at_the_third)
+    assert type(error) is st.PartialLoadError, repr(error)
+    assert "stopped by the caller" in str(error.__cause__)
+    assert (error.written, error.partly_written) == (["w0", "w1"], [])
+    assert error.unchanged == ["w2", "w3", "w4", "w5"]
+    for name in error.written:
+        assert torch.equal(target[name], new[name]), name
+    for name in error.unchanged:
+        assert not target[name].any(), name
+
+
+def test_ctrl_c_during_a_reload_is_a_keyboard_interrupt_that_says_which_hold_what(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    # A SIGINT during the reload, before the second tensor: Python's handler raises the
+    # KeyboardInterrupt, which stops the reload there and is what the library raises.
+    asked = []
+
+    def send() -> bool:
+        asked.append(True)
+        if len(asked) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return False
+
+    new, target, error = _reload_stopped(tmp_path, monkeypatch, send)
+    assert isinstance(error, st.LoadIntoError), repr(error)
+    assert isinstance(error, KeyboardInterrupt) and isinstance(error, st.PartialLoadError)
+    assert isinstance(error.__cause__, KeyboardInterrupt)
+    assert (error.written, error.partly_written) == (["w0"], [])
+    assert error.unchanged == ["w1", "w2", "w3", "w4", "w5"]
+    assert torch.equal(target["w0"], new["w0"]) and not target["w1"].any()

@@ -9,12 +9,13 @@ began says exactly which tensors hold new bytes, which may hold some, and which 
 from __future__ import annotations
 
 import fnmatch
+import json
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _native
 from ._device import resolve_device
 from ._dtypes import torch_view
-from ._load import Paths, paths_of, stage_with
+from ._load import Paths, paths_of
 from ._native import SelectionError, StagingError, TensorInfo
 
 if TYPE_CHECKING:
@@ -298,61 +299,50 @@ def load_into(
     problems += _overlaps({name: tensors[name] for name in loading})
     if problems:
         raise _mismatch(problems)
-
-    # Writing begins. A name is "started" once the library asked for its destination (its bytes
-    # may be written from then on), "written" once the load handed it out whole.
-    started: List[str] = []
+    # Writing begins, in one call of the library per device (no Python between two tensors):
+    # each target's memory by address, with what the checkpoint's tensor was checked to be,
+    # checked again by the library as the load reaches it.
+    paths = paths_of(source)
     written: List[str] = []
     reports: List[Dict[str, Any]] = []
+    for device, names in by_device.items():
+        spelled, gpu = resolve_device(device)
+        if gpu is not None:
+            import torch
 
-    def destination(name: str, info: TensorInfo) -> Any:
-        import torch
-
-        # Checked again as the load reaches it: the checkpoint may have been replaced since.
-        checked = loading[name]
-        if (info.dtype, list(info.shape), info.nbytes) != (
-            checked.dtype,
-            list(checked.shape),
-            checked.nbytes,
-        ):
-            raise MismatchError(
-                f"the checkpoint changed since it was checked: {name} is {info.dtype} "
-                f"{list(info.shape)}, was {checked.dtype} {list(checked.shape)}"
+            # The library writes the parameters by address, outside torch's streams: work
+            # queued on them (a forward pass reading them) ends first.
+            torch.cuda.synchronize(gpu)
+        targets = [
+            (
+                name,
+                tensors[name].data_ptr(),
+                loading[name].nbytes,
+                loading[name].dtype,
+                list(loading[name].shape),
             )
-        started.append(name)
-        tensor = tensors[name]
-        return tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor
-
-    try:
-        for device, names in by_device.items():
-            spelled, _gpu = resolve_device(device)
-            chosen = set(names)
-            with _stage(
-                source,
-                spelled,
-                select=lambda name, chosen=chosen: name in chosen,
+            for name in names
+        ]
+        try:
+            done, report = _native._load_into(
+                paths,
+                targets,
+                device=spelled,
                 rows=rows,
                 store_options=store_options,
-                destination=destination,
                 **remote,
-            ) as load:
-                for name, _tensor in load:
-                    written.append(name)
-                reports.append(load.report())
-    except BaseException as cause:
-        if not started and not written:
-            raise  # nothing was written: the target is as it was
-        done = set(written)
-        partly = [name for name in dict.fromkeys(started) if name not in done]
-        unchanged = [name for name in loading if name not in done and name not in set(partly)]
-        raise _partial(cause, written, partly, unchanged) from cause
+            )
+        except BaseException as cause:
+            now = list(getattr(cause, "written", []))
+            partly = list(getattr(cause, "partly_written", []))
+            if not written and not now and not partly:
+                raise  # nothing was written: the target is as it was
+            done_names = set(written) | set(now)
+            unchanged = [n for n in loading if n not in done_names and n not in set(partly)]
+            raise _partial(cause, written + now, partly, unchanged) from cause
+        written += done
+        reports.append(json.loads(report))
     return LoadIntoResult(missing, unexpected, _merged(reports))
-
-
-def _stage(source: Paths, device: str, **options: Any) -> Any:
-    """The load of `source` onto `device`, its tensors as the library hands them out (the
-    target's own objects)."""
-    return stage_with(source, device, lambda staged: staged, **options)
 
 
 def _merged(reports: List[Dict[str, Any]]) -> Dict[str, Any]:

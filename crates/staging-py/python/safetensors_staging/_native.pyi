@@ -46,6 +46,7 @@ __all__ = [
     "_option_table",
     "_reader",
     "_stage",
+    "_load_into",
     "_open",
     "_resolve_rows",
     "_options",
@@ -242,6 +243,17 @@ def _stage(
     store_options: Optional[Dict[str, str]] = None,
     **options: Any,  # every other key of the library's LoadOptions
 ) -> _Load: ...
+def _load_into(
+    paths: Sequence[Union[str, PathLike[str]]],
+    targets: Sequence[Tuple[str, int, int, str, Sequence[int]]],
+    *,
+    _between: Optional[Callable[[], bool]] = None,
+    **options: Any,  # every key of the library's LoadOptions (device, rows, remote keys)
+) -> Tuple[List[str], str]:
+    """Reads the checkpoint into `targets` (name, address, bytes, dtype, shape), in place, in
+    one call; returns the names written, in order, and the report as JSON. A failure after
+    writing began raises its cause with `written`, `partly_written` and `unchanged`."""
+
 def _open(
     paths: Sequence[Union[str, PathLike[str]]],
     *,
