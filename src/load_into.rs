@@ -108,6 +108,18 @@ impl<S: MemorySpace> staging_core::Destination<S> for IntoTargets<'_, S> {
         let len = region.len();
         Ok(region.slice(0, len))
     }
+
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        forget(&self.started, &tensor.name);
+    }
+}
+
+/// `name` holds what it held: no longer among the names `started`.
+fn forget(started: &Mutex<Vec<String>>, name: &str) {
+    started
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|n| n != name);
 }
 
 /// The raw destination of a reload: each target's address and length; `stop`, asked before
@@ -146,6 +158,43 @@ unsafe impl RawDestination for RawTargets<'_> {
             .push(tensor.name.clone());
         Ok(Some(region))
     }
+
+    /// Each target is a weight's own memory, none overlapping another's (`load_into_raw`'s
+    /// contract, checked by `overlapping`): a mapped load copies into several at once.
+    fn regions_disjoint(&self) -> bool {
+        true
+    }
+
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        forget(&self.started, &tensor.name);
+    }
+}
+
+/// One line for each target whose memory overlaps another's (a fused `qkv` and a view of its
+/// rows): written in place, one would overwrite the other.
+fn overlapping(targets: &BTreeMap<String, RawTarget>) -> Vec<String> {
+    let mut spans: Vec<(usize, usize, &str)> = targets
+        .iter()
+        .filter(|(_, t)| t.len > 0)
+        .map(|(name, t)| (t.addr, t.addr.saturating_add(t.len), name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    let mut problems = Vec::new();
+    let mut reach: Option<(usize, &str)> = None; // the furthest end so far, and whose
+    for (start, end, name) in spans {
+        if let Some((furthest, other)) = reach
+            && start < furthest
+        {
+            problems.push(format!(
+                "{name}: its memory overlaps {other}'s in the targets (written in place, one \
+                 would overwrite the other)"
+            ));
+        }
+        if reach.is_none_or(|(furthest, _)| end > furthest) {
+            reach = Some((end, name));
+        }
+    }
+    problems
 }
 
 impl<'d> Loader<'d> {
@@ -205,8 +254,8 @@ impl<'d> Loader<'d> {
     /// # Safety
     ///
     /// Each target's `[addr, addr + len)` must be writable memory of the space the backend
-    /// loads into, not overlapping another target's, and neither read nor written by anything
-    /// else until this returns.
+    /// loads into, and neither read nor written by anything else until this returns. Targets
+    /// whose memory overlaps are refused ([`Error::Mismatch`]) before anything is written.
     pub unsafe fn load_into_raw(
         self,
         path: impl AsRef<Path>,
@@ -235,6 +284,10 @@ impl<'d> Loader<'d> {
         stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<LoadedInto> {
         let paths: Vec<&Path> = paths.iter().map(AsRef::as_ref).collect();
+        let problems = overlapping(&targets);
+        if !problems.is_empty() {
+            return Err(Error::Mismatch { problems });
+        }
         let targets = targets
             .into_iter()
             .map(|(name, t)| {
@@ -538,6 +591,168 @@ mod tests {
             } else if unchanged.iter().any(|u| u == name) {
                 assert!(bytes.iter().all(|&b| b == 0), "{name}");
             }
+        }
+    }
+
+    /// A reload of raw targets from `dir/model.safetensors`, 8 tensors of 256 KiB each, the
+    /// file mapped: copied in batches (1 MiB in the crate's unit tests: 4 tensors each) on 2
+    /// threads. `stop` is asked before each target.
+    fn raw_reload(
+        dir: &std::path::Path,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> (Vec<Vec<u8>>, crate::Result<super::LoadedInto>) {
+        use super::RawTarget;
+
+        let path = dir.join("model.safetensors");
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let len = 256 << 10;
+        checkpoint(&path, &names, len);
+        let mut memory: Vec<Vec<u8>> = names.iter().map(|_| vec![0u8; len]).collect();
+        let targets: BTreeMap<String, RawTarget> = names
+            .iter()
+            .zip(memory.iter_mut())
+            .map(|(n, m)| {
+                let target = RawTarget {
+                    addr: m.as_mut_ptr() as usize,
+                    len,
+                    dtype: None,
+                    shape: Some(vec![len]),
+                };
+                ((*n).to_owned(), target)
+            })
+            .collect();
+        let loader = Loader::new()
+            .device(Device::Cpu)
+            .backend(Backend::Host(
+                HostOptions::default().map(crate::MapFiles::Always),
+            ))
+            .policy(StagingPolicy::builder().io_threads(2).build().unwrap());
+        // SAFETY: each target is a live, writable buffer of its own, untouched until it returns.
+        let done = unsafe { loader.load_files_into_raw(&[&path], targets, true, stop) };
+        (memory, done)
+    }
+
+    #[test]
+    fn raw_targets_are_copied_out_of_the_mapping_in_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let (memory, done) = raw_reload(dir.path(), &|| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            false
+        });
+        let done = done.unwrap();
+        assert_eq!(done.written, ["a", "b", "c", "d", "e", "f", "g", "h"]);
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 8);
+        for (i, bytes) in memory.iter().enumerate() {
+            assert!(bytes.iter().all(|&b| b == i as u8 + 1), "target {i}");
+        }
+        assert_eq!(done.report.paths.destination.tensors, 8);
+        assert_eq!(done.report.paths.mapped.tensors, 0);
+        assert_eq!(
+            done.report.mode.as_str(),
+            "mmap",
+            "copied out of the mapping"
+        );
+        assert_eq!(done.report.bytes_read, 8 << 18);
+    }
+
+    #[test]
+    fn raw_targets_whose_memory_overlaps_are_refused_before_anything_is_written() {
+        use super::RawTarget;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        checkpoint(&path, &["qkv", "q", "k"], 4096);
+        let mut memory = vec![0u8; 3 * 4096];
+        let base = memory.as_mut_ptr() as usize;
+        let target = |addr: usize| RawTarget {
+            addr,
+            len: 4096,
+            dtype: None,
+            shape: None,
+        };
+        // q starts inside qkv; k is after both, its own.
+        let targets = BTreeMap::from([
+            ("qkv".to_owned(), target(base)),
+            ("q".to_owned(), target(base + 2048)),
+            ("k".to_owned(), target(base + 8192)),
+        ]);
+        let loader = Loader::new()
+            .device(Device::Cpu)
+            .backend(Backend::Host(HostOptions::default()));
+        // SAFETY: every target lies in `memory`, alive and untouched until this returns.
+        let error = unsafe { loader.load_into_raw(&path, targets, true) }.unwrap_err();
+        let Error::Mismatch { problems } = &error else {
+            panic!("{error}");
+        };
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("q: its memory overlaps qkv's"),
+            "{problems:?}"
+        );
+        assert!(memory.iter().all(|&b| b == 0), "nothing was written");
+    }
+
+    #[test]
+    fn a_stop_in_a_batch_hands_out_the_targets_asked_before_it() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // The second batch is e, f, g, h: the stop comes as f is asked for. e was asked for
+        // before it: it is copied, whole, before the load ends.
+        let dir = tempfile::tempdir().unwrap();
+        let asked = AtomicUsize::new(0);
+        let (memory, done) = raw_reload(dir.path(), &|| asked.fetch_add(1, Ordering::SeqCst) == 5);
+        let Err(Error::PartialLoad {
+            source,
+            written,
+            partly_written,
+            unchanged,
+        }) = done
+        else {
+            panic!("{done:?}");
+        };
+        assert!(source.to_string().contains(super::STOPPED), "{source}");
+        assert_eq!(written, ["a", "b", "c", "d", "e"]);
+        assert!(partly_written.is_empty(), "{partly_written:?}");
+        assert_eq!(unchanged, ["f", "g", "h"]);
+        for (i, bytes) in memory.iter().enumerate() {
+            let want = if i < 5 { i as u8 + 1 } else { 0 };
+            assert!(bytes.iter().all(|&b| b == want), "target {i}");
+        }
+    }
+
+    #[test]
+    fn a_file_cut_short_during_a_batch_is_found_before_it_is_copied() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // As f (the second batch's second target) is asked for, the file loses its second half,
+        // where e to h lie: found before a byte of the batch is copied, so e to h are
+        // unchanged, and said to be.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let asked = AtomicUsize::new(0);
+        let (memory, done) = raw_reload(dir.path(), &|| {
+            if asked.fetch_add(1, Ordering::SeqCst) == 5 {
+                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                let size = file.metadata().unwrap().len();
+                file.set_len(size / 2).unwrap();
+            }
+            false
+        });
+        let Err(Error::PartialLoad {
+            source,
+            written,
+            partly_written,
+            unchanged,
+        }) = done
+        else {
+            panic!("{done:?}");
+        };
+        assert_eq!(source.file(), Some(path.as_path()), "{source}");
+        assert_eq!(written, ["a", "b", "c", "d"]);
+        assert!(partly_written.is_empty(), "{partly_written:?}");
+        assert_eq!(unchanged, ["e", "f", "g", "h"]);
+        for (i, bytes) in memory.iter().enumerate() {
+            let want = if i < 4 { i as u8 + 1 } else { 0 };
+            assert!(bytes.iter().all(|&b| b == want), "target {i}");
         }
     }
 

@@ -343,6 +343,7 @@ impl<'d> Loader<'d> {
             files: None,
             maps: None,
             map,
+            remote_fs: std::collections::HashMap::new(),
             threads: Vec::new(),
         })
     }

@@ -73,6 +73,9 @@ pub struct Prepared<'d> {
     pub(super) maps: Option<MapCache>,
     /// Whether loads map their local files (decided once, when the backend was opened).
     pub(super) map: MapDecision,
+    /// Whether each file loads have asked about is on a network or user-space file system
+    /// (where they do not map), asked once per file.
+    pub(super) remote_fs: std::collections::HashMap<Arc<Path>, bool>,
     /// The I/O threads of every load, by how many there are (a URL's loads use more).
     pub(super) threads: Vec<IoThreads>,
 }
@@ -152,6 +155,24 @@ impl<'d> Prepared<'d> {
         self.load(checkpoint, source)
     }
 
+    /// Whether a load of `checkpoint` (already opened) with no destination hands out its
+    /// tensors as mappings of their files ([`StagingPath::Mapped`](crate::StagingPath::Mapped)): host tensors from local
+    /// files, where this loader maps. A load may still read instead, when the system has no
+    /// memory for a mapping.
+    pub fn maps(&mut self, checkpoint: &Checkpoint) -> Result<bool> {
+        let source = match checkpoint.files().first() {
+            Some(first) => self.source_of(&first.path, Revalidate::No)?,
+            None => Source::Local,
+        };
+        Ok(self.maps_from(&source, checkpoint))
+    }
+
+    /// Whether loads of `checkpoint` from `source` map its files.
+    fn maps_from(&mut self, source: &Source, checkpoint: &Checkpoint) -> bool {
+        matches!(source, Source::Local)
+            && super::mapped::maps(self.map, checkpoint, &mut self.remote_fs)
+    }
+
     /// Columns `columns` (a range of dimension 1) of every row of the one tensor of
     /// `checkpoint` (narrowed to it, and to rows of it, by [`Checkpoint::only`]), copied into
     /// host memory of their own, reading only those columns: for a tensor-parallel rank that
@@ -175,7 +196,7 @@ impl<'d> Prepared<'d> {
         };
         if !matches!(self.source_of(&first.path, Revalidate::No)?, Source::Local)
             || !matches!(self.destination, AnyDestination::None)
-            || !super::mapped::maps(self.map, checkpoint)
+            || !super::mapped::maps(self.map, checkpoint, &mut self.remote_fs)
         {
             return Ok(None);
         }
@@ -327,12 +348,10 @@ impl<'d> Prepared<'d> {
         // Host tensors from local files: mappings of the files, when the loader maps; a
         // destination in host memory is filled by copies out of the mappings. With no memory
         // for a mapping (an allocation failure), it reads into memory of its own.
-        if matches!(source, Source::Local)
-            && matches!(
-                self.destination,
-                AnyDestination::None | AnyDestination::Host(_) | AnyDestination::Raw(_)
-            )
-            && super::mapped::maps(self.map, &checkpoint)
+        if matches!(
+            self.destination,
+            AnyDestination::None | AnyDestination::Host(_) | AnyDestination::Raw(_)
+        ) && self.maps_from(&source, &checkpoint)
         {
             // Threads only for copies into a destination: a load that hands out mappings
             // copies nothing.
@@ -341,11 +360,15 @@ impl<'d> Prepared<'d> {
             } else {
                 self.threads_for(&self.policy.clone())?
             };
+            // Copied in batches where the destination promises disjoint regions.
+            let batches =
+                matches!(&self.destination, AnyDestination::Raw(raw) if raw.regions_disjoint());
             let destination = <HostMemory as crate::space::sealed::Sealed>::unwrap(
                 std::mem::replace(&mut self.destination, AnyDestination::None),
                 "host",
             )?;
-            match MappedLoad::open(checkpoint.clone(), self.maps.as_ref(), destination, threads)? {
+            let cache = self.maps.as_ref();
+            match MappedLoad::open(checkpoint.clone(), cache, destination, threads, batches)? {
                 Ok(mapped) => {
                     return Ok(Load {
                         inner: Box::new(mapped),

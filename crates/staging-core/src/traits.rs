@@ -342,6 +342,13 @@ pub trait Destination<S: MemorySpace> {
         &mut self,
         tensor: &TensorMeta,
     ) -> Result<Option<DeviceRegion<'_, S>>, DestinationError>;
+
+    /// Told of a tensor whose region this destination gave when the load fails before writing
+    /// a byte of it: its memory holds what it held before. (A load that fails says so where it
+    /// knows; a region given and never told of may hold some of the tensor's bytes.)
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        let _ = tensor;
+    }
 }
 
 /// The destination that declines every tensor.
@@ -364,6 +371,10 @@ impl<S: MemorySpace, D: Destination<S> + ?Sized> Destination<S> for Box<D> {
     ) -> Result<Option<DeviceRegion<'_, S>>, DestinationError> {
         (**self).region(tensor)
     }
+
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        (**self).unwritten(tensor);
+    }
 }
 
 impl<S: MemorySpace, D: Destination<S> + ?Sized> Destination<S> for &mut D {
@@ -372,6 +383,10 @@ impl<S: MemorySpace, D: Destination<S> + ?Sized> Destination<S> for &mut D {
         tensor: &TensorMeta,
     ) -> Result<Option<DeviceRegion<'_, S>>, DestinationError> {
         (**self).region(tensor)
+    }
+
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        (**self).unwritten(tensor);
     }
 }
 
@@ -385,6 +400,9 @@ impl<S: MemorySpace, D: Destination<S> + ?Sized> Destination<S> for &mut D {
 /// `[addr, addr + capacity)` of the memory space whose [`MemorySpace::NAME`] is `space`,
 /// writable, with `addr + capacity` not overflowing, and neither read nor written by anything
 /// else from the call until the load hands out that tensor or fails.
+///
+/// Where [`regions_disjoint`](Self::regions_disjoint) returns `true`, moreover, no two regions
+/// given in one load share a byte, and each stays so across later calls of `region`.
 pub unsafe trait RawDestination {
     /// Where `tensor`'s bytes should go, as `(address, capacity)`, if the caller wants them.
     fn region(
@@ -392,6 +410,22 @@ pub unsafe trait RawDestination {
         tensor: &TensorMeta,
         space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError>;
+
+    /// Whether the regions given for the tensors of one load are disjoint and each stays
+    /// untouched by anything else until the load hands out its tensor or fails, across later
+    /// calls of `region` too (a model's weights: every tensor its own memory). A load may then
+    /// ask for several regions before it fills them, and fill them at once. The default,
+    /// `false`, promises nothing more than the trait's contract: each region is filled and its
+    /// tensor handed out before the next region is asked for (so one buffer may serve every
+    /// tensor in turn).
+    fn regions_disjoint(&self) -> bool {
+        false
+    }
+
+    /// As [`Destination::unwritten`]: a region given for `tensor` holds what it held.
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        let _ = tensor;
+    }
 }
 
 // SAFETY: forwards to the boxed destination, which upholds the contract.
@@ -402,6 +436,14 @@ unsafe impl<D: RawDestination + ?Sized> RawDestination for Box<D> {
         space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError> {
         (**self).region(tensor, space)
+    }
+
+    fn regions_disjoint(&self) -> bool {
+        (**self).regions_disjoint()
+    }
+
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        (**self).unwritten(tensor);
     }
 }
 
@@ -426,5 +468,9 @@ impl<S: MemorySpace, D: RawDestination> Destination<S> for RawRegions<D> {
         Ok(Some(unsafe {
             DeviceRegion::from_raw_parts(addr, capacity)
         }))
+    }
+
+    fn unwritten(&mut self, tensor: &TensorMeta) {
+        self.0.unwritten(tensor);
     }
 }

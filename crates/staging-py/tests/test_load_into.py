@@ -7,6 +7,7 @@ tensors hold what; tied weights are written once; only= and rows= choose what is
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict
@@ -126,19 +127,23 @@ def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
 ) -> None:
     names = [f"w{i}" for i in range(8)]
     new = {name: torch.full((256, 1024), float(i + 1)) for i, name in enumerate(names)}
-    path = tmp_path / "model.safetensors"
-    safetensors.torch.save_file(new, path)
+    # Two shards of four tensors; the second loses its second half as its first tensor is
+    # asked for (the load goes on, and fails reading it).
+    shards = [tmp_path / "model-00001-of-00002.safetensors", tmp_path / "model-00002-of-00002.safetensors"]
+    safetensors.torch.save_file({n: new[n] for n in names[:4]}, shards[0])
+    safetensors.torch.save_file({n: new[n] for n in names[4:]}, shards[1])
+    index = {"metadata": {}, "weight_map": {n: shards[i // 4].name for i, n in enumerate(names)}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     target = {name: torch.zeros(256, 1024) for name in names}
     real_native = load_into_module._native
     asked = []
 
     def cut_short() -> bool:
-        """Asked before each tensor is written: before the second, the file loses its second
-        half (the load goes on, and fails reading it)."""
+        """Asked before each tensor is written."""
         asked.append(True)
-        if len(asked) == 2:
-            with open(path, "r+b") as f:
-                f.truncate(os.path.getsize(path) // 2)
+        if len(asked) == 5:
+            with open(shards[1], "r+b") as f:
+                f.truncate(os.path.getsize(shards[1]) // 2)
         return False
 
     class Native:
@@ -152,12 +157,16 @@ def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
 
     monkeypatch.setattr(load_into_module, "_native", Native())
     with pytest.raises(st.PartialLoadError) as caught:
-        load_into(target, path, threads=1, map=mapped)
+        load_into(target, tmp_path, threads=1, map=mapped)
     error = caught.value
     assert isinstance(error.__cause__, st.StagingError)
-    assert str(path) in str(error.__cause__)  # the library's error names the file
-    assert "w0" in error.written
-    assert error.unchanged, "the second half of the file was never read"
+    assert str(shards[1]) in str(error.__cause__)  # the library's error names the file
+    assert error.written == names[:4]
+    assert "w7" in error.unchanged, "the second half of the file was never read"
+    if mapped:
+        # Copied out of the mapping, the second shard's tensors in one batch: the change is
+        # found before a byte of it is copied, and each is said to be unchanged.
+        assert (error.partly_written, error.unchanged) == ([], names[4:])
     # Exactly what it says: every tensor is new, old, or listed as maybe partly written.
     assert sorted(error.written + error.partly_written + error.unchanged) == sorted(names)
     for name in names:
