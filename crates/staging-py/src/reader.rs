@@ -25,6 +25,8 @@ pub(crate) struct PyReader {
     /// Every read so far, as one report (`None` before the first).
     report: Mutex<Option<LoadReport>>,
     backend: &'static str,
+    /// Whether its reads hand out mappings of the files (`Prepared::maps`).
+    maps: bool,
     device_index: i32,
     /// Its reads, for Ctrl-C (a SIGINT interrupts the reads running when it arrives), and
     /// whether it was closed (which interrupts reads of URLs still waiting on the network).
@@ -62,17 +64,19 @@ pub(crate) fn reader(
     }
     let first = paths.first().cloned().unwrap_or_default();
     let call = calls.enter();
-    let (prepared, checkpoint) = py
+    let (prepared, checkpoint, maps) = py
         .detach(move || -> Result<_, Error> {
             let mut prepared = loader.prepare_for(&first)?;
             let checkpoint = prepared.read_headers(&paths)?;
             prepared.keep_files_open();
-            Ok((prepared, checkpoint))
+            let maps = prepared.maps(&checkpoint)?;
+            Ok((prepared, checkpoint, maps))
         })
         .map_err(|e| interrupted_or(py, e))?;
     drop(call);
     Ok(PyReader {
         backend: prepared.backend_name(),
+        maps,
         prepared: Mutex::new(Some(prepared)),
         checkpoint,
         report: Mutex::new(None),
@@ -249,6 +253,13 @@ impl PyReader {
     #[getter]
     fn backend(&self) -> &'static str {
         self.backend
+    }
+
+    /// Whether its reads hand out tensors as mappings of their files (path `mapped`): host
+    /// tensors from local files, where the handle maps.
+    #[getter]
+    fn maps(&self) -> bool {
+        self.maps
     }
 
     /// Whether `close()` was called.

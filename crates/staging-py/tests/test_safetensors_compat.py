@@ -125,7 +125,8 @@ def test_get_tensor_in_file_order_reads_ahead_and_each_tensor_once(tmp_path: Pat
     tensors = {f"t{i:02}": torch.full((1000 + i,), float(i)) for i in range(12)}
     safetensors.torch.save_file(tensors, path)
     total = sum(t.nbytes for t in tensors.values())
-    with st.safe_open(path, framework="pt") as f:
+    # Read into memory of our own (map=False): a handle that maps reads nothing ahead (below).
+    with st.safe_open(path, framework="pt", map=False) as f:
         order = f.offset_keys()
         first = f.get_tensor(order[0])
         # The next one is read ahead while the caller holds the first.
@@ -139,16 +140,36 @@ def test_get_tensor_in_file_order_reads_ahead_and_each_tensor_once(tmp_path: Pat
     for name, value in tensors.items():
         same(got[name], value)
     # Backwards (no two names in file order): no read ahead at all.
-    with st.safe_open(path, framework="pt") as f:
+    with st.safe_open(path, framework="pt", map=False) as f:
         for name in reversed(order):
             same(f.get_tensor(name), tensors[name])
         assert (f.report()["tensors"], f.bytes_read) == (12, total)
     # A read ahead not asked for is dropped, and closing waits for it: nothing is left open.
-    with st.safe_open(path, framework="pt") as f:
+    with st.safe_open(path, framework="pt", map=False) as f:
         f.get_tensor(order[0])
         same(f.get_tensor(order[5]), tensors[order[5]])
     with pytest.raises(st.SafetensorError, match="File is closed"):
         f.get_tensor(order[1])
+
+
+def test_a_handle_that_maps_reads_nothing_ahead(tmp_path: Path) -> None:
+    """Tensors handed out as mappings of a cached file cost microseconds each: a handle that
+    maps reads each tensor when asked, in file order too, and starts no read-ahead thread."""
+    path = tmp_path / "model.safetensors"
+    tensors = {f"t{i:02}": torch.full((1000 + i,), float(i)) for i in range(12)}
+    safetensors.torch.save_file(tensors, path)
+    before = {t.name for t in threading.enumerate()}
+    with st.safe_open(path, framework="pt") as f:
+        order = f.offset_keys()
+        got = {}
+        for i, name in enumerate(order):
+            got[name] = f.get_tensor(name)
+            assert f.report()["tensors"] == i + 1, "only the tensors asked for were read"
+            started = {t.name for t in threading.enumerate()} - before
+            assert not any(n.startswith("safe_open-read-ahead") for n in started), started
+        assert f.report()["paths"]["mapped"]["tensors"] == 12
+    for name, value in tensors.items():
+        same(got[name], value)
 
 
 SLICES: List[Any] = [
