@@ -651,7 +651,7 @@ mod tests {
         assert_eq!(
             done.report.mode.as_str(),
             "mmap",
-            "copied out of the mapping"
+            "read from the mapped file"
         );
         assert_eq!(done.report.bytes_read, 8 << 18);
     }

@@ -24,7 +24,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use memmap2::{Advice, MmapMut, MmapOptions, UncheckedAdvice};
+use memmap2::{Advice, MmapMut, MmapOptions};
 #[cfg(doc)]
 use staging_core::StagingPath;
 use staging_core::host::open_regular_file;
@@ -266,37 +266,6 @@ impl MappedBytes {
             mapping,
             offset,
             len,
-        }
-    }
-
-    /// Takes the whole pages of bytes `[from, from + len)` of these (within them) out of this
-    /// process's memory (`MADV_DONTNEED`), once they were copied elsewhere: the page cache
-    /// keeps them, and the process's resident memory does not grow by what it only copied (a
-    /// 0.4 GB reload into a model held 403 MB more RSS without this). Pages shared with bytes
-    /// outside the range are left alone.
-    ///
-    /// # Safety
-    ///
-    /// No byte of the range's whole pages may have been written through the mapping (a
-    /// written private page would be lost, read back from the file), and no other
-    /// `MappedBytes` may cover them.
-    pub(crate) unsafe fn release(&self, from: usize, len: usize) {
-        let page = page_size();
-        let first = self.offset + from.min(self.len);
-        let last = self.offset + from.saturating_add(len).min(self.len);
-        let start = first.div_ceil(page) * page;
-        let end = last / page * page;
-        if end > start {
-            // SAFETY: `[start, end)` lies inside the mapping (within these bytes), and by the
-            // caller's contract holds no written page and nothing another tensor uses.
-            // Advice only: a failure leaves the pages mapped, costing memory, not bytes.
-            let _ = unsafe {
-                self.mapping.map.unchecked_advise_range(
-                    UncheckedAdvice::DontNeed,
-                    start,
-                    end - start,
-                )
-            };
         }
     }
 

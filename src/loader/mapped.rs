@@ -3,6 +3,7 @@
 //! The mapping and why it is done are in `crate::mapping`.
 
 use std::collections::{HashMap, VecDeque};
+use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -108,13 +109,10 @@ fn used_files(checkpoint: &Checkpoint) -> impl Iterator<Item = &ShardFile> {
 }
 
 /// A load whose tensors are mappings of their files; or, for those a caller's destination
-/// takes, copies out of the mappings into the caller's host memory.
+/// takes, read from the mapped files (`pread`) into the caller's host memory.
 pub(crate) struct MappedLoad<'d> {
     /// The caller's destination (one that declines every tensor when none was given).
     destination: Boxed<'d, HostMemory>,
-    /// Whether the mappings are this load's alone (not a reader's, kept across its loads):
-    /// then a tensor copied into the destination is unmapped after the copy.
-    own_maps: bool,
     /// The threads a copy into the destination is split across.
     threads: IoThreads,
     /// Whether the destination's regions are disjoint and stay untouched across its calls
@@ -170,7 +168,6 @@ impl<'d> MappedLoad<'d> {
         let report = mapped_report(&checkpoint);
         Ok(Ok(Self {
             destination,
-            own_maps: cache.is_none(),
             threads,
             batches,
             ready: VecDeque::new(),
@@ -364,13 +361,13 @@ impl MappedLoad<'_> {
         }
     }
 
-    /// Copies each tensor of `batch` out of its file's mapping into the destination's memory
-    /// at its address, every piece (at most `COPY_PIECE`) on the load's threads at once; each
-    /// piece is first made resident where the page cache does not hold it and, from a mapping
-    /// of the load's own, unmapped again once copied, so the process holds no more of the file
-    /// than the pieces being copied. Returns the tensors copied whole and found still their
-    /// file's (a prefix of `batch`), the error that ended the copy before the rest, if any, and
-    /// those of the rest not a byte of which was written.
+    /// Reads each tensor of `batch` from its file (the mapped file's descriptor, `pread`) into
+    /// the destination's memory at its address, every piece (at most `COPY_PIECE`) on the
+    /// load's threads at once. The page cache's pages go straight into the destination: none
+    /// is mapped into the process, and a file cut short is a short read, not a fault. Returns
+    /// the tensors read whole and found still their file's (a prefix of `batch`), the error
+    /// that ended the reads before the rest, if any, and those of the rest not a byte of which
+    /// was written.
     #[allow(clippy::type_complexity)]
     fn copy_into(
         &self,
@@ -380,10 +377,8 @@ impl MappedLoad<'_> {
         Option<staging_core::Error>,
         Vec<TensorMeta>,
     ) {
-        // Each tensor's mapping and bytes; a tensor past its file's end, or of a file no longer
-        // the one its header was read from, stops the batch there. (Checked before any byte is
-        // touched: the pages a file lost may still be counted as cached, and a copy out of them
-        // would fault. A file cut short during the copy faults, as any mapping does.)
+        // Each tensor's file and offset; a tensor past its file's end, or of a file no longer
+        // the one its header was read from, stops the batch there.
         let mut sources = Vec::with_capacity(batch.len());
         let mut failure = None;
         let mut checked: Vec<usize> = Vec::new();
@@ -393,13 +388,10 @@ impl MappedLoad<'_> {
                     still_the_file(&self.checkpoint.files()[meta.file_index])?;
                     checked.push(meta.file_index);
                 }
-                Ok((offset_in(meta, &mapped.mapping)?, mapped))
+                Ok((mapped.file, offset_in(meta, &mapped.mapping)?))
             });
             match source {
-                Ok((offset, mapped)) => {
-                    let bytes = MappedBytes::new(Arc::clone(&mapped.mapping), offset, meta.len);
-                    sources.push((mapped, offset, bytes));
-                }
+                Ok(source) => sources.push(source),
                 Err(error) => {
                     failure = Some(error);
                     break;
@@ -428,28 +420,26 @@ impl MappedLoad<'_> {
             );
             counts.push(pieces.len() - before);
         }
+        // Per tensor: pieces read whole, and pieces whose read began (a failed read may have
+        // written part of its piece).
         let copied: Vec<AtomicUsize> = counts.iter().map(|_| AtomicUsize::new(0)).collect();
+        let begun: Vec<AtomicUsize> = counts.iter().map(|_| AtomicUsize::new(0)).collect();
         let errors = Mutex::new(Vec::new());
-        let release = self.own_maps;
         let copy = |(index, at, dst): (usize, usize, &mut [u8])| -> Result<(), ()> {
-            let (Mapped { mapping, file }, offset, src) = &sources[index];
-            if let Err(error) = mapping.populate(file, offset + at, dst.len(), 0) {
+            let (file, offset) = &sources[index];
+            begun[index].fetch_add(1, Ordering::Release);
+            let start = (offset + at) as u64;
+            if let Err(failed) = read_fully(file, dst, start) {
                 errors
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push((index, error));
+                    .push((index, failed));
                 return Err(());
-            }
-            dst.copy_from_slice(&src[at..at + dst.len()]);
-            if release {
-                // SAFETY: `src` is a tensor's bytes in a mapping of the load's own, copied and
-                // never handed out nor written: nothing else covers its range.
-                unsafe { src.release(at, dst.len()) };
             }
             copied[index].fetch_add(1, Ordering::Release);
             Ok(())
         };
-        // The first failing populate stops the pieces not started; its error is found below.
+        // The first failing read stops the pieces not started; its error is found below.
         let _ = self.threads.try_each(pieces, copy);
         let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
         errors.sort_by_key(|(index, _)| *index);
@@ -458,13 +448,9 @@ impl MappedLoad<'_> {
             .zip(&counts)
             .take_while(|&(copied, &count)| copied.load(Ordering::Acquire) == count)
             .count();
-        if let Some((index, error)) = errors.into_iter().next() {
+        if let Some((index, (at, error))) = errors.into_iter().next() {
             let meta = &batch[index].0;
-            failure = Some(populate_failed(
-                &self.checkpoint.files()[meta.file_index],
-                meta,
-                error,
-            ));
+            failure = Some(read_failed(meta, sources[index].1, at, error));
         }
         // Still the files the headers were read from, each file once: a tensor of a file
         // that changed is not handed out, nor any after it.
@@ -484,11 +470,11 @@ impl MappedLoad<'_> {
                     checked.push(meta.file_index);
                 }
                 done.push((meta, addr));
-            } else if copied
+            } else if begun
                 .get(index)
                 .is_none_or(|c| c.load(Ordering::Acquire) == 0)
             {
-                // No piece copied (a failed populate writes nothing): it holds what it held.
+                // No read of it began: it holds what it held.
                 unwritten.push(meta);
             }
         }
@@ -507,11 +493,61 @@ const BATCH_BYTES: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 /// from the page cache at about half of what two do on the 2-core VM.
 const PARALLEL_COPY_FROM: usize = 1 << 20;
 
-/// Each `memcpy` copies at most this many bytes. Larger copies make glibc switch to
-/// non-temporal stores, which on the VM copied 0.4 GB from the page cache in 0.086 s against
-/// 0.042 s in pieces of 1-16 MiB (2026-12-03); a weight reloaded into a model is about to be
-/// read, so keeping it in cache costs nothing.
+/// Each read into a destination is of at most this many bytes: pieces enough for every thread,
+/// and small enough to stay in the CPU's caches (a single `memcpy` of a whole tensor made glibc
+/// switch to non-temporal stores, 2x slower on the VM: 0.4 GB in 0.086 s against 0.042 s in
+/// pieces of 1-16 MiB, 2026-12-03). Reading the pieces with `pread` rather than copying them
+/// out of the mapping took 0.062 s against 0.064 s for the 0.4 GB model and 0.195 s against
+/// 0.214 s for the 1.5 GB one, holding 2 MiB of RSS above the model against 14
+/// (`scripts/bench_reload.py`, 7 rounds, 2026-12-04).
 const COPY_PIECE: usize = 4 << 20;
+
+/// Reads all of `dst` from `file` at `at`, continuing after short reads. `Err((offset,
+/// error))`: where the read failed, and why (`None`: the file ended there).
+fn read_fully(
+    file: &File,
+    mut dst: &mut [u8],
+    mut at: u64,
+) -> Result<(), (u64, Option<std::io::Error>)> {
+    use std::os::unix::fs::FileExt;
+    while !dst.is_empty() {
+        match file.read_at(dst, at) {
+            Ok(0) => return Err((at, None)),
+            Ok(n) => {
+                let n = n.min(dst.len());
+                dst = &mut std::mem::take(&mut dst)[n..];
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((at, Some(e))),
+        }
+    }
+    Ok(())
+}
+
+/// The error of a read of `meta`'s bytes (which start at `offset` in the file) that failed at
+/// file offset `at`: the file ended there (`None`), or the read failed.
+fn read_failed(
+    meta: &TensorMeta,
+    offset: usize,
+    at: u64,
+    error: Option<std::io::Error>,
+) -> staging_core::Error {
+    match error {
+        None => staging_core::Error::Truncated {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            offset: at,
+            missing: (offset as u64 + meta.len as u64).saturating_sub(at),
+        },
+        Some(source) => staging_core::Error::Read {
+            tensor: meta.name.clone(),
+            file: meta.file.to_path_buf(),
+            offset: at,
+            source: ReadError::Io(source),
+        },
+    }
+}
 
 /// The pieces a copy of `len` bytes is made in: at most `COPY_PIECE`, and small enough that
 /// each of `threads` gets one when the copy is large; a small copy is one piece.
@@ -781,6 +817,45 @@ mod tests {
             len: shape.iter().product::<usize>() * dtype.bitsize() / 8,
             row_range: None,
         }
+    }
+
+    #[test]
+    fn a_read_into_a_destination_past_the_end_of_its_file_is_truncated_naming_where() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, (0..100u8).collect::<Vec<_>>()).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // Whole: the bytes.
+        let mut dst = vec![0u8; 40];
+        super::read_fully(&file, &mut dst, 50).unwrap();
+        assert_eq!(dst, (50..90u8).collect::<Vec<_>>());
+        // Past the end: where the file ended, and the bytes before it read.
+        let mut dst = vec![0u8; 40];
+        let (at, error) = super::read_fully(&file, &mut dst, 80).unwrap_err();
+        assert_eq!(at, 100);
+        assert!(error.is_none());
+        assert_eq!(&dst[..20], &(80..100u8).collect::<Vec<_>>()[..]);
+        // The tensor (bytes 72..112 of its file, as its header says) is named, with what is
+        // missing of it.
+        let mut tensor = meta(Dtype::U8, &[40]);
+        tensor.offset = 72;
+        let error = super::read_failed(&tensor, 72, at, error);
+        let staging_core::Error::Truncated {
+            tensor: name,
+            offset,
+            missing,
+            ..
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        assert_eq!((name.as_str(), *offset, *missing), ("w", 100, 12));
+        // A failed read names its offset and keeps the system's error.
+        let error = super::read_failed(&tensor, 72, 80, Some(std::io::Error::other("EIO")));
+        assert!(
+            matches!(&error, staging_core::Error::Read { offset: 80, .. }),
+            "{error}"
+        );
     }
 
     #[test]

@@ -346,7 +346,7 @@ impl<'d> Prepared<'d> {
             checkpoint.select(&self.selection)?
         };
         // Host tensors from local files: mappings of the files, when the loader maps; a
-        // destination in host memory is filled by copies out of the mappings. With no memory
+        // destination in host memory is read into from the mapped files. With no memory
         // for a mapping (an allocation failure), it reads into memory of its own.
         if matches!(
             self.destination,

@@ -1000,7 +1000,8 @@ stg_status stg_load_last_error(const struct stg_load *load, char *buf, size_t le
  exactly `len` bytes, and the target's `dtype` and `shape` where given. A mismatch, or with
  `strict` a target the checkpoint lacks or a tensor of the checkpoint no target takes,
  returns `STG_SELECTION` and writes nothing (the message, from `stg_config_last_error`,
- lists every problem). Then each tensor is read straight into its target.
+ lists every problem); so do targets whose memory overlaps another's (a fused `qkv` and a
+ view of its rows). Then each tensor is read straight into its target.
 
  Every target's `state` is written (`STG_TARGET_UNCHANGED` first, whatever happens):
  `STG_TARGET_WRITTEN` for each one loaded, `STG_TARGET_MISSING` for one the checkpoint lacks,
@@ -1014,8 +1015,7 @@ stg_status stg_load_last_error(const struct stg_load *load, char *buf, size_t le
  `config` NULL or live; `path` NULL or NUL-terminated; `targets` NULL or `count` valid,
  writable `stg_target`s whose `name`s are NUL-terminated, whose `shape`s (when not NULL)
  hold `ndim` values, and whose `data` are `len` writable bytes of the load's device memory,
- not overlapping, and untouched by anything else until this returns; `unexpected` and
- `report` NULL or writable.
+ untouched by anything else until this returns; `unexpected` and `report` NULL or writable.
  */
 stg_status stg_load_into(const struct stg_config *config,
                          const char *path,

@@ -88,7 +88,8 @@ fn dtype_of(code: u32) -> Option<Dtype> {
 /// exactly `len` bytes, and the target's `dtype` and `shape` where given. A mismatch, or with
 /// `strict` a target the checkpoint lacks or a tensor of the checkpoint no target takes,
 /// returns `STG_SELECTION` and writes nothing (the message, from `stg_config_last_error`,
-/// lists every problem). Then each tensor is read straight into its target.
+/// lists every problem); so do targets whose memory overlaps another's (a fused `qkv` and a
+/// view of its rows). Then each tensor is read straight into its target.
 ///
 /// Every target's `state` is written (`STG_TARGET_UNCHANGED` first, whatever happens):
 /// `STG_TARGET_WRITTEN` for each one loaded, `STG_TARGET_MISSING` for one the checkpoint lacks,
@@ -102,8 +103,7 @@ fn dtype_of(code: u32) -> Option<Dtype> {
 /// `config` NULL or live; `path` NULL or NUL-terminated; `targets` NULL or `count` valid,
 /// writable `stg_target`s whose `name`s are NUL-terminated, whose `shape`s (when not NULL)
 /// hold `ndim` values, and whose `data` are `len` writable bytes of the load's device memory,
-/// not overlapping, and untouched by anything else until this returns; `unexpected` and
-/// `report` NULL or writable.
+/// untouched by anything else until this returns; `unexpected` and `report` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stg_load_into(
     config: *const stg_config,
@@ -183,8 +183,8 @@ pub unsafe extern "C" fn stg_load_into(
             }
         }
         let outcome = loader_of(config).and_then(|loader| {
-            // SAFETY: the targets are `len` writable bytes of the load's device memory, not
-            // overlapping and untouched until this returns, by the caller's contract.
+            // SAFETY: the targets are `len` writable bytes of the load's device memory,
+            // untouched until this returns, by the caller's contract (overlaps are refused).
             unsafe { loader.load_into_raw(path, raw, strict) }
         });
         let state = |name: &str| -> Option<stg_target_state> {

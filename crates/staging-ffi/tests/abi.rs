@@ -1283,6 +1283,29 @@ fn load_into_writes_each_target_in_place_or_nothing() {
         )
     };
     assert_eq!(status, STG_INVALID_ARGUMENT);
+    // Targets whose memory overlaps (b's starts inside a's) are refused; nothing is written.
+    let mut both = vec![0u8; 3500];
+    let mut targets = [target(a, &mut both), target(b, &mut both[500..])];
+    targets[0].len = 1000;
+    // SAFETY: live config, path and targets (both in `both`).
+    let status = unsafe {
+        stg_load_into(
+            config,
+            path.as_ptr(),
+            targets.as_mut_ptr(),
+            2,
+            true,
+            null_mut(),
+            null_mut(),
+        )
+    };
+    assert_eq!(status, STG_SELECTION);
+    assert!(
+        config_error(config).contains("b: its memory overlaps a's"),
+        "{}",
+        config_error(config)
+    );
+    assert!(both.iter().all(|&x| x == 0));
     // SAFETY: a NULL configuration is a status; nothing else is read.
     let status = unsafe {
         stg_load_into(
