@@ -175,6 +175,73 @@ def test_the_plugin_makes_load_format_staging_the_class(sglang: Any, tmp_path: P
         )
 
 
+def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's `update_weights_from_disk(path, "staging")` reloads a running model through the
+    library, into the parameters it has; its loader, made with no extra config, reads with the
+    server's `--model-loader-extra-config`."""
+    import safetensors.torch
+    import sglang.srt.runtime_context as context
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+    from sglang.srt.model_loader.loader import get_model_loader
+    from sglang.srt.plugins import load_plugins
+
+    import safetensors_staging._engines as engines
+
+    load_plugins()
+    server_config = '{"backend": "host", "chunk_size": "4KiB"}'
+    monkeypatch.setattr(
+        context,
+        "_server_args",
+        type("ServerArgs", (), {"model_loader_extra_config": server_config}),
+    )
+    first = checkpoint(tmp_path / "model")
+    config = ModelConfig(str(tmp_path / "model"))
+    loader = get_model_loader(
+        LoadConfig(load_format="staging", model_loader_extra_config=server_config)
+    )
+    model = loader.load_model(model_config=config, device_config=DeviceConfig())
+    memory = {name: param.data_ptr() for name, param in model.named_parameters()}
+    # One training step later.
+    step = {name: tensor * 2 for name, tensor in first.items()}
+    (tmp_path / "step1").mkdir()
+    safetensors.torch.save_file(step, tmp_path / "step1" / "model.safetensors")
+    reads = []
+    stream = engines.stream
+
+    def recorded(source: Any, device: str, options: Dict[str, Any], *rest: Any) -> Any:
+        reads.append((source, options))
+        return stream(source, device, options, *rest)
+
+    monkeypatch.setattr(engines, "stream", recorded)
+    updater = WeightUpdater(
+        tp_rank=0,
+        device="cpu",
+        gpu_id=0,
+        model_config=config,
+        custom_weight_loaders={},
+        get_model=lambda: model,
+        update_model_fields=lambda *args, **kwargs: None,
+        recapture_cuda_graph=lambda: None,
+        get_model_runner=lambda: None,
+    )
+    ok, message = updater.update_weights_from_disk(str(tmp_path / "step1"), "staging")
+    assert ok, message
+    for name, param in model.named_parameters():
+        assert torch.equal(param, step[name]), name
+        assert param.data_ptr() == memory[name], f"{name} was not reloaded in place"
+    assert reads == [
+        ([str(tmp_path / "step1" / "model.safetensors")], {"backend": "host", "chunk_size": "4KiB"})
+    ]
+    # A loader given an extra config of its own reads with that one.
+    own = get_model_loader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"threads": 1})
+    )
+    assert own.options == {"threads": 1}
+
+
 USED = [
     ("sglang.srt.model_loader.loader", "BaseModelLoader.__init__", ["self", "load_config"]),
     (
@@ -213,6 +280,12 @@ USED = [
     ("sglang.srt.plugins.hook_registry", "HookRegistry.register", ["target", "hook", "hook_type"]),
     ("sglang.srt.plugins.hook_registry", "HookRegistry.apply_hooks", []),
     ("sglang.srt.configs.load_config", "LoadConfig._verify_load_format", ["self"]),
+    ("sglang.srt.runtime_context", "get_server_args", []),
+    (
+        "sglang.srt.model_executor.model_runner_components.weight_updater",
+        "WeightUpdater.update_weights_from_disk",
+        ["self", "model_path", "load_format"],
+    ),
 ]
 
 

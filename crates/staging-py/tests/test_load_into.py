@@ -129,7 +129,10 @@ def test_a_read_that_fails_after_writing_began_says_what_each_tensor_holds(
     new = {name: torch.full((256, 1024), float(i + 1)) for i, name in enumerate(names)}
     # Two shards of four tensors; the second loses its second half as its first tensor is
     # asked for (the load goes on, and fails reading it).
-    shards = [tmp_path / "model-00001-of-00002.safetensors", tmp_path / "model-00002-of-00002.safetensors"]
+    shards = [
+        tmp_path / "model-00001-of-00002.safetensors",
+        tmp_path / "model-00002-of-00002.safetensors",
+    ]
     safetensors.torch.save_file({n: new[n] for n in names[:4]}, shards[0])
     safetensors.torch.save_file({n: new[n] for n in names[4:]}, shards[1])
     index = {"metadata": {}, "weight_map": {n: shards[i // 4].name for i, n in enumerate(names)}}

@@ -236,11 +236,12 @@ class EngineLoaderMixin:
     options: Dict[str, Any]
     last_report: Optional[Dict[str, Any]]
 
-    def _configure(self, load_config: Any) -> None:
-        """Reads the extra config (a `ValueError` for an unknown key or a bad value)."""
-        self.weights, self.share_reads, self.options = parse_extra_config(
-            getattr(load_config, "model_loader_extra_config", None), LOAD_FORMAT
-        )
+    def _configure(self, load_config: Any, extra: Any = None) -> None:
+        """Reads the extra config (a `ValueError` for an unknown key or a bad value): `extra`
+        when given, else the load config's."""
+        if extra is None:
+            extra = getattr(load_config, "model_loader_extra_config", None)
+        self.weights, self.share_reads, self.options = parse_extra_config(extra, LOAD_FORMAT)
         self.last_report = None
 
     def _download_weights_from_hf(self) -> Callable[..., str]:

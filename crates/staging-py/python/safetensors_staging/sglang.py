@@ -28,6 +28,11 @@ Hugging Face cache) instead of downloading them first. The extra-config keys are
 those of the vLLM plugin (`weights`, `backend`, `device_memory`, `chunk_size`, `threads`,
 `share_reads`, remote options, `cache`, `cache_dir`); an unknown key is an error naming them. Nothing here imports
 SGLang before SGLang calls `register` or the class is asked for.
+
+SGLang's `update_weights_from_disk` (`--load-format staging`, or `load_format="staging"` in the
+request) reloads through the same class, in place: `model.load_weights` copies each tensor into
+its parameter. Its loader is made with no extra config; it reads with the server's
+`--model-loader-extra-config`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,34 @@ __all__ = [
     "StagingModelLoader",  # noqa: F822 (made when first asked for: `__getattr__`)
     "register",
 ]
+
+
+def _server_extra_config(load_config: Any) -> Any:
+    """The extra config a loader made for `load_config` reads: its own, or, when it has none,
+    the server's `--model-loader-extra-config`. SGLang's `update_weights_from_disk` makes its
+    `LoadConfig` from the load format alone, so without this a reload would read with the
+    library's defaults rather than as the server was told (`backend`, `device_memory`, ...)."""
+    extra = getattr(load_config, "model_loader_extra_config", None)
+    if extra:
+        return extra
+    return getattr(_server_args(), "model_loader_extra_config", None) or extra
+
+
+def _server_args() -> Any:
+    """SGLang's arguments of the server running in this process, or None (no server: a script,
+    a test)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+    except ImportError:  # SGLang before the runtime context
+        try:
+            from sglang.srt.server_args import get_global_server_args as get_server_args
+        except ImportError:
+            return None
+    try:
+        return get_server_args()
+    except Exception:  # noqa: BLE001 (not set in this process: no server)
+        return None
+
 
 # The hooked check: SGLang turns a format string into its closed `LoadFormat` enum there.
 _VERIFY = "sglang.srt.configs.load_config.LoadConfig._verify_load_format"
@@ -66,7 +99,7 @@ def _make_loader_class() -> type:
         def __init__(self, load_config: Any) -> None:
             # DefaultModelLoader's own __init__ accepts only its extra-config keys.
             BaseModelLoader.__init__(self, load_config)
-            self._configure(load_config)
+            self._configure(load_config, _server_extra_config(load_config))
 
         def _download_weights_from_hf(self) -> Callable[..., str]:
             from sglang.srt.model_loader.weight_utils import download_weights_from_hf
