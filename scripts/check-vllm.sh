@@ -4,7 +4,9 @@
 #   1. vLLM's own plugin loader finds `safetensors_staging.vllm:register` through the entry point;
 #   2. `get_model_loader(LoadConfig(load_format="staging"))` returns our StagingModelLoader;
 #   3. its `load_weights` fills a small torch module with a `load_weights` method, bytes checked;
-#   4. the stand-ins the CI tests use have the real signatures (test_standins_have_the_real_signatures).
+#   4. vLLM's own in-place `reload_weights` (what `collective_rpc("reload_weights")` runs) with
+#      load format `staging` reads through the plugin's `get_all_weights` into the same memory;
+#   5. the stand-ins the CI tests use have the real signatures (test_standins_have_the_real_signatures).
 # No engine starts: vLLM needs a GPU for that. Usage: [WHEEL=...] scripts/check-vllm.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,5 +58,61 @@ loader.load_weights(model, ModelConfig(str(d)))
 for name, param in model.named_parameters():
     assert torch.equal(param, want[name]), name
 print("load_weights: bytes equal for", sorted(want), "report", json.dumps({k: loader.last_report[k] for k in ("backend", "tensors", "bytes_read")}))
+PY
+"$venv/bin/python" -W ignore - <<'PY'
+# vLLM's own in-place reload (`reload_weights`, what `collective_rpc("reload_weights")` runs in
+# each worker) with load format `staging`: the weights read through the library's
+# `get_all_weights`, written into the model's own parameters.
+import tempfile
+from pathlib import Path
+import torch, safetensors.torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader.reload.inplace import reload_weights
+import safetensors_staging._engines as engines
+
+from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+class Model(torch.nn.Module):  # as vLLM's models load: each parameter's weight_loader
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.proj = torch.nn.Linear(16, 8)
+    def load_weights(self, weights):
+        params, done = dict(self.named_parameters()), set()
+        for name, tensor in weights:
+            param = params[name]
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            done.add(name)
+        return done
+
+class ModelConfig:
+    def __init__(self, model):
+        self.model, self.revision, self.quantization, self.model_weights = model, None, None, ""
+
+class VllmConfig:
+    def __init__(self, model, load_config):
+        self.model_config, self.load_config, self.lora_config = ModelConfig(model), load_config, None
+
+g = torch.Generator().manual_seed(3)
+step = {"embed.weight": torch.randn(64, 16, generator=g), "proj.weight": torch.randn(8, 16, generator=g),
+        "proj.bias": torch.randn(8, generator=g)}
+d = Path(tempfile.mkdtemp())
+(d / "step1").mkdir()
+safetensors.torch.save_file(step, d / "step1" / "model.safetensors")
+model = Model()
+record_metadata_for_reloading(model)  # what vLLM's initialize_model does for every model
+memory = {name: p.data_ptr() for name, p in model.named_parameters()}
+reads = []
+stream = engines.stream
+engines.stream = lambda source, device, options, *rest: reads.append(source) or stream(source, device, options, *rest)
+config = VllmConfig(str(d / "model"), LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"}))
+reload_weights(config, model, None, str(d / "step1"), True)
+for name, p in model.named_parameters():
+    assert torch.equal(p.data, step[name]) and p.data_ptr() == memory[name], name
+assert reads == [[str(d / "step1" / "model.safetensors")]], reads
+print("reload_weights(load_format='staging'): in place, bytes equal, read through the library from", reads[0])
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_vllm.py -k real_signatures -rs
