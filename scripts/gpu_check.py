@@ -349,6 +349,40 @@ print(json.dumps({"same_weights": same, "max_abs_diff": float(diff),
                   "devices": sorted({str(p.device) for p in gpu.parameters()})}))
 """
 
+RELOAD = r"""
+import json, sys, time, torch, transformers
+from pathlib import Path
+from safetensors_staging.torch import load_into
+work, device = Path(sys.argv[1]), sys.argv[2]
+config = transformers.Qwen2Config(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                                  num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
+torch.manual_seed(11)
+model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+model.save_pretrained(work / "step0", max_shard_size="20MB")
+with torch.no_grad():  # one "training step": every weight changes
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.01)
+model.save_pretrained(work / "step1", max_shard_size="20MB")
+want = {k: v.clone() for k, v in model.state_dict().items()}
+model = transformers.AutoModelForCausalLM.from_pretrained(work / "step0", dtype=torch.bfloat16).to(device)
+memory = {name: p.data_ptr() for name, p in model.named_parameters()}
+model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+base = torch.cuda.memory_allocated()
+start = time.perf_counter()
+result = load_into(model, work / "step1")
+torch.cuda.synchronize()
+seconds = time.perf_counter() - start
+extra = torch.cuda.max_memory_allocated() - base
+state = model.state_dict()
+same = all(torch.equal(state[k].cpu(), want[k]) for k in want)
+in_place = all(p.data_ptr() == memory[n] for n, p in model.named_parameters())
+print(json.dumps({"same": same, "in_place": in_place, "extra_device_mib": extra / 2**20,
+                  "model_mib": model_bytes / 2**20, "seconds": seconds,
+                  "paths": {k: v["tensors"] for k, v in result.report["paths"].items()},
+                  "mode": result.report["mode"]}))
+"""
+
 PINNED = r"""
 import json, sys, time, torch
 n = int(sys.argv[1])
@@ -632,6 +666,34 @@ def python_rows(args, results, facts, total_bytes, device, env):
             facts["small Qwen2 through the transformers helper"] = (
                 f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
             )
+    if device != "cpu":
+        # Reload in place (issue 38): a small Qwen2 on the GPU reloaded from its next step's
+        # checkpoint, every parameter in its own memory, the device memory held above the model.
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", RELOAD, os.path.join(args.dir, "reload"), device],
+            env=env,
+            gpu=True,
+        )
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            facts[f"load_into(model on {device}, next step's checkpoint)"] = (
+                f"bytes equal: {r['same']}, in place: {r['in_place']}, "
+                f"{r['extra_device_mib']:.1f} MiB of device memory above the model's "
+                f"{r['model_mib']:.0f} MiB (torch.cuda.max_memory_allocated), {r['seconds']:.3f} s, "
+                f"paths {r['paths']}, mode {r['mode']}"
+            )
+            if not (r["same"] and r["in_place"]):
+                results.append(
+                    {
+                        "what": "load_into on the GPU",
+                        "exit": 1,
+                        "peak_rss_mib": 0,
+                        "bytes_exact": "NO" if not r["same"] else "yes, not in place",
+                        "error": json.dumps(r)[:300],
+                    }
+                )
+        else:
+            facts["load_into on the GPU"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
     minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
     if os.path.isdir(minilm):
         work = os.path.join(args.dir, "minilm-seeded")
