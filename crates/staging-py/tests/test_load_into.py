@@ -78,6 +78,33 @@ def test_a_trained_step_reloads_in_place_bit_equal_to_a_fresh_load(
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+def test_minilm_trained_one_step_reloads_in_place(minilm_dir: Path, tmp_path: Path) -> None:
+    """The real all-MiniLM-L6-v2 (a BERT encoder), trained one step and saved, reloaded into
+    the model as it was: every parameter's memory kept, the embedding bit-equal to a fresh load
+    of the new checkpoint."""
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(minilm_dir)
+    model.train()
+    tokens = torch.tensor([[101, 7592, 2088, 102]])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(tokens).last_hidden_state.pow(2).mean().backward()
+    optimizer.step()
+    model.save_pretrained(tmp_path / "step1")
+    model = transformers.AutoModel.from_pretrained(minilm_dir).eval()
+    before_ptrs, before = pointers(model), snapshot(model)
+    result = load_into(model, tmp_path / "step1")
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    assert pointers(model) == before_ptrs
+    assert any(not torch.equal(before[n], t) for n, t in model.state_dict().items())
+    fresh = transformers.AutoModel.from_pretrained(tmp_path / "step1").eval()
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    with torch.no_grad():
+        assert torch.equal(model(tokens).last_hidden_state, fresh(tokens).last_hidden_state)
+    assert result.report["paths"]["destination"]["tensors"] == result.report["tensors"] > 0
+
+
 def safetensors_files_bytes(directory: Path) -> int:
     total = 0
     for path in directory.glob("*.safetensors"):
