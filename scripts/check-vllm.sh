@@ -31,47 +31,6 @@ assert type(loader) is plugin.StagingModelLoader, type(loader)
 print("plugin found through", [e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")])
 print("get_model_loader(load_format='staging') ->", type(loader).__module__ + "." + type(loader).__qualname__)
 
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Embedding(64, 16)
-        self.proj = torch.nn.Linear(16, 8)
-    def load_weights(self, weights):
-        params, done = dict(self.named_parameters()), set()
-        for name, tensor in weights:
-            with torch.no_grad():
-                params[name].copy_(tensor)
-            done.add(name)
-        return done
-
-class ModelConfig:
-    def __init__(self, model):
-        self.model, self.revision, self.quantization = model, None, None
-
-g = torch.Generator().manual_seed(1)
-want = {"embed.weight": torch.randn(64, 16, generator=g), "proj.weight": torch.randn(8, 16, generator=g),
-        "proj.bias": torch.randn(8, generator=g)}
-d = Path(tempfile.mkdtemp())
-safetensors.torch.save_file(want, d / "model.safetensors")
-model = Model()
-loader.load_weights(model, ModelConfig(str(d)))
-for name, param in model.named_parameters():
-    assert torch.equal(param, want[name]), name
-print("load_weights: bytes equal for", sorted(want), "report", json.dumps({k: loader.last_report[k] for k in ("backend", "tensors", "bytes_read")}))
-PY
-"$venv/bin/python" -W ignore - <<'PY'
-# vLLM's own in-place reload (`reload_weights`, what `collective_rpc("reload_weights")` runs in
-# each worker) with load format `staging`: the weights read through the library's
-# `get_all_weights`, written into the model's own parameters.
-import tempfile
-from pathlib import Path
-import torch, safetensors.torch
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-from vllm.config.load import LoadConfig
-from vllm.model_executor.model_loader.reload.inplace import reload_weights
-import safetensors_staging._engines as engines
-
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
@@ -92,23 +51,36 @@ class ModelConfig:
     def __init__(self, model):
         self.model, self.revision, self.quantization, self.model_weights = model, None, None, ""
 
+g = torch.Generator().manual_seed(1)
+want = {"embed.weight": torch.randn(64, 16, generator=g), "proj.weight": torch.randn(8, 16, generator=g),
+        "proj.bias": torch.randn(8, generator=g)}
+d = Path(tempfile.mkdtemp())
+safetensors.torch.save_file(want, d / "model.safetensors")
+model = Model()
+loader.load_weights(model, ModelConfig(str(d)))
+for name, param in model.named_parameters():
+    assert torch.equal(param, want[name]), name
+print("load_weights: bytes equal for", sorted(want), "report", json.dumps({k: loader.last_report[k] for k in ("backend", "tensors", "bytes_read")}))
+
+# vLLM's own in-place reload (`reload_weights`, what `collective_rpc("reload_weights")` runs in
+# each worker) with load format `staging`: the weights read through the plugin's
+# `get_all_weights`, written into the model's own parameters.
+from vllm.model_executor.model_loader.reload.inplace import reload_weights
+import safetensors_staging._engines as engines
+
 class VllmConfig:
     def __init__(self, model, load_config):
         self.model_config, self.load_config, self.lora_config = ModelConfig(model), load_config, None
 
-g = torch.Generator().manual_seed(3)
-step = {"embed.weight": torch.randn(64, 16, generator=g), "proj.weight": torch.randn(8, 16, generator=g),
-        "proj.bias": torch.randn(8, generator=g)}
-d = Path(tempfile.mkdtemp())
+step = {name: tensor * 2 for name, tensor in want.items()}
 (d / "step1").mkdir()
 safetensors.torch.save_file(step, d / "step1" / "model.safetensors")
-model = Model()
 record_metadata_for_reloading(model)  # what vLLM's initialize_model does for every model
 memory = {name: p.data_ptr() for name, p in model.named_parameters()}
 reads = []
 stream = engines.stream
 engines.stream = lambda source, device, options, *rest: reads.append(source) or stream(source, device, options, *rest)
-config = VllmConfig(str(d / "model"), LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"}))
+config = VllmConfig(str(d), LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"}))
 reload_weights(config, model, None, str(d / "step1"), True)
 for name, p in model.named_parameters():
     assert torch.equal(p.data, step[name]) and p.data_ptr() == memory[name], name

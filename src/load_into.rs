@@ -643,9 +643,7 @@ mod tests {
         let done = done.unwrap();
         assert_eq!(done.written, ["a", "b", "c", "d", "e", "f", "g", "h"]);
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 8);
-        for (i, bytes) in memory.iter().enumerate() {
-            assert!(bytes.iter().all(|&b| b == i as u8 + 1), "target {i}");
-        }
+        new_then_old(&memory, 8);
         assert_eq!(done.report.paths.destination.tensors, 8);
         assert_eq!(done.report.paths.mapped.tensors, 0);
         assert_eq!(
@@ -701,21 +699,34 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let asked = AtomicUsize::new(0);
         let (memory, done) = raw_reload(dir.path(), &|| asked.fetch_add(1, Ordering::SeqCst) == 5);
-        let Err(Error::PartialLoad {
-            source,
-            written,
-            partly_written,
-            unchanged,
-        }) = done
-        else {
-            panic!("{done:?}");
-        };
+        let (source, written, partly_written, unchanged) = partial(done);
         assert!(source.to_string().contains(super::STOPPED), "{source}");
         assert_eq!(written, ["a", "b", "c", "d", "e"]);
         assert!(partly_written.is_empty(), "{partly_written:?}");
         assert_eq!(unchanged, ["f", "g", "h"]);
+        new_then_old(&memory, 5);
+    }
+
+    /// The error, written, partly written and unchanged targets of a reload that failed after
+    /// writing began.
+    fn partial(
+        done: crate::Result<super::LoadedInto>,
+    ) -> (Error, Vec<String>, Vec<String>, Vec<String>) {
+        match done {
+            Err(Error::PartialLoad {
+                source,
+                written,
+                partly_written,
+                unchanged,
+            }) => (*source, written, partly_written, unchanged),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The first `n` targets of `raw_reload` hold their tensors' bytes, the rest zeroes.
+    fn new_then_old(memory: &[Vec<u8>], n: usize) {
         for (i, bytes) in memory.iter().enumerate() {
-            let want = if i < 5 { i as u8 + 1 } else { 0 };
+            let want = if i < n { i as u8 + 1 } else { 0 };
             assert!(bytes.iter().all(|&b| b == want), "target {i}");
         }
     }
@@ -737,23 +748,12 @@ mod tests {
             }
             false
         });
-        let Err(Error::PartialLoad {
-            source,
-            written,
-            partly_written,
-            unchanged,
-        }) = done
-        else {
-            panic!("{done:?}");
-        };
+        let (source, written, partly_written, unchanged) = partial(done);
         assert_eq!(source.file(), Some(path.as_path()), "{source}");
         assert_eq!(written, ["a", "b", "c", "d"]);
         assert!(partly_written.is_empty(), "{partly_written:?}");
         assert_eq!(unchanged, ["e", "f", "g", "h"]);
-        for (i, bytes) in memory.iter().enumerate() {
-            let want = if i < 4 { i as u8 + 1 } else { 0 };
-            assert!(bytes.iter().all(|&b| b == want), "target {i}");
-        }
+        new_then_old(&memory, 4);
     }
 
     #[test]

@@ -1190,6 +1190,30 @@ fn target(name: &CStr, data: &mut [u8]) -> stg_target {
     }
 }
 
+/// `stg_load_into(config, path, targets, strict)` with no out-pointers.
+///
+/// # Safety
+///
+/// As `stg_load_into`'s: `config` live, each target's memory live and writable.
+unsafe fn load_into_strict(
+    config: *const stg_config,
+    path: &CStr,
+    targets: &mut [stg_target],
+) -> stg_status {
+    // SAFETY: the caller's contract; `path` is NUL-terminated, `targets` `len` entries.
+    unsafe {
+        stg_load_into(
+            config,
+            path.as_ptr(),
+            targets.as_mut_ptr(),
+            targets.len(),
+            true,
+            null_mut(),
+            null_mut(),
+        )
+    }
+}
+
 #[test]
 fn load_into_writes_each_target_in_place_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -1271,34 +1295,14 @@ fn load_into_writes_each_target_in_place_or_nothing() {
     let mut targets = [target(a, &mut mem_a)];
     targets[0].dtype = 999;
     // SAFETY: live config, path and targets.
-    let status = unsafe {
-        stg_load_into(
-            config,
-            path.as_ptr(),
-            targets.as_mut_ptr(),
-            1,
-            true,
-            null_mut(),
-            null_mut(),
-        )
-    };
+    let status = unsafe { load_into_strict(config, &path, &mut targets) };
     assert_eq!(status, STG_INVALID_ARGUMENT);
     // Targets whose memory overlaps (b's starts inside a's) are refused; nothing is written.
     let mut both = vec![0u8; 3500];
     let mut targets = [target(a, &mut both), target(b, &mut both[500..])];
     targets[0].len = 1000;
     // SAFETY: live config, path and targets (both in `both`).
-    let status = unsafe {
-        stg_load_into(
-            config,
-            path.as_ptr(),
-            targets.as_mut_ptr(),
-            2,
-            true,
-            null_mut(),
-            null_mut(),
-        )
-    };
+    let status = unsafe { load_into_strict(config, &path, &mut targets) };
     assert_eq!(status, STG_SELECTION);
     assert!(
         config_error(config).contains("b: its memory overlaps a's"),
