@@ -159,8 +159,8 @@ unsafe impl RawDestination for RawTargets<'_> {
         Ok(Some(region))
     }
 
-    /// Each target is a weight's own memory, none overlapping another's (`load_into_raw`'s
-    /// contract, checked by `overlapping`): a mapped load copies into several at once.
+    /// Each target is a weight's own memory, none of those written overlapping another's
+    /// (checked by `overlapping` before the load): a mapped load copies into several at once.
     fn regions_disjoint(&self) -> bool {
         true
     }
@@ -170,13 +170,19 @@ unsafe impl RawDestination for RawTargets<'_> {
     }
 }
 
-/// One line for each target whose memory overlaps another's (a fused `qkv` and a view of its
-/// rows): written in place, one would overwrite the other.
-fn overlapping(targets: &BTreeMap<String, RawTarget>) -> Vec<String> {
-    let mut spans: Vec<(usize, usize, &str)> = targets
+/// One line for each of the targets `loading` (those the load writes) whose memory overlaps
+/// another's (a fused `qkv` and a view of its rows): written in place, one would overwrite the
+/// other. Targets the checkpoint lacks are not written, so they may share memory (a tied
+/// `lm_head` beside the `embed_tokens` the checkpoint has).
+fn overlapping(
+    targets: &BTreeMap<String, ((usize, usize), Expected)>,
+    loading: &[String],
+) -> Vec<String> {
+    let mut spans: Vec<(usize, usize, &str)> = loading
         .iter()
-        .filter(|(_, t)| t.len > 0)
-        .map(|(name, t)| (t.addr, t.addr.saturating_add(t.len), name.as_str()))
+        .filter_map(|name| targets.get_key_value(name))
+        .filter(|(_, ((_, len), _))| *len > 0)
+        .map(|(name, ((addr, len), _))| (*addr, addr.saturating_add(*len), name.as_str()))
         .collect();
     spans.sort_unstable();
     let mut problems = Vec::new();
@@ -268,7 +274,9 @@ impl<'d> Loader<'d> {
 
     /// [`load_into_raw`](Self::load_into_raw) from `paths` (one path as
     /// [`open`](Self::open) takes it, or several files as [`open_files`](Self::open_files)),
-    /// asking `stop` before each target is written: once it returns true the load ends there,
+    /// asking `stop` as each target's memory is asked for (on a load copying into several
+    /// targets at once, for each of a batch of up to 64 MiB before any of it is read): once it
+    /// returns true the load ends there,
     /// with an [`Error::PartialLoad`] (or, when nothing was written yet, the error itself)
     /// whose destination error says "stopped by the caller". What the Python door's Ctrl-C
     /// does.
@@ -284,10 +292,6 @@ impl<'d> Loader<'d> {
         stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<LoadedInto> {
         let paths: Vec<&Path> = paths.iter().map(AsRef::as_ref).collect();
-        let problems = overlapping(&targets);
-        if !problems.is_empty() {
-            return Err(Error::Mismatch { problems });
-        }
         let targets = targets
             .into_iter()
             .map(|(name, t)| {
@@ -310,6 +314,7 @@ impl<'d> Loader<'d> {
                     stop,
                 })
             },
+            overlapping,
             &mut |_| {},
         )
     }
@@ -342,13 +347,16 @@ impl<'d> Loader<'d> {
             targets,
             strict,
             |loader, targets, started| loader.destination(IntoTargets { targets, started }),
+            // Regions borrowed mutably, each of its own: none can overlap another.
+            |_, _| Vec::new(),
             after_each,
         )
     }
 
     /// Checks each target (its memory `R`, and what it must hold) against the checkpoint at
-    /// `path`, then loads it through the destination `attach` makes of the targets (which
-    /// records each name whose memory it hands to the load in `started`).
+    /// `path`, and the memory of those it will write for `overlaps`, then loads it through the
+    /// destination `attach` makes of the targets (which records each name whose memory it hands
+    /// to the load in `started`).
     fn reload<'e, R>(
         self,
         paths: &[&Path],
@@ -359,6 +367,7 @@ impl<'d> Loader<'d> {
             BTreeMap<String, (R, Expected)>,
             Arc<Mutex<Vec<String>>>,
         ) -> Loader<'e>,
+        overlaps: fn(&BTreeMap<String, (R, Expected)>, &[String]) -> Vec<String>,
         after_each: &mut dyn FnMut(&str),
     ) -> Result<LoadedInto> {
         let expected = &targets;
@@ -407,13 +416,14 @@ impl<'d> Loader<'d> {
                 problems.push(problem);
             }
         }
+        let names: Vec<String> = narrowed.tensors().iter().map(|t| t.name.clone()).collect();
+        problems.extend(overlaps(expected, &names));
         if !problems.is_empty() {
             return Err(Error::Mismatch { problems });
         }
         // Writing begins: a name is started once the load asked for its memory, written once
         // the load handed it out whole.
         let started = Arc::new(Mutex::new(Vec::new()));
-        let names: Vec<String> = narrowed.tensors().iter().map(|t| t.name.clone()).collect();
         let mut written = Vec::new();
         let loader = attach(self.select(selection), targets, Arc::clone(&started));
         let outcome = (|| -> Result<LoadReport> {
@@ -681,6 +691,20 @@ mod tests {
             "{problems:?}"
         );
         assert!(memory.iter().all(|&b| b == 0), "nothing was written");
+        // A target the checkpoint lacks is not written: it may share memory (a tied lm_head).
+        let targets = BTreeMap::from([
+            ("qkv".to_owned(), target(base)),
+            ("k".to_owned(), target(base + 8192)),
+            ("lm_head".to_owned(), target(base + 8192)),
+        ]);
+        let loader = Loader::new()
+            .device(Device::Cpu)
+            .backend(Backend::Host(HostOptions::default()));
+        // SAFETY: as above.
+        let done = unsafe { loader.load_into_raw(&path, targets, false) }.unwrap();
+        assert_eq!(done.missing, ["lm_head"]);
+        assert_eq!(done.unexpected, ["q"]);
+        assert!(memory[..4096].iter().all(|&b| b == 1) && memory[8192..].iter().all(|&b| b == 3));
     }
 
     #[test]

@@ -295,11 +295,14 @@ impl MappedLoad<'_> {
             return Ok(None);
         };
         if region.len() < meta.len {
+            let capacity = region.len();
+            // Nothing of it is written: its memory holds what it held.
+            self.destination.unwritten(meta);
             return Err(staging_core::Error::DestinationTooSmall {
                 tensor: meta.name.clone(),
                 file: meta.file.to_path_buf(),
                 needed: meta.len,
-                capacity: region.len(),
+                capacity,
             });
         }
         Ok(Some(region.addr()))
@@ -442,7 +445,8 @@ impl MappedLoad<'_> {
         // The first failing read stops the pieces not started; its error is found below.
         let _ = self.threads.try_each(pieces, copy);
         let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
-        errors.sort_by_key(|(index, _)| *index);
+        // The first tensor's first failure: where its file ended, or its read failed.
+        errors.sort_by_key(|(index, (at, _))| (*index, *at));
         let whole = copied
             .iter()
             .zip(&counts)

@@ -192,11 +192,10 @@ def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
 
     load_plugins()
     server_config = '{"backend": "host", "chunk_size": "4KiB"}'
-    monkeypatch.setattr(
-        context,
-        "_server_args",
-        type("ServerArgs", (), {"model_loader_extra_config": server_config}),
+    server = type(
+        "ServerArgs", (), {"load_format": "staging", "model_loader_extra_config": server_config}
     )
+    monkeypatch.setattr(context, "_server_args", server)
     first = checkpoint(tmp_path / "model")
     config = ModelConfig(str(tmp_path / "model"))
     loader = get_model_loader(
@@ -240,6 +239,11 @@ def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
         LoadConfig(load_format="staging", model_loader_extra_config={"threads": 1})
     )
     assert own.options == {"threads": 1}
+    # A server started with another format keeps its extra config (its keys are not ours).
+    server.load_format = "safetensors"
+    server.model_loader_extra_config = '{"enable_multithread_load": true}'
+    other = get_model_loader(LoadConfig(load_format="staging"))
+    assert other.options == {}
 
 
 USED = [

@@ -52,13 +52,20 @@ __all__ = [
 
 def _server_extra_config(load_config: Any) -> Any:
     """The extra config a loader made for `load_config` reads: its own, or, when it has none,
-    the server's `--model-loader-extra-config`. SGLang's `update_weights_from_disk` makes its
-    `LoadConfig` from the load format alone, so without this a reload would read with the
-    library's defaults rather than as the server was told (`backend`, `device_memory`, ...)."""
+    the server's `--model-loader-extra-config` when the server's load format is this one too.
+    SGLang's `update_weights_from_disk` makes its `LoadConfig` from the load format alone, so
+    without this a reload would read with the library's defaults rather than as the server was
+    told (`backend`, `device_memory`, ...). A server started with another format keeps its
+    extra config for that format's loader."""
     extra = getattr(load_config, "model_loader_extra_config", None)
     if extra:
         return extra
-    return getattr(_server_args(), "model_loader_extra_config", None) or extra
+    server = _server_args()
+    server_format = getattr(server, "load_format", None)
+    ours = server_format is __getattr__("StagingModelLoader") or (
+        isinstance(server_format, str) and server_format.lower() == LOAD_FORMAT
+    )
+    return getattr(server, "model_loader_extra_config", None) if ours else extra
 
 
 def _server_args() -> Any:
