@@ -203,6 +203,9 @@ fn overlapping(
     problems
 }
 
+/// Reload targets by name: each one's memory `R` and what it must hold.
+type Targets<R> = BTreeMap<String, (R, Expected)>;
+
 impl<'d> Loader<'d> {
     /// Reads the checkpoint at `path` into `targets` (by tensor name), in place: a model's
     /// weights reloaded into the memory that holds them, with no second copy.
@@ -360,14 +363,10 @@ impl<'d> Loader<'d> {
     fn reload<'e, R>(
         self,
         paths: &[&Path],
-        targets: BTreeMap<String, (R, Expected)>,
+        targets: Targets<R>,
         strict: bool,
-        attach: impl FnOnce(
-            Loader<'d>,
-            BTreeMap<String, (R, Expected)>,
-            Arc<Mutex<Vec<String>>>,
-        ) -> Loader<'e>,
-        overlaps: fn(&BTreeMap<String, (R, Expected)>, &[String]) -> Vec<String>,
+        attach: impl FnOnce(Loader<'d>, Targets<R>, Arc<Mutex<Vec<String>>>) -> Loader<'e>,
+        overlaps: fn(&Targets<R>, &[String]) -> Vec<String>,
         after_each: &mut dyn FnMut(&str),
     ) -> Result<LoadedInto> {
         let expected = &targets;
