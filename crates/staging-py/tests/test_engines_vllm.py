@@ -51,9 +51,15 @@ def use_standin(monkeypatch: pytest.MonkeyPatch, package: str) -> Iterable[Any]:
 
 
 def signatures(
-    used: List[Tuple[str, str, List[str]]], load_config: Any, fields: Set[str]
+    used: List[Tuple[str, str, List[str]]],
+    load_config: Any,
+    fields: Set[str],
+    overridden: Tuple[str, str, List[str]] = ("", "", []),
 ) -> Dict[str, Any]:
-    """The parameter names of each symbol `used`, and which of `fields` `load_config` has."""
+    """The parameter names of each symbol `used`, which of `fields` `load_config` has, and, for
+    `overridden` (the engine's module and class, and the methods the plugin's
+    `StagingModelLoader` overrides), each method's parameters in the engine's class and in ours
+    (`[name, kind]`)."""
     out: Dict[str, Any] = {}
     for module, name, _ in used:
         obj: Any = importlib.import_module(module)
@@ -64,7 +70,48 @@ def signatures(
         load_config, "model_fields", {}
     )
     out["LoadConfig"] = sorted(set(known) & fields)
+    module, base_name, methods = overridden
+    if methods:
+        engine = importlib.import_module(module)
+        base = getattr(engine, base_name)
+        plugin = importlib.import_module(f"safetensors_staging.{module.split('.')[0]}")
+        ours = plugin.StagingModelLoader
+        assert issubclass(ours, base), f"the plugin's loader is the engine's {base_name}"
+        for method in methods:
+            out[f"override:{method}"] = {
+                side: [
+                    [p.name, p.kind.name]
+                    for p in inspect.signature(getattr(cls, method)).parameters.values()
+                ]
+                for side, cls in (("engine", base), ("ours", ours))
+            }
     return out
+
+
+def overrides_take(engine: List[List[str]], ours: List[List[str]]) -> bool:
+    """Whether a method of parameters `ours` takes every call the engine makes to its own of
+    parameters `engine`: each positional parameter at its place (or `*args`), each keyword one
+    by name (or `**kwargs`)."""
+    kinds = {kind for _, kind in ours}
+    if {"VAR_POSITIONAL", "VAR_KEYWORD"} <= kinds:
+        return True
+    positional = [n for n, k in ours if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    by_name = {n for n, k in ours if k in ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")}
+    engine_positional = [n for n, k in engine if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    if positional[: len(engine_positional)] != engine_positional:
+        return False
+    keyword = [n for n, k in engine if k == "KEYWORD_ONLY"]
+    return all(n in by_name for n in keyword) or "VAR_KEYWORD" in kinds
+
+
+def check_signatures(got: Dict[str, Any], used: List[Tuple[str, str, List[str]]]) -> None:
+    """Both directions: every symbol takes what the plugin passes, and every override takes
+    what the engine passes to it."""
+    for module, name, params in used:
+        assert takes(got[f"{module}:{name}"], params), (module, name, got[f"{module}:{name}"])
+    for key, sides in got.items():
+        if key.startswith("override:"):
+            assert overrides_take(sides["engine"], sides["ours"]), (key, sides)
 
 
 def compare_with_real(test_module: str, used: List[Tuple[str, str, List[str]]]) -> None:
@@ -83,14 +130,13 @@ def compare_with_real(test_module: str, used: List[Tuple[str, str, List[str]]]) 
     assert ours.returncode == 0, ours.stderr[-2000:]
     real_sigs = json.loads(real.stdout.strip().splitlines()[-1])
     stand_in = json.loads(ours.stdout.strip().splitlines()[-1])
-    for module, name, params in used:
-        key = f"{module}:{name}"
-        assert takes(real_sigs[key], params) and takes(stand_in[key], params), (
-            key,
-            real_sigs[key],
-            stand_in[key],
-        )
+    check_signatures(real_sigs, used)
+    check_signatures(stand_in, used)
     assert real_sigs["LoadConfig"] == stand_in["LoadConfig"]
+    # The stand-in's methods the plugin overrides are called as the engine's are.
+    for key in real_sigs:
+        if key.startswith("override:"):
+            assert stand_in[key]["engine"] == real_sigs[key]["engine"], key
 
 
 def takes(parameters: List[str], passed: List[str]) -> bool:
@@ -270,7 +316,76 @@ def test_get_all_weights_gives_every_weight_for_an_in_place_reload(
     assert loader.last_report["bytes_read"] == sum(t.nbytes for t in tensors.values())
 
 
-def test_weights_elsewhere_and_ignore_patterns(vllm: Any, tmp_path: Path) -> None:
+def vllm_loads(
+    load_format: str, config: Any, model: Any, extra: Any = None
+) -> List[Tuple[str, torch.Tensor]]:
+    """`(name, tensor)` as vLLM's in-place reload asks the loader of `load_format` for them."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    import safetensors_staging.vllm as plugin
+
+    plugin.register()
+    loader = get_model_loader(
+        LoadConfig(load_format=load_format, model_loader_extra_config=extra or {})
+    )
+    return [(name, tensor.clone()) for name, tensor in loader.get_all_weights(config, model)]
+
+
+def test_the_files_and_filters_are_vllms(vllm: Any, tmp_path: Path) -> None:
+    """What `staging` reads, for each way a vLLM model names its weights, is what vLLM's own
+    `safetensors` reads: the same names and bytes, each file choice and filter vLLM's. (The
+    order differs: this library hands out each file's tensors in file order, vLLM's reader in
+    name order; a model's `load_weights` takes them by name.)"""
+    import safetensors.torch
+
+    tensors = checkpoint(tmp_path / "model")
+    config = ModelConfig(str(tmp_path / "model"))
+    # A model with weights in a subfolder of its own and a prefix (secondary_weights), a
+    # file pattern of its own, and shards it says it does not use.
+    (tmp_path / "model" / "vision").mkdir()
+    safetensors.torch.save_file(
+        {"proj.weight": torch.arange(6.0).reshape(2, 3)},
+        tmp_path / "model" / "vision" / "extra.safetensors",
+    )
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    models = {
+        "plain": Model(),
+        "secondary": Model(),
+        "patterns": Model(),
+        "unused": Model(),
+    }
+    models["secondary"].secondary_weights = [
+        DefaultModelLoader.Source(str(tmp_path / "model"), None, subfolder="vision", prefix="v.")
+    ]
+    models["patterns"].allow_patterns_overrides = ["consolidated.safetensors"]
+    models["unused"].is_unused_checkpoint_weight = lambda name: name.startswith("embed")
+    for what, model in models.items():
+        theirs = vllm_loads("safetensors", config, model)
+        ours = vllm_loads("staging", config, model, {"backend": "host"})
+        assert sorted(n for n, _ in ours) == sorted(n for n, _ in theirs), what
+        assert len(ours) == len(dict(ours)), "each tensor once"
+        want = dict(theirs)
+        for name, tensor in ours:
+            assert tensor.dtype == want[name].dtype and torch.equal(tensor, want[name]), (
+                what,
+                name,
+            )
+    # What each read: the shards named by the index (not the consolidated copy of zeros, nor
+    # `original/`), the subfolder's file under its prefix, the pattern's file alone, and the
+    # shard of the unused embedding left out.
+    names = {what: [n for n, _ in vllm_loads("staging", config, m)] for what, m in models.items()}
+    assert sorted(names["plain"]) == sorted(tensors)
+    assert sorted(names["secondary"]) == sorted([*tensors, "v.proj.weight"])
+    got = dict(vllm_loads("staging", config, models["patterns"]))
+    assert all(not t.any() for t in got.values()), "the consolidated copy, as the pattern says"
+    assert sorted(names["unused"]) == ["layer.bias", "layer.weight"]
+
+
+def test_weights_elsewhere_are_chosen_as_vllm_chooses_a_model_directory(
+    vllm: Any, tmp_path: Path
+) -> None:
     from vllm.config.load import LoadConfig
 
     import safetensors_staging.vllm as plugin
@@ -283,55 +398,313 @@ def test_weights_elsewhere_and_ignore_patterns(vllm: Any, tmp_path: Path) -> Non
         )
     )
     model = Model()
-    loader.load_weights(model, ModelConfig(str(tmp_path / "config-only")))
-    assert torch.equal(model.embed.weight, tensors["embed.weight"])
-    # Without an index, vLLM's ignore patterns decide: here they leave one shard.
-    os.remove(tmp_path / "weights" / "model.safetensors.index.json")
-    files = plugin.weight_files(str(tmp_path / "weights"), ["consolidated*", "model-00002-*"])
-    assert [Path(f).name for f in files] == ["model-00001-of-00002.safetensors"]
-    with pytest.raises(ValueError, match="no safetensors weights"):
-        plugin.weight_files(str(tmp_path / "config-only"))
+    config = ModelConfig(str(tmp_path / "config-only"))
+    loader.download_model(config)
+    loader.load_weights(model, config)
+    for name, tensor in tensors.items():
+        assert torch.equal(dict(model.named_parameters())[name], tensor), name
+    assert loader.last_report["bytes_read"] == sum(t.nbytes for t in tensors.values())
+    # A directory without safetensors is vLLM's error.
+    empty = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format="staging",
+            model_loader_extra_config={"weights": str(tmp_path / "config-only")},
+        )
+    )
+    with pytest.raises(RuntimeError, match="Cannot find any model weights"):
+        empty.load_weights(Model(), config)
 
 
-def test_unknown_extra_config_keys_and_missing_weights_are_errors(
-    vllm: Any, tmp_path: Path
-) -> None:
+class Quantized(torch.nn.Module):
+    """A layer whose quantization method makes its scale after loading (a checkpoint need not
+    hold it): vLLM's check for missing weights leaves such a module's parameters alone."""
+
+    class Method:
+        def process_weights_after_loading(self, layer: Any) -> None:
+            pass
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant_method = self.Method()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+
+class ModelWithScale(Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = Quantized()
+
+
+def test_missing_weights_are_checked_as_vllm_checks_them(vllm: Any, tmp_path: Path) -> None:
+    import safetensors.torch
     from vllm.config.load import LoadConfig
 
     import safetensors_staging.vllm as plugin
 
-    with pytest.raises(
-        ValueError,
-        match=r"unknown key\(s\) 'memory' .* accepted: weights, share_reads, backend, device_memory",
-    ):
-        plugin.StagingModelLoader(
-            LoadConfig(load_format="staging", model_loader_extra_config={"memory": "1GiB"})
-        )
-    with pytest.raises(ValueError, match="share_reads' must be true or false"):
-        plugin.StagingModelLoader(
-            LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": "yes"})
-        )
-    import safetensors.torch
-
+    checkpoint(tmp_path / "model")
+    config = ModelConfig(str(tmp_path / "model"))
     (tmp_path / "partial").mkdir()
     safetensors.torch.save_file(
         {"embed.weight": torch.zeros(64, 16)}, tmp_path / "partial" / "model.safetensors"
     )
-    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging"))
-    with pytest.raises(
-        ValueError, match=r"not initialized from checkpoint: \['layer.bias', 'layer.weight'\]"
-    ):
-        loader.load_weights(Model(), ModelConfig(str(tmp_path / "partial")))
-    # A quantized model may leave parameters to its own post-processing.
-    loader.load_weights(Model(), ModelConfig(str(tmp_path / "partial"), quantization="fp8"))
-    # A bad option of this library is this library's error.
-    import safetensors_staging as st
+    partial = ModelConfig(str(tmp_path / "partial"))
 
+    def outcome(load_format: str, model: Any, config: Any, extra: Any = None) -> str:
+        from vllm.model_executor.model_loader import get_model_loader
+
+        plugin.register()
+        loader = get_model_loader(
+            LoadConfig(load_format=load_format, model_loader_extra_config=extra or {})
+        )
+        try:
+            loader.load_weights(model, config)
+        except ValueError as e:
+            return str(e)
+        return "loaded"
+
+    cases = [
+        # A parameter of a module that makes it after loading is exempt (vLLM's rule).
+        (ModelWithScale, config, None, "loaded"),
+        # One the checkpoint lacks is an error...
+        (Model, partial, None, "not initialized from checkpoint"),
+        # ...unless vLLM's own key turns the check off, or the model is quantized.
+        (Model, partial, {"enable_weights_track": False}, "loaded"),
+        (Model, ModelConfig(str(tmp_path / "partial"), quantization="fp8"), None, "loaded"),
+    ]
+    for model_class, cfg, extra, expected in cases:
+        theirs = outcome("safetensors", model_class(), cfg, extra)
+        ours = outcome("staging", model_class(), cfg, extra)
+        assert expected in theirs and expected in ours, (model_class, extra, theirs, ours)
+        assert ours == theirs
+
+
+def test_unknown_extra_config_keys_are_errors_naming_what_is_accepted(vllm: Any) -> None:
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging.vllm as plugin
+
+    for key in ("memory", "enable_multithread_load"):
+        with pytest.raises(
+            ValueError,
+            match=rf"unknown key\(s\) '{key}' .* accepted: weights, share_reads, backend, "
+            r"device_memory.*, enable_weights_track",
+        ):
+            plugin.StagingModelLoader(
+                LoadConfig(load_format="staging", model_loader_extra_config={key: 1})
+            )
+    with pytest.raises(ValueError, match="share_reads' must be true or false"):
+        plugin.StagingModelLoader(
+            LoadConfig(load_format="staging", model_loader_extra_config={"share_reads": "yes"})
+        )
+
+
+def test_a_bad_option_of_this_library_is_this_librarys_error(vllm: Any, tmp_path: Path) -> None:
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging as st
+    import safetensors_staging.vllm as plugin
+
+    checkpoint(tmp_path / "model")
     bad = plugin.StagingModelLoader(
         LoadConfig(load_format="staging", model_loader_extra_config={"threads": 0})
     )
     with pytest.raises(st.InvalidOptionError):
-        bad.load_weights(Model(), ModelConfig(str(tmp_path / "partial")))
+        bad.load_weights(Model(), ModelConfig(str(tmp_path / "model")))
+
+
+def test_expert_parallel_ranks_read_only_their_experts(vllm: Any, tmp_path: Path) -> None:
+    """vLLM's expert-parallel filter: a rank's loader skips the other ranks' expert weights
+    before reading them; with staging they are never read either."""
+    import safetensors.torch
+    from vllm import config as vllm_config
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    import safetensors_staging.vllm as plugin
+
+    (tmp_path / "moe").mkdir()
+    experts = {
+        f"mlp.experts.{e}.{kind}": torch.full((4, 4), float(e))
+        for e in range(4)
+        for kind in ("weight", "scale")
+    }
+    safetensors.torch.save_file(
+        {**experts, "embed.weight": torch.ones(8, 4)}, tmp_path / "moe" / "model.safetensors"
+    )
+    config = ModelConfig(str(tmp_path / "moe"))
+    config.is_moe = True
+
+    class Moe(torch.nn.Module):
+        def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+            self.got = {name: tensor.clone() for name, tensor in weights}
+
+    vllm_config.set_current_vllm_config(
+        vllm_config.VllmConfig(
+            parallel_config=vllm_config.ParallelConfig(
+                enable_expert_parallel=True, local_expert_ids={1, 3}
+            )
+        )
+    )
+    try:
+        got = {}
+        plugin.register()
+        for load_format in ("safetensors", "staging"):
+            loader = get_model_loader(LoadConfig(load_format=load_format))
+            model = Moe()
+            loader.load_weights(model, config)
+            got[load_format] = model.got
+    finally:
+        vllm_config.set_current_vllm_config(None)
+    assert sorted(got["staging"]) == sorted(got["safetensors"])
+    assert "mlp.experts.0.weight" not in got["staging"] and "mlp.experts.0.scale" in got["staging"]
+    for name, tensor in got["staging"].items():
+        assert torch.equal(tensor, got["safetensors"][name]), name
+    skipped = sum(experts[f"mlp.experts.{e}.weight"].nbytes for e in (0, 2))
+    total = sum(t.nbytes for t in experts.values()) + 8 * 4 * 4
+    assert loader.last_report["bytes_read"] == total - skipped, "the skipped experts never read"
+
+
+class TiedConfig(ModelConfig):
+    """A model config whose `hf_config` says whether the word embeddings are tied, naming the
+    stand-in `load_model`'s model class."""
+
+    class HfConfig:
+        def __init__(self, tie: bool) -> None:
+            self.tie_word_embeddings = tie
+
+        def get_text_config(self) -> Any:
+            return self
+
+    def __init__(self, model: str, tie: bool) -> None:
+        super().__init__(model)
+        self.hf_config = self.HfConfig(tie)
+        self.model_class = TiedModel
+
+
+class TiedModel(torch.nn.Module):
+    """A language model's two ends: tied (`lm_head` is `embed`, and its weight is not loaded)
+    when the config says so, as vLLM's models do."""
+
+    def __init__(self, hf_config: Any) -> None:
+        super().__init__()
+        self.tied = hf_config.tie_word_embeddings
+        self.embed = torch.nn.Embedding(8, 4)
+        self.lm_head = self.embed if self.tied else torch.nn.Linear(4, 8, bias=False)
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded = set()
+        for name, tensor in weights:
+            if self.tied and name == "lm_head.weight":
+                continue
+            with torch.no_grad():
+                params[name].copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+
+class Reader(torch.nn.Module):
+    """A model with no parameters that reads every weight it is given."""
+
+    def __init__(self, hf_config: Any = None) -> None:
+        super().__init__()
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        return {name for name, _ in weights}
+
+
+def test_tensors_go_to_vllms_load_device(
+    vllm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load_config.device`, else `--device` (`device_config.device`); a device other than a GPU
+    gets host tensors (vLLM's own loader gives host tensors for the model to copy)."""
+    from vllm import config as vllm_config
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.vllm as plugin
+
+    assert engines.load_device("cuda:3") == "cuda:3"
+    assert engines.load_device(torch.device("cuda", 1)) == "cuda:1"
+    assert engines.load_device("xpu:0") == "cpu" and engines.load_device("cpu") == "cpu"
+
+    checkpoint(tmp_path / "model")
+    asked: List[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def stream(source: Any, device: str, *args: Any) -> Any:
+        asked.append(device)
+        raise Stop  # no GPU here: what was asked for is the point
+
+    monkeypatch.setattr(engines, "stream", stream)
+    config = TiedConfig(str(tmp_path / "model"), tie=False)
+    config.model_class = Reader  # builds nothing on the (absent) GPU
+    for load_device, device, expected in [
+        ("cuda:3", "cpu", "cuda:3"),
+        (None, "cuda:2", "cuda:2"),
+        (None, "xpu", "cpu"),
+    ]:
+        vllm_cfg = vllm_config.VllmConfig(
+            load_config=LoadConfig(load_format="staging", device=load_device),
+            device_config=vllm_config.DeviceConfig(device=device),
+        )
+        loader = plugin.StagingModelLoader(vllm_cfg.load_config)
+        with pytest.raises(Stop):
+            loader.load_model(vllm_cfg, config)
+        assert asked[-1] == expected, (load_device, device)
+        # An in-place reload, outside load_model, asks the current vLLM config.
+        vllm_config.set_current_vllm_config(vllm_cfg)
+        try:
+            with pytest.raises(Stop):
+                list(loader.get_all_weights(config, Reader()))
+        finally:
+            vllm_config.set_current_vllm_config(None)
+        assert asked[-1] == expected, (load_device, device)
+
+
+def test_weights_elsewhere_untie_the_embeddings_as_vllm_does_for_a_model_directory(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """vLLM unties the word embeddings of a config that ties them when the checkpoint holds an
+    `lm_head` (and re-ties them when the two are equal after loading); it looks in the model
+    directory, so with `weights` elsewhere the plugin looks there instead."""
+    import safetensors.torch
+    from vllm import config as vllm_config
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging.vllm as plugin
+
+    embed = torch.randn(8, 4)
+    (tmp_path / "config-only").mkdir()
+    for head, untied in [(embed.clone(), False), (torch.randn(8, 4), True)]:
+        weights = tmp_path / f"weights-{untied}"
+        weights.mkdir()
+        safetensors.torch.save_file(
+            {"embed.weight": embed, "lm_head.weight": head}, weights / "model.safetensors"
+        )
+        config = TiedConfig(str(tmp_path / "config-only"), tie=True)
+        load_config = LoadConfig(
+            load_format="staging", model_loader_extra_config={"weights": str(weights)}
+        )
+        vllm_cfg = vllm_config.VllmConfig(load_config=load_config)
+        model = plugin.StagingModelLoader(load_config).load_model(vllm_cfg, config)
+        assert config.word_embeddings_untied_by_checkpoint
+        assert torch.equal(model.lm_head.weight, head), "the checkpoint's lm_head, not dropped"
+        assert (model.lm_head.weight is model.embed.weight) is (not untied), "re-tied when equal"
+    # A checkpoint without an lm_head leaves the config tied.
+    no_head = tmp_path / "no-head"
+    no_head.mkdir()
+    safetensors.torch.save_file({"embed.weight": embed}, no_head / "model.safetensors")
+    config = TiedConfig(str(tmp_path / "config-only"), tie=True)
+    load_config = LoadConfig(
+        load_format="staging", model_loader_extra_config={"weights": str(no_head)}
+    )
+    model = plugin.StagingModelLoader(load_config).load_model(
+        vllm_config.VllmConfig(load_config=load_config), config
+    )
+    assert config.hf_config.tie_word_embeddings and model.lm_head is model.embed
 
 
 def test_share_reads_goes_through_the_world_group(vllm: Any, tmp_path: Path) -> None:
@@ -356,55 +729,124 @@ def test_share_reads_goes_through_the_world_group(vllm: Any, tmp_path: Path) -> 
     assert "bytes_received" in loader.last_report, "the load went through process_group="
 
 
-# The vLLM symbols the plugin uses, with the parameters it passes or overrides (`*name`: by
-# keyword).
+# The vLLM symbols the plugin uses, with the parameters it passes (`*name`: by keyword).
+_LOADER = "vllm.model_executor.model_loader.default_loader"
 USED = [
     ("vllm.model_executor.model_loader", "register_model_loader", ["load_format"]),
     ("vllm.model_executor.model_loader", "get_model_loader", ["load_config"]),
+    (_LOADER, "DefaultModelLoader.__init__", ["self", "load_config"]),
     (
-        "vllm.model_executor.model_loader.base_loader",
-        "BaseModelLoader.__init__",
-        ["self", "load_config"],
+        _LOADER,
+        "DefaultModelLoader._prepare_weights",
+        [
+            "self",
+            "model_name_or_path",
+            "subfolder",
+            "revision",
+            "fall_back_to_pt",
+            "allow_patterns_overrides",
+        ],
+    ),
+    (
+        _LOADER,
+        "DefaultModelLoader.Source",
+        [
+            "model_or_path",
+            "revision",
+            "subfolder",
+            "prefix",
+            "fall_back_to_pt",
+            "allow_patterns_overrides",
+            "is_unused_weight",
+        ],
     ),
     (
         "vllm.model_executor.model_loader.base_loader",
-        "BaseModelLoader.download_model",
-        ["self", "model_config"],
-    ),
-    (
-        "vllm.model_executor.model_loader.base_loader",
-        "BaseModelLoader.load_weights",
-        ["self", "model", "model_config"],
+        "BaseModelLoader.load_model",
+        ["self", "vllm_config", "model_config", "prefix"],
     ),
     (
         "vllm.model_executor.model_loader.weight_utils",
-        "download_weights_from_hf",
-        ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"],
+        "filter_mm_encoder_only_safetensors_files",
+        [
+            "hf_weights_files",
+            "hf_folder",
+            "index_file",
+            "language_model_prefixes",
+            "*weights_mapper",
+        ],
     ),
+    (
+        "vllm.model_executor.model_loader.weight_utils",
+        "filter_safetensors_files_by_weight_name",
+        ["hf_weights_files", "is_unused_weight"],
+    ),
+    (
+        "vllm.model_executor.model_loader.ep_weight_filter",
+        "should_skip_weight",
+        ["weight_name", "local_expert_ids"],
+    ),
+    ("vllm.config", "get_current_vllm_config_or_none", []),
     ("vllm.distributed.parallel_state", "get_world_group", []),
+]
+# What vLLM calls on the plugin's loader that it overrides, checked against vLLM's own
+# `DefaultModelLoader`.
+OVERRIDDEN = (
+    _LOADER,
+    "DefaultModelLoader",
+    ["__init__", "_prepare_weights", "_get_weights_iterator", "download_model", "load_model"],
+)
+# What the plugin reads of the state vLLM's `DefaultModelLoader.__init__` sets.
+STATE = [
+    "local_expert_ids",
+    "_encoder_only_lm_prefixes",
+    "_encoder_only_weights_mapper",
+    "counter_before_loading_weights",
+    "enable_weights_track",
 ]
 
 
 def _signatures() -> Dict[str, Any]:
     from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-    return signatures(
+    out = signatures(
         USED,
         LoadConfig,
-        {"load_format", "download_dir", "model_loader_extra_config", "ignore_patterns"},
+        {
+            "load_format",
+            "download_dir",
+            "model_loader_extra_config",
+            "ignore_patterns",
+            "device",
+        },
+        OVERRIDDEN,
     )
+    loader = DefaultModelLoader(LoadConfig(load_format="safetensors"))
+    out["state"] = [name for name in STATE if hasattr(loader, name)]
+    return out
 
 
-def test_standins_use_what_the_plugin_passes(vllm: Any) -> None:
+def test_standins_use_what_the_plugin_passes_and_take_what_vllm_passes(vllm: Any) -> None:
     got = _signatures()
-    for module, name, params in USED:
-        assert takes(got[f"{module}:{name}"], params), (module, name)
+    check_signatures(got, USED)
     assert got["LoadConfig"] == [
+        "device",
         "download_dir",
         "ignore_patterns",
         "load_format",
         "model_loader_extra_config",
     ]
+    assert got["state"] == STATE
+    # The check can fail: an override that drops a parameter the engine passes.
+    assert not overrides_take(
+        [["self", "POSITIONAL_OR_KEYWORD"], ["source", "POSITIONAL_OR_KEYWORD"]],
+        [["self", "POSITIONAL_OR_KEYWORD"]],
+    )
+    assert not overrides_take(
+        [["self", "POSITIONAL_OR_KEYWORD"], ["resolved_source", "KEYWORD_ONLY"]],
+        [["self", "POSITIONAL_OR_KEYWORD"], ["source", "POSITIONAL_OR_KEYWORD"]],
+    )
 
 
 @pytest.mark.skipif(
@@ -413,3 +855,9 @@ def test_standins_use_what_the_plugin_passes(vllm: Any) -> None:
 )
 def test_standins_have_the_real_signatures() -> None:
     compare_with_real("test_engines_vllm", USED)
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "from test_engines_vllm import _signatures; print(json.dumps(_signatures()['state']))"
+    )
+    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert json.loads(real.stdout.strip().splitlines()[-1]) == STATE, real.stderr[-2000:]

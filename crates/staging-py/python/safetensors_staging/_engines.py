@@ -1,11 +1,10 @@
-"""What the engine plugins share: the keys of a loader's extra config, the files a model
-directory's weights are in (as vLLM's and SGLang's default loaders choose them), and the loader
-plumbing itself (`EngineLoaderMixin`)."""
+"""What the engine plugins share: the keys of a loader's extra config, where the tensors go, and
+the loader plumbing itself (`EngineLoaderMixin`) over each engine's own default loader."""
 
 from __future__ import annotations
 
-import fnmatch
-import glob
+import contextlib
+import copy
 import json
 import os
 import re
@@ -34,8 +33,6 @@ _OPTIONS = (
     "cache_dir",
 )
 EXTRA_CONFIG_KEYS = ("weights", "share_reads", *_OPTIONS)
-
-_INDEX = "model.safetensors.index.json"
 
 
 def is_url(weights: Optional[str]) -> bool:
@@ -81,12 +78,16 @@ def hub_path(model: Any, revision: Optional[str] = None) -> Optional[str]:
     return f"hf://{model}@{quote(revision or 'main', safe='')}"
 
 
-def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], bool, Dict[str, Any]]:
-    """`(weights, share_reads, options)` from `model_loader_extra_config`.
+def parse_extra_config(
+    extra: Any, load_format: str, engine_keys: Tuple[str, ...] = ()
+) -> Tuple[Optional[str], bool, Dict[str, Any], Dict[str, Any]]:
+    """`(weights, share_reads, options, engine)` from `model_loader_extra_config`.
 
     Args:
         extra: the extra config: a dict, JSON text, or None.
         load_format: the load format named in errors.
+        engine_keys: the keys of the engine's own default loader this one takes too (vLLM's
+            `enable_weights_track`), returned in `engine` for that loader.
 
     Raises:
         ValueError: an unknown key, or a value of the wrong kind.
@@ -99,11 +100,12 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
         raise ValueError(
             f"model_loader_extra_config for load format {load_format!r} must be a mapping, not {extra!r}"
         )
-    unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
+    accepted = (*EXTRA_CONFIG_KEYS, *engine_keys)
+    unknown = sorted(set(extra) - set(accepted))
     if unknown:
         raise ValueError(
             f"unknown key(s) {', '.join(map(repr, unknown))} in model_loader_extra_config for load format "
-            f"{load_format!r}; accepted: {', '.join(EXTRA_CONFIG_KEYS)}"
+            f"{load_format!r}; accepted: {', '.join(accepted)}"
         )
     weights = extra.get("weights")
     if weights is not None and not isinstance(weights, str):
@@ -121,53 +123,8 @@ def parse_extra_config(extra: Any, load_format: str) -> Tuple[Optional[str], boo
             f"model_loader_extra_config 'share_reads' must be true or false, not {share_reads!r}"
         )
     options = {key: value for key, value in extra.items() if key in _OPTIONS}
-    return weights, share_reads, options
-
-
-def weight_files(
-    directory: str, ignore_patterns: Any = None, load_format: str = "staging"
-) -> List[str]:
-    """The safetensors files vLLM's default loader would read from a local directory.
-
-    Its top-level `*.safetensors`, less those matching `ignore_patterns`, and, when an index is
-    there, only the files it names (a repository with a consolidated copy beside the shards
-    reads the shards once).
-
-    Args:
-        directory: a local model directory.
-        ignore_patterns: a glob or a list of globs of file names to leave out.
-        load_format: the load format named in the error.
-
-    Returns:
-        The files' paths, sorted.
-
-    Raises:
-        ValueError: no safetensors file is left.
-    """
-    if isinstance(ignore_patterns, str):
-        ignore_patterns = [ignore_patterns]
-    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-    files = [
-        f
-        for f in files
-        if not any(
-            fnmatch.fnmatch(os.path.relpath(f, directory), pattern)
-            for pattern in (ignore_patterns or [])
-        )
-    ]
-    index = os.path.join(directory, _INDEX)
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            named = {
-                os.path.join(directory, name)
-                for name in json.load(f).get("weight_map", {}).values()
-            }
-        files = [f for f in files if f in named]
-    if not files:
-        raise ValueError(
-            f"no safetensors weights in {directory} (load format {load_format!r} reads safetensors only)"
-        )
-    return files
+    engine = {key: value for key, value in extra.items() if key in engine_keys}
+    return weights, share_reads, options, engine
 
 
 def current_device() -> str:
@@ -176,6 +133,23 @@ def current_device() -> str:
     if torch.cuda.is_available():
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
+
+
+def load_device(device: Any) -> str:
+    """Where this library puts the tensors for an engine loading onto `device` (a
+    `torch.device` or its text): that GPU (`cuda` alone: the current one; ROCm's torch calls its
+    GPUs `cuda` too), else host memory, as the engines' own loaders hand out host tensors for
+    the model to copy onto other devices (`cpu`, `xpu`, `npu`, ...). None: the current GPU, or
+    host memory where there is none."""
+    import torch
+
+    if device is None:
+        return current_device()
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index}"
 
 
 def stream(
@@ -223,11 +197,12 @@ def lazy_class(make: Callable[[], type], name: str, module: str) -> Callable[[st
 
 class EngineLoaderMixin:
     """The loader plumbing vLLM's and SGLang's loader classes share, mixed in before the
-    engine's own base class.
+    engine's own `DefaultModelLoader`.
 
-    The loader class calls `_configure(load_config)` from its `__init__` and supplies the
-    engine's `_download_weights_from_hf()` and `_world_group_coordinator()`; it then builds its
-    engine's methods from `_prepare_download` and `_staged_weights`.
+    The engine's default loader keeps everything but the bytes: which files (its
+    `_prepare_weights`, asked as for its load format `safetensors`), its filters and checks,
+    `load_weights`, the device. The loader class calls `_configure` from its `__init__`,
+    supplies `_world_group_coordinator()`, and reads each weight source through `_read`.
     """
 
     load_config: Any
@@ -235,80 +210,81 @@ class EngineLoaderMixin:
     share_reads: bool
     options: Dict[str, Any]
     last_report: Optional[Dict[str, Any]]
+    # Where the engine's load puts the model (`load_model` sets it), None before.
+    _target: Optional[Any] = None
 
-    def _configure(self, load_config: Any, extra: Any = None) -> None:
+    def _configure(
+        self, load_config: Any, extra: Any = None, engine_keys: Tuple[str, ...] = ()
+    ) -> Dict[str, Any]:
         """Reads the extra config (a `ValueError` for an unknown key or a bad value): `extra`
-        when given, else the load config's."""
+        when given, else the load config's. Returns the keys of `engine_keys` it held."""
         if extra is None:
             extra = getattr(load_config, "model_loader_extra_config", None)
-        self.weights, self.share_reads, self.options = parse_extra_config(extra, LOAD_FORMAT)
+        self.weights, self.share_reads, self.options, engine = parse_extra_config(
+            extra, LOAD_FORMAT, engine_keys
+        )
         self.last_report = None
+        return engine
 
-    def _download_weights_from_hf(self) -> Callable[..., str]:
-        """The engine's `download_weights_from_hf`."""
-        raise NotImplementedError
+    @contextlib.contextmanager
+    def _as_format(self, load_format: Any) -> Iterator[None]:
+        """`self.load_config` reads `load_format` for the length of the block: the engine's
+        file choice (`_prepare_weights`) knows its own formats only, and this loader chooses
+        files as its format `safetensors` does."""
+        own = self.load_config
+        self.load_config = with_format(own, load_format)
+        try:
+            yield
+        finally:
+            self.load_config = own
 
     def _world_group_coordinator(self) -> Any:
         """The engine's world group coordinator (`get_world_group()`)."""
         raise NotImplementedError
 
-    def _local_dir(self, model: str, revision: Optional[str]) -> str:
-        """The local directory of the weights: `weights` when a directory, the model's when
-        one, else the model downloaded from the hub (safetensors files only)."""
-        if self.weights is not None and not is_url(self.weights):
+    def _streamed(self, model: str, revision: Optional[str], plain: bool) -> Optional[str]:
+        """The URL this library reads a weight source from itself, or None (the engine's
+        file choice picks local files): the `weights` URL, else, without `weights`, a Hub model
+        id's `hf://{model}@{revision}` (streamed into the Hugging Face cache instead of being
+        downloaded first). Only for a `plain` source: the model's own, with no prefix, subfolder
+        or file patterns of the model's (those go through the engine's file choice)."""
+        if not plain:
+            return None
+        if is_url(self.weights):
             return self.weights
-        if os.path.isdir(model):
-            return model
-        return self._download_weights_from_hf()(
-            model,
-            self.load_config.download_dir,
-            ["*.safetensors"],
-            revision,
-            ignore_patterns=self.load_config.ignore_patterns,
-        )
-
-    def _hub_source(self, model: str, revision: Optional[str]) -> Optional[str]:
-        """`hf://{model}@{revision}` when no `weights` is given and `model` is a Hub model id,
-        not a local directory: its weights stream from the Hub (into the Hugging Face cache)
-        instead of being downloaded first."""
         return hub_path(model, revision) if self.weights is None else None
 
-    def _prepare_download(self, model: str, revision: Optional[str]) -> None:
-        """What the engine's `download_model` does: fetch the weights unless they are a URL or
-        a Hub model's (which the library reads itself)."""
-        if not is_url(self.weights) and self._hub_source(model, revision) is None:
-            self._local_dir(model, revision)
+    def _model_dir(self, model: str, plain: bool) -> str:
+        """Where the engine's file choice looks for a source's files: the `weights` directory
+        for the model's own (`plain`) source when one is given, else the source's own path."""
+        if plain and self.weights is not None and not is_url(self.weights):
+            return self.weights
+        return model
 
-    def _staged_weights(
-        self, model: str, revision: Optional[str], url_applies: bool = True
+    def _device(self) -> str:
+        """Where the tensors go: `load_device` of the engine's target device (the one
+        `load_model` was given), else of what the engine says now (`_engine_device`)."""
+        return load_device(self._target if self._target is not None else self._engine_device())
+
+    def _engine_device(self) -> Any:
+        """The device the running engine loads onto, outside `load_model` (an in-place
+        reload), or None (the current GPU, else host memory)."""
+        return None
+
+    def _read(
+        self, source: Any, keep: Optional[Callable[[str], bool]] = None
     ) -> Iterator[Tuple[str, Any]]:
-        """`(name, tensor)` of every tensor of the model's weights, full, each owning its
-        memory, on the engine's current device; the report is kept in `last_report` once all
-        were handed out. The files are chosen now, the tensors read as they are asked for.
-
-        Args:
-            model: the model's directory or Hub model id (read through `hf://` when no
-                `weights` is given; `ignore_patterns` do not apply there: the library picks
-                the index, else `model.safetensors`, else every `*.safetensors` at the root).
-            revision: its Hub revision (`main` when None).
-            url_applies: whether a `weights` URL holds these weights (not for SGLang's
-                secondary weights, which come with a prefix).
-        """
-        device = current_device()
-        hub = self._hub_source(model, revision)
-        if url_applies and is_url(self.weights):
-            source: Any = self.weights
-        elif hub is not None:
-            source = hub
-        else:
-            source = weight_files(
-                self._local_dir(model, revision), self.load_config.ignore_patterns, LOAD_FORMAT
-            )
+        """`(name, tensor)` of every tensor of `source` (files or a URL) that `keep` accepts
+        (None: all), full, each owning its memory, on `_device()`; the report is kept in
+        `last_report` once all were handed out. What `keep` refuses is never read."""
+        device = self._device()
         options = self.options
         download_dir = getattr(self.load_config, "download_dir", None)
         if is_hub(source) and download_dir is not None and "cache_dir" not in options:
             # The engine's `--download-dir` is the Hugging Face cache its download would fill.
             options = {**options, "cache_dir": download_dir}
+        if keep is not None:
+            options = {**options, "select": keep}
         group = None
         if self.share_reads:
             group = devices_group(self._world_group_coordinator(), device)
@@ -316,3 +292,13 @@ class EngineLoaderMixin:
 
     def _keep_report(self, report: Dict[str, Any]) -> None:
         self.last_report = report
+
+
+def with_format(load_config: Any, load_format: Any, extra: Any = None) -> Any:
+    """A shallow copy of an engine's `load_config` with `load_format` (and, when given, the
+    extra config `extra`), made without running the config's checks again."""
+    twin = copy.copy(load_config)
+    twin.load_format = load_format
+    if extra is not None:
+        twin.model_loader_extra_config = extra
+    return twin

@@ -10,9 +10,17 @@ The package declares `register` in the entry-point group `vllm.general_plugins`,
 in each of its processes; it registers `StagingModelLoader` under the load format `staging`.
 Nothing here imports vLLM (or CUDA) before vLLM itself calls `register` or the class is asked for.
 
-The loader yields full tensors (each model narrows them to its rank's share itself), each owning
-its memory (vLLM models may keep a tensor past the next step of the iterator), on vLLM's current
-device. Keys of `--model-loader-extra-config` (an unknown key is an error naming these):
+`StagingModelLoader` is vLLM's own `DefaultModelLoader` but for where the bytes come from: vLLM
+chooses the files (as for `--load-format safetensors`), filters them, builds the model, calls
+`model.load_weights`, checks for weights the checkpoint lacks and reloads in place
+(`reload_weights`) as it always does. The tensors it is handed are full (each model narrows them
+to its rank's share itself), each owning its memory (vLLM models may keep a tensor past the next
+step of the iterator), on vLLM's load device (`load_config.device`, else `--device`; a device
+other than a GPU gets host tensors, as from vLLM's own loader). Keys of
+`--model-loader-extra-config` (an unknown key is an error naming these):
+
+- `enable_weights_track`: vLLM's own (whether a parameter missing from the checkpoint is an
+  error; by default for models that are not quantized);
 
 - `weights`: where the weights are, when not in the model directory: a directory or a URL the
   library reads (`hf://`, `s3://`, `gs://`, `az://`, `http(s)://` and their aliases: `s3a://`,
@@ -21,7 +29,8 @@ device. Keys of `--model-loader-extra-config` (an unknown key is an error naming
   Hub id (`vllm serve org/name --load-format staging`) streams its weights from
   `hf://org/name@<revision>` into the Hugging Face cache as they load, instead of downloading
   them first (vLLM fetches the config itself; `ignore_patterns` do not apply: the library
-  reads the index, else `model.safetensors`, else every `*.safetensors` at the root);
+  reads the index, else `model.safetensors`, else every `*.safetensors` at the root; a model
+  whose weights name a subfolder or file patterns of its own is downloaded as vLLM does);
 - `backend` (`auto`, `host`, `cufile`, `hipfile`), `device_memory` (a size: the cap on the device
   memory the load holds), `chunk_size`, `threads`;
 - `share_reads`: read each byte once across vLLM's world group and broadcast it (as
@@ -34,78 +43,169 @@ device. Keys of `--model-loader-extra-config` (an unknown key is an error naming
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 from . import _engines
-from ._engines import EXTRA_CONFIG_KEYS, LOAD_FORMAT, weight_files
+from ._engines import EXTRA_CONFIG_KEYS, LOAD_FORMAT
 
 __all__ = [
+    "ENGINE_KEYS",
     "EXTRA_CONFIG_KEYS",
     "LOAD_FORMAT",
     "StagingModelLoader",  # noqa: F822 (made when first asked for: `__getattr__`)
     "register",
-    "weight_files",
 ]
+
+# The keys of vLLM's own default loader this one takes, meaning what they mean there.
+# (`enable_multithread_load` and `num_threads` choose among its readers; this library reads
+# with `threads`.)
+ENGINE_KEYS = ("enable_weights_track",)
 
 
 def _make_loader_class() -> type:
-    from vllm.model_executor.model_loader import BaseModelLoader
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-    class StagingModelLoader(_engines.EngineLoaderMixin, BaseModelLoader):
-        """vLLM's `BaseModelLoader` reading safetensors through `safetensors_staging`.
+    class StagingModelLoader(_engines.EngineLoaderMixin, DefaultModelLoader):
+        """vLLM's `DefaultModelLoader` whose tensors come from `safetensors_staging`.
+
+        Everything else is vLLM's: which files (`_prepare_weights`, as for its load format
+        `safetensors`: the index's shards, `subfolder`, a model's `allow_patterns_overrides`,
+        `--ignore-patterns`, the download), its filters (a model's `is_unused_checkpoint_weight`,
+        `--mm-encoder-only`, the expert-parallel filter, which this library applies before
+        reading), `secondary_weights`, `get_all_weights` (in-place reload), `load_weights` and
+        its check for weights the checkpoint lacks (`enable_weights_track`, the quantization
+        exemptions), and the device (`--device`, `load_config.device`).
 
         Args:
             load_config: vLLM's `LoadConfig`; its `model_loader_extra_config` takes the keys
-                of `EXTRA_CONFIG_KEYS`.
+                of `EXTRA_CONFIG_KEYS` and `ENGINE_KEYS`.
 
         Raises:
             ValueError: an unknown extra-config key, or a value of the wrong kind.
         """
 
         def __init__(self, load_config: Any) -> None:
-            super().__init__(load_config)
-            self._configure(load_config)
-
-        def _download_weights_from_hf(self) -> Callable[..., str]:
-            from vllm.model_executor.model_loader.weight_utils import download_weights_from_hf
-
-            return download_weights_from_hf
+            engine = self._configure(load_config, engine_keys=ENGINE_KEYS)
+            # vLLM's own checks and state, on the keys it knows; then the config as given.
+            DefaultModelLoader.__init__(self, _engines.with_format(load_config, "staging", engine))
+            self.load_config = load_config
 
         def _world_group_coordinator(self) -> Any:
             from vllm.distributed.parallel_state import get_world_group
 
             return get_world_group()
 
+        def _engine_device(self) -> Any:
+            from vllm.config import get_current_vllm_config_or_none
+
+            config = get_current_vllm_config_or_none()
+            if config is None:
+                return None
+            if config.load_config.device is not None:
+                return config.load_config.device
+            return config.device_config.device
+
+        def _prepare_weights(self, *args: Any, **kwargs: Any) -> Any:
+            """vLLM's file choice, as for its load format `safetensors`."""
+            with self._as_format("safetensors"):
+                return super()._prepare_weights(*args, **kwargs)
+
         def download_model(self, model_config: Any) -> None:
-            """Downloads the model's safetensors files, unless the weights are a URL or a Hub
-            model's (streamed through `hf://` as they load)."""
-            self._prepare_download(model_config.model, model_config.revision)
+            """vLLM's download of the model's safetensors files (of the `weights` directory,
+            when given), unless the weights stream from a URL or the Hub as they load."""
+            model, revision = model_config.model, model_config.revision
+            if self._streamed(model, revision, plain=True) is None:
+                self._prepare_weights(self._model_dir(model, True), None, revision, True, None)
 
-        def weights_iterator(self, model_config: Any) -> Iterator[Tuple[str, Any]]:
-            """`(name, tensor)` for every tensor, full, owning its memory, on vLLM's device."""
-            yield from self._staged_weights(model_config.model, model_config.revision)
+        def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> Any:
+            """vLLM's `load_model`, with the tensors on its load device, and with the
+            embedding tying decided from the checkpoint read, when that is `weights`."""
+            config = vllm_config.load_config
+            self._target = (
+                config.device if config.device is not None else vllm_config.device_config.device
+            )
+            if self.weights is not None:
+                self._untie_as_the_checkpoint_says(model_config)
+            try:
+                return super().load_model(vllm_config, model_config, prefix)
+            finally:
+                self._target = None
 
-        def get_all_weights(self, model_config: Any, model: Any) -> Iterator[Tuple[str, Any]]:
-            """Every weight, as vLLM's in-place reload asks for them
-            (`collective_rpc("reload_weights")`, the weight-transfer paths): the same
-            `(name, tensor)` pairs as `weights_iterator`, read through the library."""
-            yield from self.weights_iterator(model_config)
+        def _untie_as_the_checkpoint_says(self, model_config: Any) -> None:
+            """vLLM's `ModelConfig.maybe_untie_word_embeddings` (which looked at the model
+            directory, not at `weights`): a config tying the word embeddings while the
+            checkpoint holds an `lm_head` loads it untied; vLLM re-ties them after loading
+            when the two are equal."""
+            hf_config = model_config.hf_config
+            if not getattr(hf_config, "tie_word_embeddings", False):
+                return
+            model, revision = model_config.model, model_config.revision
+            source = self._streamed(model, revision, plain=True) or self._model_dir(model, True)
+            import safetensors_staging as st
 
-        def load_weights(self, model: Any, model_config: Any) -> None:
-            """Loads every weight into `model` (`model.load_weights`).
+            remote = ("concurrency", "range_size", "retries", "bandwidth", "store_options")
+            with st.open(
+                source, **{k: v for k, v in self.options.items() if k in remote}
+            ) as checkpoint:
+                if not any(name.endswith("lm_head.weight") for name in checkpoint.keys()):
+                    return
+            hf_config.tie_word_embeddings = False
+            hf_config.get_text_config().tie_word_embeddings = False
+            model_config.word_embeddings_untied_by_checkpoint = True
 
-            Raises:
-                ValueError: a parameter was not in the checkpoint (unless quantized).
-            """
-            wanted = {name for name, _ in model.named_parameters()}
-            loaded = model.load_weights(self.weights_iterator(model_config))
-            # As vLLM's default loader: every parameter from the checkpoint, unless quantized.
-            if loaded is not None and getattr(model_config, "quantization", None) is None:
-                missing = wanted - set(loaded)
-                if missing:
-                    raise ValueError(
-                        f"Following weights were not initialized from checkpoint: {sorted(missing)}"
+        def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:
+            """vLLM's `_get_weights_iterator` with this library reading the tensors."""
+            import time
+
+            plain = (
+                not source.prefix
+                and getattr(source, "subfolder", None) is None
+                and source.allow_patterns_overrides is None
+            )
+            files: Any = self._streamed(source.model_or_path, source.revision, plain)
+            if files is None:
+                hf_folder, files, _, index_file = self._prepare_weights(
+                    self._model_dir(source.model_or_path, plain),
+                    getattr(source, "subfolder", None),
+                    source.revision,
+                    source.fall_back_to_pt,
+                    source.allow_patterns_overrides,
+                )
+                files = self._filter_files(source, files, hf_folder, index_file)
+            keep = None
+            if self.local_expert_ids is not None:
+                from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+
+                experts = self.local_expert_ids
+                keep = lambda name: not should_skip_weight(name, experts)  # noqa: E731
+            weights = self._read(files, keep)
+            if self.counter_before_loading_weights == 0.0:
+                self.counter_before_loading_weights = time.perf_counter()
+            return ((source.prefix + name, tensor) for name, tensor in weights)
+
+        def _filter_files(self, source: Any, files: Any, hf_folder: str, index_file: str) -> Any:
+            """vLLM's shard filters: `--mm-encoder-only` and `is_unused_checkpoint_weight`."""
+            from vllm.model_executor.model_loader import weight_utils
+
+            if self._encoder_only_lm_prefixes is not None and files:
+                files = weight_utils.filter_mm_encoder_only_safetensors_files(
+                    files,
+                    hf_folder,
+                    index_file,
+                    self._encoder_only_lm_prefixes,
+                    weights_mapper=self._encoder_only_weights_mapper,
+                )
+                if not files:
+                    raise RuntimeError(
+                        "mm-encoder-only shard filter removed all weight files for "
+                        f"`{source.model_or_path}`; check language_model prefixes "
+                        f"{self._encoder_only_lm_prefixes}"
                     )
+            if source.is_unused_weight is not None:
+                files = weight_utils.filter_safetensors_files_by_weight_name(
+                    files, source.is_unused_weight
+                )
+            return files
 
     return StagingModelLoader
 

@@ -22,3 +22,13 @@ def get_model_loader(load_config):
     if load_format not in _LOAD_FORMAT_TO_MODEL_LOADER:
         raise ValueError(f"Load format `{load_format}` is not supported")
     return _LOAD_FORMAT_TO_MODEL_LOADER[load_format](load_config)
+
+
+def _builtin():
+    # vLLM's own format, for comparing with (imported here: default_loader imports this module).
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    _LOAD_FORMAT_TO_MODEL_LOADER["safetensors"] = DefaultModelLoader
+
+
+_builtin()
