@@ -6,20 +6,25 @@ class as `load_format`, its default loader's `load_model` builds the model and c
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable
+from types import SimpleNamespace
+from typing import Any, Dict, Iterable, List, Set, Tuple
 
 import pytest
 import torch
 
 from test_engines_vllm import (
     Model,
+    check_signatures,
     checkpoint,
     compare_with_real,
     imports_nothing_early,
+    overrides_take,
     real_importable,
     signatures,
-    takes,
     use_standin,
 )
 
@@ -38,10 +43,10 @@ class SglangModel(Model):
 
 class ModelConfig:
     model_class = SglangModel
-    hf_config = None
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, quantization: Any = None, hf_config: Any = None) -> None:
         self.model_path, self.revision = model_path, None
+        self.quantization, self.hf_config = quantization, hf_config
 
 
 class DeviceConfig:
@@ -246,43 +251,297 @@ def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
     assert other.options == {}
 
 
+def sglang_loads(
+    load_format: Any, config: Any, model: Any, extra: Any = None
+) -> List[Tuple[str, torch.Tensor]]:
+    """`(name, tensor)` as SGLang's `load_model` asks the loader of `load_format` for them
+    (`_get_all_weights`: the model's own source, then its `secondary_weights`)."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import get_model_loader
+
+    loader = get_model_loader(
+        LoadConfig(load_format=load_format, model_loader_extra_config=extra or {})
+    )
+    return [(name, tensor.clone()) for name, tensor in loader._get_all_weights(config, model)]
+
+
+def test_the_files_are_sglangs(sglang: Any, tmp_path: Path) -> None:
+    """What the class reads, for each way an SGLang model names its weights, is what SGLang's
+    own `safetensors` reads: the same names and bytes (the index's shards, a secondary source
+    under its prefix, a model's file patterns within the index, GLM4's `mtp.safetensors`
+    beside the index)."""
+    import safetensors.torch
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    import safetensors_staging.sglang as plugin
+
+    tensors = checkpoint(tmp_path / "model")
+    (tmp_path / "vision").mkdir()
+    safetensors.torch.save_file(
+        {"proj.weight": torch.arange(6.0).reshape(2, 3)}, tmp_path / "vision" / "v.safetensors"
+    )
+    safetensors.torch.save_file(
+        {"model.mtp.layers.0.w": torch.full((3,), 7.0)}, tmp_path / "model" / "mtp.safetensors"
+    )
+    glm4 = SimpleNamespace(architectures=["Glm4MoeForCausalLM"], num_nextn_predict_layers=1)
+    cases = {
+        "plain": (ModelConfig(str(tmp_path / "model")), Model()),
+        "secondary": (ModelConfig(str(tmp_path / "model")), Model()),
+        "patterns": (ModelConfig(str(tmp_path / "model")), Model()),
+        "glm4": (ModelConfig(str(tmp_path / "model"), hf_config=glm4), Model()),
+    }
+    cases["secondary"][1].secondary_weights = [
+        DefaultModelLoader.Source(str(tmp_path / "vision"), None, prefix="v.")
+    ]
+    cases["patterns"][1].allow_patterns_overrides = ["model-00002-*.safetensors"]
+    names = {}
+    for what, (config, model) in cases.items():
+        theirs = sglang_loads("safetensors", config, model)
+        ours = sglang_loads(plugin.StagingModelLoader, config, model, {"backend": "host"})
+        assert sorted(n for n, _ in ours) == sorted(n for n, _ in theirs), what
+        assert len(ours) == len(dict(ours)), "each tensor once"
+        want = dict(theirs)
+        for name, tensor in ours:
+            assert tensor.dtype == want[name].dtype and torch.equal(tensor, want[name]), (
+                what,
+                name,
+            )
+        names[what] = dict(ours)
+    assert sorted(names["plain"]) == sorted(tensors)
+    assert sorted(names["secondary"]) == sorted([*tensors, "v.proj.weight"])
+    assert sorted(names["patterns"]) == ["layer.bias", "layer.weight"], "the model's patterns"
+    assert sorted(names["glm4"]) == sorted([*tensors, "model.mtp.layers.0.w"])
+
+
+def test_the_checksum_and_the_file_order_are_sglangs(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model-checksum` is verified by SGLang before anything is read, and the files are read
+    in SGLang's order (`SGLANG_SORT_WEIGHT_FILES`)."""
+    import safetensors.torch
+    import sglang.srt.runtime_context as context
+    from sglang.srt.configs.load_config import LoadConfig, LoadFormat
+    from sglang.srt.model_loader import weight_utils
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.sglang as plugin
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("b", "c", "a"):
+        safetensors.torch.save_file({name: torch.ones(2)}, model / f"{name}.safetensors")
+    reads: List[Any] = []
+    stream = engines.stream
+
+    def recorded(source: Any, *rest: Any) -> Any:
+        reads.append(list(source))
+        return stream(source, *rest)
+
+    monkeypatch.setattr(engines, "stream", recorded)
+    monkeypatch.setattr(
+        context, "_server_args", SimpleNamespace(model_checksum="sums.json", load_format="auto")
+    )
+    sglangs = DefaultModelLoader(LoadConfig(load_format=LoadFormat.SAFETENSORS))
+    for order in ("0", "-1"):
+        monkeypatch.setenv("SGLANG_SORT_WEIGHT_FILES", order)
+        weight_utils.VERIFIED.clear()
+        got = sglang_loads(plugin.StagingModelLoader, ModelConfig(str(model)), Model())
+        assert sorted(n for n, _ in got) == ["a", "b", "c"]
+        assert weight_utils.VERIFIED == [(str(model), "sums.json")]
+        assert reads[-1] == sglangs._prepare_weights(str(model), None, True)[1], order
+    assert reads[0] == [str(model / f"{n}.safetensors") for n in "abc"]
+
+
+def test_the_weight_iterator_takes_what_sglang_passes(sglang: Any, tmp_path: Path) -> None:
+    """SGLang's start-up overlap resolves the files first and passes them with its prefetch
+    flags: the class reads the resolved files (and no others); the flags change nothing."""
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    import safetensors_staging.sglang as plugin
+
+    tensors = checkpoint(tmp_path / "model")
+    loader = plugin.StagingModelLoader(
+        SimpleNamespace(
+            load_format=plugin.StagingModelLoader,
+            download_dir=None,
+            model_loader_extra_config={"backend": "host"},
+            ignore_patterns=None,
+            draft_model_idx=None,
+            modelopt_config=None,
+        )
+    )
+    source = DefaultModelLoader.Source(str(tmp_path / "model"), None, prefix="m.")
+    second = str(tmp_path / "model" / "model-00002-of-00002.safetensors")
+    resolved = DefaultModelLoader.ResolvedSource(source, str(tmp_path / "model"), (second,), True)
+    got = dict(
+        loader._get_weights_iterator(
+            source,
+            resolved_source=resolved,
+            startup_prefetch_started=True,
+            startup_prefetch_active=True,
+        )
+    )
+    assert sorted(got) == ["m.layer.bias", "m.layer.weight"]
+    assert torch.equal(got["m.layer.weight"], tensors["layer.weight"])
+    assert loader.last_report["bytes_read"] == sum(
+        tensors[n].nbytes for n in ("layer.bias", "layer.weight")
+    )
+
+
+def test_a_quantization_sglang_loads_with_a_loader_of_its_own_is_refused(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class as `load_format` comes before SGLang's choice of `IncModelLoader` and
+    `ModelOptModelLoader`: such a model is refused by name, before anything is read; an online
+    `modelopt_fp4` quantization (no ModelOpt workflow) stays with the default loader, as in
+    SGLang."""
+    from sglang.srt.configs.load_config import LoadConfig
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.sglang as plugin
+
+    tensors = checkpoint(tmp_path / "model")
+    reads: List[Any] = []
+    stream = engines.stream
+    monkeypatch.setattr(
+        engines, "stream", lambda source, *rest: reads.append(source) or stream(source, *rest)
+    )
+    loader = plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader))
+    for quantization, own in [
+        ("auto-round-int8", "IncModelLoader"),
+        ("modelopt_fp8", "ModelOptModelLoader"),
+        ("modelopt_fp4", "ModelOptModelLoader"),  # already quantized: ModelOpt's checkpoint
+    ]:
+        config = ModelConfig(str(tmp_path / "model"), quantization=quantization)
+        with pytest.raises(ValueError, match=f"{quantization}.*{own}.*--load-format auto"):
+            loader.load_model(model_config=config, device_config=DeviceConfig())
+    assert reads == []
+    online = ModelConfig(str(tmp_path / "model"), quantization="modelopt_fp4")
+    online._is_already_quantized = lambda: False
+    model = loader.load_model(model_config=online, device_config=DeviceConfig())
+    assert torch.equal(model.layer.weight, tensors["layer.weight"])
+    # ... unless a ModelOpt workflow is asked for (SGLang's ModelOptModelLoader again).
+    workflow = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format=plugin.StagingModelLoader,
+            modelopt_config=SimpleNamespace(
+                checkpoint_restore_path=None, checkpoint_save_path="out", export_path=None
+            ),
+        )
+    )
+    with pytest.raises(ValueError, match="ModelOptModelLoader"):
+        workflow.load_model(model_config=online, device_config=DeviceConfig())
+
+
+def test_a_register_that_cannot_hook_fails_loudly_and_offers_nothing(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang only logs a plugin's failure: `register` raises naming what failed, and
+    `staging` is not offered as a choice without the hook that makes it the class."""
+    from sglang.srt.arg_groups.choices import LOAD_FORMAT_CHOICES
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    import safetensors_staging.sglang as plugin
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AttributeError("no attribute '_verify_load_format'")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(HookRegistry, "register", classmethod(refuse))
+        with pytest.raises(
+            RuntimeError,
+            match=r"cannot register load format 'staging' with this SGLang .*AttributeError: no "
+            r"attribute '_verify_load_format'.*--load-format staging is not available",
+        ):
+            plugin.register()
+    assert "staging" not in LOAD_FORMAT_CHOICES
+    assert plugin._registered is False
+    plugin.register()  # the registry works again: the next call registers
+    assert LOAD_FORMAT_CHOICES.count("staging") == 1
+
+
+class Reader(torch.nn.Module):
+    """A model with no parameters of its own (nothing is built on the absent GPU) that reads
+    every weight it is given."""
+
+    def __init__(self, config: Any = None, quant_config: Any = None) -> None:
+        super().__init__()
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        return {name for name, _ in weights}
+
+
+def test_tensors_go_to_sglangs_device(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`device_config.device` for a load, the server's `--device` for an update from disk; a
+    device other than a GPU gets host tensors (SGLang's own loader gives host tensors for the
+    model to copy)."""
+    import sglang.srt.runtime_context as context
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.sglang as plugin
+
+    checkpoint(tmp_path / "model")
+    asked: List[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def stream(source: Any, device: str, *args: Any) -> Any:
+        asked.append(device)
+        raise Stop  # no GPU here: what was asked for is the point
+
+    monkeypatch.setattr(engines, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # `cuda` alone: the current GPU
+    config = ModelConfig(str(tmp_path / "model"))
+    config.model_class = Reader
+    loader = plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader))
+    for device, expected in [("cuda:2", "cuda:2"), ("cuda", "cuda:0"), ("xpu", "cpu")]:
+        with pytest.raises(Stop):
+            loader.load_model(model_config=config, device_config=SimpleNamespace(device=device))
+        assert asked[-1] == expected, device
+    monkeypatch.setattr(context, "_server_args", SimpleNamespace(device="cuda:1"))
+    with pytest.raises(Stop):
+        list(loader._get_weights_iterator(DefaultModelLoader.Source(config.model_path, None)))
+    assert asked[-1] == "cuda:1"
+
+
+# The SGLang symbols the plugin uses, with the parameters it passes (`*name`: by keyword).
+_LOADER = "sglang.srt.model_loader.loader"
 USED = [
-    ("sglang.srt.model_loader.loader", "BaseModelLoader.__init__", ["self", "load_config"]),
+    (_LOADER, "DefaultModelLoader.__init__", ["self", "load_config"]),
     (
-        "sglang.srt.model_loader.loader",
-        "DefaultModelLoader._get_weights_iterator",
-        ["self", "source"],
+        _LOADER,
+        "DefaultModelLoader._prepare_weights",
+        ["self", "model_name_or_path", "revision", "fall_back_to_pt", "allow_patterns_overrides"],
     ),
+    (_LOADER, "DefaultModelLoader.load_model", ["self", "*model_config", "*device_config"]),
     (
-        "sglang.srt.model_loader.loader",
-        "DefaultModelLoader._get_all_weights",
-        ["self", "model_config", "model"],
-    ),
-    (
-        "sglang.srt.model_loader.loader",
+        _LOADER,
         "DefaultModelLoader._filter_mtp_weights",
         ["weights_iterator", "prefix", "draft_model_idx"],
     ),
     (
-        "sglang.srt.model_loader.loader",
-        "DefaultModelLoader.load_model",
-        ["self", "model_config", "device_config"],
-    ),
-    (
-        "sglang.srt.model_loader.loader",
+        _LOADER,
         "DefaultModelLoader.Source",
-        ["model_or_path", "revision", "prefix"],
+        ["model_or_path", "revision", "prefix", "fall_back_to_pt", "allow_patterns_overrides"],
     ),
-    ("sglang.srt.model_loader.loader", "get_model_loader", ["load_config"]),
+    (_LOADER, "DefaultModelLoader.ResolvedSource", ["source", "hf_folder", "weight_files"]),
+    (_LOADER, "get_model_loader", ["load_config"]),
     (
         "sglang.srt.model_loader.weight_utils",
-        "download_weights_from_hf",
-        ["model_name_or_path", "cache_dir", "allow_patterns", "revision", "*ignore_patterns"],
+        "maybe_add_mtp_safetensors",
+        ["hf_weights_files", "hf_folder", "index_file", "hf_config"],
     ),
     ("sglang.srt.distributed.parallel_state", "get_world_group", []),
     ("sglang.srt.plugins", "load_plugins", []),
     ("sglang.srt.plugins.hook_registry", "HookRegistry.register", ["target", "hook", "hook_type"]),
     ("sglang.srt.plugins.hook_registry", "HookRegistry.apply_hooks", []),
+    ("sglang.srt.arg_groups.choices", "add_load_format_choices", ["iterable"]),
     ("sglang.srt.configs.load_config", "LoadConfig._verify_load_format", ["self"]),
     ("sglang.srt.runtime_context", "get_server_args", []),
     (
@@ -291,12 +550,22 @@ USED = [
         ["self", "model_path", "load_format"],
     ),
 ]
+# What SGLang calls on the plugin's loader that it overrides, checked against SGLang's own
+# `DefaultModelLoader`.
+OVERRIDDEN = (
+    _LOADER,
+    "DefaultModelLoader",
+    ["__init__", "_prepare_weights", "_get_weights_iterator", "download_model", "load_model"],
+)
+# What the plugin reads of the state SGLang's `DefaultModelLoader` keeps.
+STATE = ["counter_before_loading_weights"]
 
 
 def _signatures() -> Dict[str, Any]:
     from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
 
-    return signatures(
+    out = signatures(
         USED,
         LoadConfig,
         {
@@ -305,17 +574,35 @@ def _signatures() -> Dict[str, Any]:
             "model_loader_extra_config",
             "ignore_patterns",
             "draft_model_idx",
+            "modelopt_config",
         },
+        OVERRIDDEN,
+    )
+    out["state"] = [name for name in STATE if hasattr(DefaultModelLoader, name)]
+    return out
+
+
+def test_standins_use_what_the_plugin_passes_and_take_what_sglang_passes(sglang: Any) -> None:
+    got = _signatures()
+    check_signatures(got, USED)
+    assert len(got["LoadConfig"]) == 6
+    assert got["state"] == STATE
+    # The check can fail: the one-argument iterator this plugin had (SGLang passes more).
+    engine = got["override:_get_weights_iterator"]["engine"]
+    assert not overrides_take(
+        engine, [["self", "POSITIONAL_OR_KEYWORD"], ["source", "POSITIONAL_OR_KEYWORD"]]
     )
 
 
-def test_standins_use_what_the_loader_passes(sglang: Any) -> None:
-    got = _signatures()
-    for module, name, params in USED:
-        assert takes(got[f"{module}:{name}"], params), (module, name)
-    assert len(got["LoadConfig"]) == 5
-
-
-@pytest.mark.skipif(not real_importable("sglang"), reason="the real SGLang is not installed here")
+@pytest.mark.skipif(
+    not real_importable("sglang"),
+    reason="the real SGLang is not installed here (scripts/check-sglang.sh installs it)",
+)
 def test_standins_have_the_real_signatures() -> None:
     compare_with_real("test_engines_sglang", USED)
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "from test_engines_sglang import _signatures; print(json.dumps(_signatures()['state']))"
+    )
+    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert json.loads(real.stdout.strip().splitlines()[-1]) == STATE, real.stderr[-2000:]

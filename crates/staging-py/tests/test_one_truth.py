@@ -238,6 +238,9 @@ def test_the_engines_hand_every_url_to_the_library(
     from sglang.srt.configs.load_config import LoadConfig as SglangLoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
     from vllm.config.load import LoadConfig as VllmLoadConfig
+    from vllm.model_executor.model_loader.default_loader import (
+        DefaultModelLoader as VllmDefaultModelLoader,
+    )
 
     config_dir = tmp_path / "config-only"
     config_dir.mkdir()
@@ -267,7 +270,7 @@ def test_the_engines_hand_every_url_to_the_library(
         )
         vllm.download_model(ModelConfig())  # a URL is nothing to download
         del sources[:]
-        list(vllm.weights_iterator(ModelConfig()))
+        list(vllm._get_weights_iterator(VllmDefaultModelLoader.Source(str(config_dir), None)))
         assert sources == [expected], ("vllm", weights, sources)
 
         sglang = sglang_plugin.StagingModelLoader(

@@ -20,14 +20,19 @@ SGLang's `get_model_loader` uses a loader class given as `load_format` as it is.
 declares `register` in SGLang's plugin group `sglang.srt.plugins`, so SGLang's `load_plugins()`
 calls it in each of its processes before it reads its arguments.
 
-The class is SGLang's own `DefaultModelLoader` (so SGLang builds the model, calls
-`model.load_weights` and runs its post-processing as usual) whose weights come from this
-library: full tensors, each owning its memory, on the model's device. A model path that is a Hub
-model id (`--model-path org/name`) streams its weights from `hf://org/name@<revision>` (into the
-Hugging Face cache) instead of downloading them first. The extra-config keys are
-those of the vLLM plugin (`weights`, `backend`, `device_memory`, `chunk_size`, `threads`,
-`share_reads`, remote options, `cache`, `cache_dir`); an unknown key is an error naming them. Nothing here imports
-SGLang before SGLang calls `register` or the class is asked for.
+The class is SGLang's own `DefaultModelLoader` but for where the bytes come from: SGLang chooses
+the files (as for `--load-format safetensors`: `--model-checksum`, `SGLANG_SORT_WEIGHT_FILES`, a
+model's file patterns, GLM4's `mtp.safetensors`), builds the model, calls `model.load_weights`
+and runs its post-processing as usual. The tensors are full, each owning its memory, on SGLang's
+device (`device_config.device`; host tensors for a device other than a GPU, as SGLang's own
+loader gives). A model SGLang loads with a loader of its own because of its quantization
+(`auto-round-int8`, ModelOpt's) is refused by name: use `--load-format auto` for it. A model
+path that is a Hub model id (`--model-path org/name`) streams its weights from
+`hf://org/name@<revision>` (into the Hugging Face cache) instead of downloading them first. The
+extra-config keys are those of the vLLM plugin (`weights`, `backend`, `device_memory`,
+`chunk_size`, `threads`, `share_reads`, remote options, `cache`, `cache_dir`); an unknown key is
+an error naming them. Nothing here imports SGLang before SGLang calls `register` or the class is
+asked for.
 
 SGLang's `update_weights_from_disk` (`--load-format staging`, or `load_format="staging"` in the
 request) reloads through the same class, in place: `model.load_weights` copies each tensor into
@@ -37,7 +42,7 @@ its parameter. Its loader is made with no extra config; it reads with the server
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 from . import _engines
 from ._engines import EXTRA_CONFIG_KEYS, LOAD_FORMAT
@@ -89,11 +94,56 @@ _VERIFY = "sglang.srt.configs.load_config.LoadConfig._verify_load_format"
 _registered = False
 
 
+# SGLang's quantizations that `get_model_loader` gives a loader of their own (which a class as
+# `load_format` bypasses): `auto-round-int8` (IncModelLoader) and ModelOpt's (ModelOptModelLoader).
+_OWN_LOADER_QUANTIZATIONS = ("auto-round-int8",)
+_MODELOPT_QUANTIZATIONS = ("modelopt_fp8", "modelopt_fp4", "modelopt_mixed", "modelopt")
+
+
+def _refuse_quantization_with_a_loader_of_its_own(model_config: Any, load_config: Any) -> None:
+    """SGLang's `get_model_loader` uses a loader class given as `load_format` before it looks
+    at the quantization, so `staging` would load, as plain weights, a checkpoint SGLang gives a
+    loader of its own (`IncModelLoader`, `ModelOptModelLoader`). Such a model is refused by
+    name instead, as SGLang decides it (an online `modelopt_fp4` without a ModelOpt workflow
+    stays with the default loader)."""
+    quantization = getattr(model_config, "quantization", None)
+    if quantization in _OWN_LOADER_QUANTIZATIONS:
+        raise ValueError(
+            f"load format {LOAD_FORMAT!r} reads plain safetensors through SGLang's "
+            f"DefaultModelLoader; SGLang loads quantization {quantization!r} with IncModelLoader. "
+            "Use --load-format auto for this model."
+        )
+    modelopt = getattr(load_config, "modelopt_config", None)
+    workflow = modelopt is not None and any(
+        getattr(modelopt, key, None)
+        for key in ("checkpoint_restore_path", "checkpoint_save_path", "export_path")
+    )
+    already = getattr(model_config, "_is_already_quantized", lambda: True)
+    fp4_online = quantization == "modelopt_fp4" and not already() and not workflow
+    if not fp4_online and (
+        getattr(model_config, "modelopt_quant", None) or quantization in _MODELOPT_QUANTIZATIONS
+    ):
+        raise ValueError(
+            f"load format {LOAD_FORMAT!r} reads plain safetensors through SGLang's "
+            f"DefaultModelLoader; SGLang loads ModelOpt quantization "
+            f"{quantization or model_config.modelopt_quant!r} with ModelOptModelLoader. "
+            "Use --load-format auto for this model."
+        )
+
+
 def _make_loader_class() -> type:
-    from sglang.srt.model_loader.loader import BaseModelLoader, DefaultModelLoader
+    from sglang.srt.configs.load_config import LoadFormat
+    from sglang.srt.model_loader.loader import DefaultModelLoader
 
     class StagingModelLoader(_engines.EngineLoaderMixin, DefaultModelLoader):
-        """SGLang's `DefaultModelLoader` reading safetensors through `safetensors_staging`.
+        """SGLang's `DefaultModelLoader` whose tensors come from `safetensors_staging`.
+
+        Everything else is SGLang's: which files (`_prepare_weights`, as for its load format
+        `safetensors`: a model's `allow_patterns_overrides`, `--model-checksum`,
+        `SGLANG_SORT_WEIGHT_FILES`, the download; GLM4's `mtp.safetensors`), draft-model
+        layers, `secondary_weights`, building the model, `model.load_weights` and the
+        post-processing, and the device (`device_config`). SGLang's checkpoint prefetch does
+        not apply (this library reads the files itself).
 
         Args:
             load_config: SGLang's `LoadConfig`; its `model_loader_extra_config` takes the keys
@@ -104,33 +154,82 @@ def _make_loader_class() -> type:
         """
 
         def __init__(self, load_config: Any) -> None:
-            # DefaultModelLoader's own __init__ accepts only its extra-config keys.
-            BaseModelLoader.__init__(self, load_config)
             self._configure(load_config, _server_extra_config(load_config))
-
-        def _download_weights_from_hf(self) -> Callable[..., str]:
-            from sglang.srt.model_loader.weight_utils import download_weights_from_hf
-
-            return download_weights_from_hf
+            # SGLang's own checks and state, for the format whose files this loader reads.
+            DefaultModelLoader.__init__(
+                self, _engines.with_format(load_config, LoadFormat.SAFETENSORS, {})
+            )
+            self.load_config = load_config
 
         def _world_group_coordinator(self) -> Any:
             from sglang.srt.distributed.parallel_state import get_world_group
 
             return get_world_group()
 
-        def download_model(self, model_config: Any) -> None:
-            """Downloads the model's safetensors files, unless the weights are a URL or a Hub
-            model's (streamed through `hf://` as they load)."""
-            self._prepare_download(model_config.model_path, model_config.revision)
+        def _engine_device(self) -> Any:
+            # An update from disk: the server's device (SGLang's WeightUpdater loads there).
+            return getattr(_server_args(), "device", None)
 
-        def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:
-            # A `weights` URL holds the model's own weights, not those of a prefixed source.
-            weights = self._staged_weights(
-                source.model_or_path, source.revision, url_applies=not source.prefix
-            )
+        def _prepare_weights(self, *args: Any, **kwargs: Any) -> Any:
+            """SGLang's file choice, as for its load format `safetensors`."""
+            with self._as_format(LoadFormat.SAFETENSORS):
+                return super()._prepare_weights(*args, **kwargs)
+
+        def download_model(self, model_config: Any) -> None:
+            """SGLang's download of the model's safetensors files (of the `weights`
+            directory, when given), unless the weights stream from a URL or the Hub."""
+            model, revision = model_config.model_path, model_config.revision
+            if self._streamed(model, revision, plain=True) is None:
+                self._prepare_weights(self._model_dir(model, True), revision, fall_back_to_pt=True)
+
+        def load_model(self, *, model_config: Any, device_config: Any) -> Any:
+            """SGLang's `load_model`, with the tensors on `device_config.device`; a
+            quantization SGLang gives a loader of its own is refused by name."""
+            _refuse_quantization_with_a_loader_of_its_own(model_config, self.load_config)
+            self._target = device_config.device
+            try:
+                return super().load_model(model_config=model_config, device_config=device_config)
+            finally:
+                self._target = None
+
+        def _get_weights_iterator(
+            self,
+            source: Any,
+            *,
+            resolved_source: Any = None,
+            startup_prefetch_started: bool = False,
+            startup_prefetch_active: bool = False,
+        ) -> Iterator[Tuple[str, Any]]:
+            """SGLang's `_get_weights_iterator` with this library reading the tensors (the
+            prefetch flags change nothing: there is no page-cache prefetch to coordinate)."""
+            import time
+
+            plain = not source.prefix and getattr(source, "allow_patterns_overrides", None) is None
+            files: Any = self._streamed(source.model_or_path, source.revision, plain)
+            if files is None and resolved_source is not None:
+                files = list(resolved_source.weight_files)
+            elif files is None:
+                from sglang.srt.model_loader.weight_utils import maybe_add_mtp_safetensors
+
+                hf_folder, files, _ = self._prepare_weights(
+                    self._model_dir(source.model_or_path, plain),
+                    source.revision,
+                    source.fall_back_to_pt,
+                    getattr(source, "allow_patterns_overrides", None),
+                )
+                if getattr(source, "model_config", None) is not None:
+                    files = maybe_add_mtp_safetensors(
+                        files,
+                        hf_folder,
+                        "model.safetensors.index.json",
+                        source.model_config.hf_config,
+                    )
+            weights = self._read(files)
             draft = getattr(self.load_config, "draft_model_idx", None)
             if draft is not None:
-                return iter(self._filter_mtp_weights(weights, source.prefix, draft))
+                return self._filter_mtp_weights(weights, source.prefix, draft)
+            if self.counter_before_loading_weights == 0.0:
+                self.counter_before_loading_weights = time.perf_counter()
             return ((source.prefix + name, tensor) for name, tensor in weights)
 
     return StagingModelLoader
@@ -139,25 +238,51 @@ def _make_loader_class() -> type:
 def register() -> None:
     """Makes `--load-format staging` SGLang's `StagingModelLoader`.
 
-    SGLang's plugin hook (entry-point group `sglang.srt.plugins`). It adds `staging` to the
-    choices of `--load-format` and hooks `LoadConfig._verify_load_format` (through SGLang's
-    `HookRegistry`) so that the string `staging` becomes the class; every other format is left
-    to SGLang. Idempotent: SGLang calls it in every process, and a second call in one process
-    changes nothing.
+    SGLang's plugin hook (entry-point group `sglang.srt.plugins`). It hooks
+    `LoadConfig._verify_load_format` (through SGLang's `HookRegistry`) so that the string
+    `staging` becomes the class, then adds `staging` to the choices of `--load-format`; every
+    other format is left to SGLang. Idempotent: SGLang calls it in every process, and a second
+    call in one process changes nothing.
+
+    Raises:
+        RuntimeError: this SGLang lacks what the plugin needs (its loader class, the hook
+            registry, the format choices), naming it. SGLang only logs a failing plugin, so
+            nothing is half done: `staging` is offered as a choice only once its hook is in
+            place (else `--load-format staging` is SGLang's "invalid choice").
     """
     global _registered
     if _registered:
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     try:
-        from sglang.srt.arg_groups import choices
-    except ImportError:  # SGLang before the argument groups kept the choices in server_args
-        from sglang.srt import server_args as choices  # type: ignore[no-redef]
-    if LOAD_FORMAT not in choices.LOAD_FORMAT_CHOICES:
-        choices.add_load_format_choices([LOAD_FORMAT])
-    HookRegistry.register(_VERIFY, _verify_load_format, HookType.AROUND)
+        __getattr__("StagingModelLoader")  # the loader class SGLang will be given
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        try:
+            from sglang.srt.arg_groups import choices
+        except ImportError:  # SGLang before the argument groups kept the choices in server_args
+            from sglang.srt import server_args as choices  # type: ignore[no-redef]
+        add_choices = choices.add_load_format_choices
+        offered = choices.LOAD_FORMAT_CHOICES
+        HookRegistry.register(_VERIFY, _verify_load_format, HookType.AROUND)
+    except Exception as e:  # noqa: BLE001 (any failure is this one, said plainly)
+        raise RuntimeError(
+            f"safetensors-staging cannot register load format {LOAD_FORMAT!r} with this SGLang "
+            f"({_sglang_version()}): {type(e).__name__}: {e}. --load-format {LOAD_FORMAT} is "
+            "not available; safetensors_staging.sglang.StagingModelLoader as the load format may "
+            "still work."
+        ) from e
+    if LOAD_FORMAT not in offered:
+        add_choices([LOAD_FORMAT])
     _registered = True
+
+
+def _sglang_version() -> str:
+    try:
+        import importlib.metadata
+
+        return f"sglang {importlib.metadata.version('sglang')}"
+    except Exception:  # noqa: BLE001 (not installed as a distribution)
+        return "sglang of unknown version"
 
 
 def _verify_load_format(original: Any, load_config: Any) -> None:

@@ -5,5 +5,5 @@ from sglang.srt.configs.load_config import LoadFormat
 LOAD_FORMAT_CHOICES = [format.value for format in LoadFormat]
 
 
-def add_load_format_choices(choices):
-    LOAD_FORMAT_CHOICES.extend(choices)
+def add_load_format_choices(iterable):
+    LOAD_FORMAT_CHOICES.extend(iterable)

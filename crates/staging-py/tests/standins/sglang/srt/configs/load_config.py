@@ -19,6 +19,7 @@ class LoadConfig:
     model_loader_extra_config: Union[dict, Any] = field(default_factory=dict)
     ignore_patterns: Optional[Union[list, str]] = None
     draft_model_idx: Optional[int] = None
+    modelopt_config: Optional[Any] = None
 
     def __post_init__(self):
         self._verify_load_format()
