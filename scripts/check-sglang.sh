@@ -1,46 +1,48 @@
 #!/usr/bin/env bash
-# The SGLang loader class against the real SGLang, on a CPU: installs SGLang (several GB) in a venv
-# of its own, then checks that SGLang's own `get_model_loader` takes `StagingModelLoader` as
-# `load_format`, that its weight iterator over SGLang's `DefaultModelLoader.Source` gives the
-# file's bytes, that SGLang's `load_plugins()` finds our entry point so that its own argument
-# parser takes `--load-format staging` and its `LoadConfig` turns it into our class, and that the
-# stand-ins the CI tests use have the real signatures, and that SGLang's own
-# `update_weights_from_disk` with load format `staging` reloads a model in place through the
-# library, with the server's extra config. No engine starts
-# (SGLang needs a GPU for that). Usage: [WHEEL=...] scripts/check-sglang.sh [VENV_DIR]
+# The SGLang plugin against the real SGLang, on a CPU (no server starts: SGLang needs a GPU for
+# that). Installs SGLang (several GB; the version last checked unless SGLANG=sglang==X) in a venv
+# of its own, then checks, printing a line for each:
+#   1. SGLang's `load_plugins()` finds our entry point; its own argument parsing and checks take
+#      `--load-format staging`; its LoadConfig and get_model_loader turn it into our class;
+#   2. SGLang's own update_weights_from_disk with load format `staging` reloads in place, reading
+#      with the server's --model-loader-extra-config;
+#   3. SGLang's own `load_model`, as its ModelRunner calls it, builds its Qwen2ForCausalLM
+#      (sharded with an index; tied embeddings; a checkpoint lacking a weight) with
+#      `--load-format staging` byte for byte as with `--load-format safetensors`;
+#      `--model-checksum` is verified for both (a changed byte refused by both); a quantization
+#      SGLang gives a loader of its own is refused by name;
+#   4. a `register` that cannot hook is logged by SGLang as our RuntimeError, and
+#      `--load-format staging` is then SGLang's "invalid choice";
+#   5. the stand-ins the CI tests use have the real signatures, both directions.
+# Usage: [WHEEL=...] [SGLANG=sglang==X] scripts/check-sglang.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-target/sglang-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check sglang pytest safetensors
+# The SGLang this was last checked with (docs/guides/engines.md); SGLANG=sglang==X checks another.
+"$venv/bin/pip" install --quiet --disable-pip-version-check "${SGLANG:-sglang==0.5.23}" pytest safetensors
 # WHEEL=path/to/safetensors_staging-*.whl installs a wheel already built instead of building one.
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "${WHEEL:-./crates/staging-py}"
 "$venv/bin/python" -W ignore - <<'PY'
+# The plugin as `sglang serve` meets it: `load_plugins()` (our entry point), SGLang's own argument
+# parsing and checks, the published server arguments, then SGLang's LoadConfig and get_model_loader.
 import tempfile
+from importlib.metadata import entry_points
 from pathlib import Path
 import torch, safetensors.torch, sglang
 from sglang.srt.configs.load_config import LoadConfig
 from sglang.srt.model_loader.loader import DefaultModelLoader, get_model_loader
+from sglang.srt.plugins import load_plugins
+from sglang.srt.runtime_context import publish, SpawnRanks
+from sglang.srt.server_args import prepare_server_args
 from safetensors_staging.sglang import StagingModelLoader
 print("sglang", sglang.__version__, "torch", torch.__version__)
-loader = get_model_loader(LoadConfig(load_format=StagingModelLoader, model_loader_extra_config={"backend": "host"}))
-assert type(loader) is StagingModelLoader, type(loader)
-print("get_model_loader(load_format=StagingModelLoader) ->", type(loader).__module__ + "." + type(loader).__qualname__)
+print("sglang.srt.plugins entry points:", [f"{e.name} = {e.value}" for e in entry_points(group="sglang.srt.plugins")])
+load_plugins()
 g = torch.Generator().manual_seed(1)
 want = {"embed.weight": torch.randn(64, 16, generator=g), "proj.weight": torch.randn(8, 16, generator=g)}
 d = Path(tempfile.mkdtemp())
 safetensors.torch.save_file(want, d / "model.safetensors")
-got = dict(loader._get_weights_iterator(DefaultModelLoader.Source(str(d), None, prefix="")))
-assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-print("weights through SGLang's DefaultModelLoader.Source: bytes equal for", sorted(got),
-      "bytes_read", loader.last_report["bytes_read"])
-
-# The plugin: what `sglang serve` does first, then its own argument parsing and LoadConfig.
-from importlib.metadata import entry_points
-from sglang.srt.plugins import load_plugins
-from sglang.srt.server_args import prepare_server_args
-print("sglang.srt.plugins entry points:", [f"{e.name} = {e.value}" for e in entry_points(group="sglang.srt.plugins")])
-load_plugins()
 from transformers import Qwen2Config, Qwen2ForCausalLM
 Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                              num_attention_heads=4, num_key_value_heads=2)).save_pretrained(d / "qwen2")
@@ -48,14 +50,16 @@ args = prepare_server_args(["--model-path", str(d / "qwen2"), "--device", "cpu",
                             "--model-loader-extra-config", '{"backend": "host"}'])
 args.resolve_once()  # what `sglang serve` does next: SGLang's own checks of the arguments
 print("prepare_server_args(--load-format staging) + resolve_once: load_format =", repr(args.load_format))
+publish(args, role="test", ranks=SpawnRanks(world_rank=0))  # what each SGLang process does
 config = LoadConfig(load_format=args.load_format, model_loader_extra_config=args.model_loader_extra_config)
 assert config.load_format is StagingModelLoader, config.load_format
 loader = get_model_loader(config)
 assert type(loader) is StagingModelLoader, type(loader)
 got = dict(loader._get_weights_iterator(DefaultModelLoader.Source(str(d), None, prefix="")))
 assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-print("LoadConfig(load_format='staging') ->", type(loader).__qualname__, "bytes equal, bytes_read",
-      loader.last_report["bytes_read"])
+print("LoadConfig(load_format='staging') ->", type(loader).__module__ + "." + type(loader).__qualname__,
+      "; its weights over SGLang's DefaultModelLoader.Source: bytes equal for", sorted(got),
+      "bytes_read", loader.last_report["bytes_read"])
 assert LoadConfig(load_format="safetensors").load_format.value == "safetensors"
 try:
     LoadConfig(load_format="stagingx")
@@ -67,8 +71,7 @@ PY
 "$venv/bin/python" -W ignore - <<'PY'
 # SGLang's own update_weights_from_disk (the WeightUpdater of a running server) with
 # load_format "staging": the model reloaded in place through the library, with the server's
-# --model-loader-extra-config. The server's runtime state (its published arguments, the
-# pipeline group, the weight-cache mode) is stood in for: no server runs on a CPU.
+# --model-loader-extra-config (published as each SGLang process publishes its arguments).
 import tempfile
 from pathlib import Path
 import torch, safetensors.torch
@@ -78,6 +81,7 @@ import sglang.srt.model_loader.weight_utils as weight_utils
 import sglang.srt.model_executor.model_runner_components.weight_updater as updater_module
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import publish, SpawnRanks
 import safetensors_staging._engines as engines
 
 load_plugins()
@@ -87,13 +91,8 @@ Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=6
                              num_attention_heads=4, num_key_value_heads=2)).save_pretrained(d / "qwen2")
 args = prepare_server_args(["--model-path", str(d / "qwen2"), "--device", "cpu", "--load-format", "staging",
                             "--model-loader-extra-config", '{"backend": "host", "chunk_size": "4KiB"}'])
-context.get_server_args = lambda: args
-
-class Runtime:  # what the updater and the default loader read of the server's runtime state
-    weight_cache_mode = "off"; weight_loader_disable_mmap = False; weight_loader_prefetch_checkpoints = False
-    weight_loader_prefetch_num_threads = 1; weight_loader_drop_cache_after_load = False; model_checksum = None
-updater_module.get_model = sgl_loader.get_model = lambda: Runtime()
-updater_module.get_pp_stage_load_group = lambda: weight_utils._DEFAULT_LOAD_GROUP
+args.resolve_once()
+publish(args, role="test", ranks=SpawnRanks(world_rank=0))  # what each SGLang process does
 
 class Model(torch.nn.Module):  # what SGLang's models offer: load_weights copying into the parameters
     def __init__(self):
@@ -129,5 +128,145 @@ for name, p in model.named_parameters():
 assert reads == [{"backend": "host", "chunk_size": "4KiB"}], reads
 print("update_weights_from_disk(load_format='staging'):", message, "in place, bytes equal, read with",
       reads[0])
+PY
+"$venv/bin/python" -W ignore - <<'PY'
+# SGLang's own load path, as a server's ModelRunner takes it, on a CPU: `--load-format
+# safetensors` and `--load-format staging` (the plugin) each build SGLang's model from the same
+# checkpoint through `build_load_config`, `get_model_loader` and `load_model`; every parameter of
+# the two models is compared, byte for byte.
+import os, sys, tempfile, types
+from pathlib import Path
+import torch
+# SGLang's rotary embedding, on a machine without a GPU, imports vLLM's kernel for the forward
+# pass; nothing here runs a forward pass, so a module without that kernel stands in.
+for name in ("vllm", "vllm._custom_ops"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["vllm._custom_ops"].rotary_embedding = None
+from safetensors.torch import load_file, save_file
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import publish, SpawnRanks
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.device_config import DeviceConfig
+from sglang.srt.configs.load_config import LoadConfig
+from sglang.srt.model_executor.model_runner_components.load_model_utils import build_load_config
+from sglang.srt.model_loader.loader import get_model_loader
+from sglang.srt.utils.model_file_verifier import IntegrityError, generate_checksums
+import sglang.srt.distributed.parallel_state as parallel_state
+from safetensors_staging.sglang import StagingModelLoader
+
+load_plugins()
+root = Path(tempfile.mkdtemp())
+
+def qwen2(name, tied, shard="40KB"):
+    torch.manual_seed(3)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+                     ).save_pretrained(root / name, max_shard_size=shard)
+    return root / name
+
+def sglang_load(path, *flags, quantization=None):
+    args = prepare_server_args(["--model-path", str(path), "--device", "cpu", *flags])
+    args.resolve_once()
+    publish(args, role="test", ranks=SpawnRanks(world_rank=0))
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                    distributed_init_method="tcp://127.0.0.1:29517")
+        parallel_state.initialize_model_parallel()
+    model_config = ModelConfig.from_server_args(args)
+    if quantization is not None:
+        model_config.quantization = quantization
+    load_config = build_load_config(server_args=args, tp_rank=0, remote_instance_weight_transporter_engine=None,
+                                    remote_instance_weight_transporter_session_id="", draft_model_idx=None,
+                                    weight_cache_mode="off", weight_cache_socket=None)
+    loader = get_model_loader(load_config, model_config)
+    if quantization is not None:
+        return loader, model_config
+    return loader, loader.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
+
+STAGING = ("--load-format", "staging", "--model-loader-extra-config", '{"backend": "host"}')
+
+def compare(path, what, *flags, missing=()):
+    theirs_loader, theirs = sglang_load(path, "--load-format", "safetensors", *flags)
+    ours_loader, ours = sglang_load(path, *STAGING, *flags)
+    assert type(ours_loader) is StagingModelLoader, type(ours_loader)
+    a, b = theirs.state_dict(), ours.state_dict()
+    assert a.keys() == b.keys(), a.keys() ^ b.keys()
+    compared = [n for n in a if not any(n.startswith(m) for m in missing)]
+    for name in compared:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+    # Not two equal random inits: the parameters SGLang keeps unfused are the checkpoint's tensors.
+    saved = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
+    unfused = sorted(set(saved) & set(b))
+    assert len(unfused) >= 5 and all(torch.equal(b[k], saved[k].to(b[k].dtype)) for k in unfused), unfused
+    devices = sorted({str(p.device) for p in ours.parameters()})
+    report = ours_loader.last_report
+    print(f"load_model, {what}: {type(ours).__qualname__}, --load-format safetensors"
+          f" ({type(theirs_loader).__qualname__}) and staging ({type(ours_loader).__qualname__}) give the"
+          f" same {len(compared)} state-dict tensors{' (but ' + ', '.join(missing) + ')' if missing else ''},"
+          f" bytes equal ({len(unfused)} unfused ones equal to the checkpoint's, as {b[unfused[0]].dtype});"
+          f" staging read {report['tensors']} tensors, {report['bytes_read']} bytes, onto {devices}")
+
+sharded = qwen2("qwen2", tied=False)
+compare(sharded, f"Qwen2 in {len(list(sharded.glob('*.safetensors')))} shards with an index")
+compare(qwen2("qwen2-tied", tied=True, shard="10GB"), "Qwen2 with tied embeddings, one file")
+# --model-checksum: SGLang verifies the files before either format reads them.
+generate_checksums(source=str(sharded), output_path=str(root / "sums.json"))
+compare(sharded, "--model-checksum (the checksums SGLang generated)", "--model-checksum", str(root / "sums.json"))
+first = sorted(sharded.glob("model-*.safetensors"))[0]
+data = bytearray(first.read_bytes()); data[-1] ^= 1; first.write_bytes(bytes(data))
+for flags in (("--load-format", "safetensors"), STAGING):
+    try:
+        sglang_load(sharded, *flags, "--model-checksum", str(root / "sums.json"))
+    except IntegrityError as e:
+        print(f"--model-checksum, one byte of {first.name} changed, {flags[1]}: SGLang's IntegrityError:", str(e)[:90], "...")
+    else:
+        raise AssertionError(f"{flags[1]} loaded a changed file despite --model-checksum")
+data[-1] ^= 1; first.write_bytes(bytes(data))
+# SGLang checks no missing weights: a checkpoint without one loads under both formats alike.
+gap = qwen2("qwen2-gap", tied=True, shard="10GB")
+tensors = load_file(gap / "model.safetensors")
+del tensors["model.layers.0.mlp.down_proj.weight"]
+save_file(tensors, gap / "model.safetensors", metadata={"format": "pt"})
+compare(gap, "a checkpoint without model.layers.0.mlp.down_proj.weight", missing=("model.layers.0.mlp.down_proj.weight",))
+# A quantization SGLang loads with a loader of its own: SGLang picks it for `safetensors`; the
+# class as load format would bypass that choice, so it refuses by name before reading anything.
+theirs, _ = sglang_load(sharded, "--load-format", "safetensors", quantization="auto-round-int8")
+ours, model_config = sglang_load(sharded, *STAGING, quantization="auto-round-int8")
+try:
+    ours.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
+except ValueError as e:
+    print(f"quantization auto-round-int8: SGLang's get_model_loader gives {type(theirs).__qualname__} for"
+          f" safetensors; staging refuses: {e}")
+else:
+    raise AssertionError("staging loaded an auto-round-int8 model as plain weights")
+PY
+"$venv/bin/python" -W ignore - <<'PY'
+# A `register` that cannot hook (here: SGLang's HookRegistry refusing) fails loudly: SGLang only
+# logs a plugin's exception, so ours names the SGLang version and what failed, and `staging` is
+# not offered without the hook (SGLang's own "invalid choice", not a half-registered format).
+import contextlib, io, logging
+from sglang.srt.plugins.hook_registry import HookRegistry
+def refuse(*args, **kwargs):
+    raise AttributeError("HookRegistry refused (a stand-in failure)")
+HookRegistry.register = classmethod(refuse)
+log = io.StringIO()
+logging.getLogger("sglang.srt.plugins").addHandler(logging.StreamHandler(log))
+from sglang.srt.plugins import load_plugins
+load_plugins()
+failure = [line for line in log.getvalue().splitlines() if line.startswith("RuntimeError")]
+assert failure and "cannot register load format 'staging' with this SGLang (sglang 0.5" in failure[0], log.getvalue()
+print("register failing, as SGLang logs it:", failure[0][:220])
+from sglang.srt.server_args import prepare_server_args
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    try:
+        prepare_server_args(["--model-path", "m", "--load-format", "staging"])
+    except SystemExit:
+        pass
+    else:
+        raise AssertionError("--load-format staging was offered without its hook")
+print("then --load-format staging:", [l for l in err.getvalue().splitlines() if "invalid choice" in l][0][:120], "...")
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_sglang.py -k real_signatures -rs

@@ -1,18 +1,42 @@
 #!/usr/bin/env bash
-# The vLLM plugin against the real vLLM, on a CPU: installs vLLM (several GB of CUDA wheels) in a
-# venv of its own, then checks that
-#   1. vLLM's own plugin loader finds `safetensors_staging.vllm:register` through the entry point;
-#   2. `get_model_loader(LoadConfig(load_format="staging"))` returns our StagingModelLoader;
-#   3. its `load_weights` fills a small torch module with a `load_weights` method, bytes checked;
-#   4. vLLM's own in-place `reload_weights` (what `collective_rpc("reload_weights")` runs) with
-#      load format `staging` reads through the plugin's `get_all_weights` into the same memory;
-#   5. the stand-ins the CI tests use have the real signatures (test_standins_have_the_real_signatures).
-# No engine starts: vLLM needs a GPU for that. Usage: [WHEEL=...] scripts/check-vllm.sh [VENV_DIR]
+# The vLLM plugin against the real vLLM, on a CPU (no engine starts: vLLM needs a GPU for that).
+# Installs vLLM (several GB of CUDA wheels; the version last checked unless VLLM=vllm==X) in a
+# venv of its own, then checks, printing a line for each:
+#   1. vLLM's own plugin loader finds `safetensors_staging.vllm:register` through the entry point,
+#      and `get_model_loader(LoadConfig(load_format="staging"))` returns our StagingModelLoader;
+#   2. vLLM's own argument parser and `create_engine_config` take `--load-format staging`, and its
+#      `load_model` builds its Qwen2ForCausalLM (sharded with an index; tied embeddings; config
+#      and weights in two directories) byte for byte as with `--load-format safetensors`; a
+#      checkpoint lacking an exempt weight and one lacking a weight vLLM checks give the same
+#      outcome under both; vLLM's own in-place `reload_weights` (what
+#      `collective_rpc("reload_weights")` runs) reloads that model through the plugin;
+#   3. the stand-ins the CI tests use have the real signatures, both directions.
+# Usage: [WHEEL=...] [VLLM=vllm==X] scripts/check-vllm.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-target/vllm-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check vllm pytest safetensors
+# The vLLM checked last (docs/guides/engines.md; the plugin supports >=0.33,<0.35): VLLM=vllm==X
+# checks another, VLLM=vllm==0.33.0 the oldest.
+vllm=${VLLM:-vllm==0.34.0}
+pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
+if ! "${pip[@]}" "$vllm" pytest safetensors 2> "$venv/install.err"; then
+  tail -n 3 "$venv/install.err"
+  # Seen with vLLM 0.34.0 (2026-12-04): it pins flashinfer-python==0.7.3, which PyPI does not have.
+  echo "!! pip cannot install $vllm with its dependencies (above); installing it without them, then"
+  echo "!! each of its requirements but flashinfer-python (GPU kernels: nothing here runs them)"
+  "${pip[@]}" --no-deps "$vllm"
+  "$venv/bin/python" - > "$venv/requirements.txt" <<'PY'
+from importlib.metadata import requires
+from pip._vendor.packaging.requirements import Requirement
+for line in requires("vllm") or []:
+    r = Requirement(line)
+    if r.name != "flashinfer-python" and (r.marker is None or r.marker.evaluate({"extra": ""})):
+        extras = f"[{','.join(sorted(r.extras))}]" if r.extras else ""
+        print(f"{r.name}{extras}{r.specifier}")
+PY
+  "${pip[@]}" -r "$venv/requirements.txt" pytest safetensors
+fi
 # WHEEL=path/to/safetensors_staging-*.whl installs a wheel already built instead of building one.
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "${WHEEL:-./crates/staging-py}"
 "$venv/bin/python" - <<'PY'
@@ -30,61 +54,128 @@ loader = get_model_loader(LoadConfig(load_format="staging", model_loader_extra_c
 assert type(loader) is plugin.StagingModelLoader, type(loader)
 print("plugin found through", [e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")])
 print("get_model_loader(load_format='staging') ->", type(loader).__module__ + "." + type(loader).__qualname__)
-
-from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
-class Model(torch.nn.Module):  # as vLLM's models load: each parameter's weight_loader
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Embedding(64, 16)
-        self.proj = torch.nn.Linear(16, 8)
-    def load_weights(self, weights):
-        params, done = dict(self.named_parameters()), set()
-        for name, tensor in weights:
-            param = params[name]
-            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-            done.add(name)
-        return done
-
-class ModelConfig:
-    def __init__(self, model):
-        self.model, self.revision, self.quantization, self.model_weights = model, None, None, ""
-
-g = torch.Generator().manual_seed(1)
-want = {"embed.weight": torch.randn(64, 16, generator=g), "proj.weight": torch.randn(8, 16, generator=g),
-        "proj.bias": torch.randn(8, generator=g)}
-d = Path(tempfile.mkdtemp())
-safetensors.torch.save_file(want, d / "model.safetensors")
-model = Model()
-loader.load_weights(model, ModelConfig(str(d)))
-for name, param in model.named_parameters():
-    assert torch.equal(param, want[name]), name
-print("load_weights: bytes equal for", sorted(want), "report", json.dumps({k: loader.last_report[k] for k in ("backend", "tensors", "bytes_read")}))
-
-# vLLM's own in-place reload (`reload_weights`, what `collective_rpc("reload_weights")` runs in
-# each worker) with load format `staging`: the weights read through the plugin's
-# `get_all_weights`, written into the model's own parameters.
+PY
+VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -W ignore - <<'PY' 2> "$venv/load.err" || { tail -n 40 "$venv/load.err"; exit 1; }
+# vLLM's own load path on a CPU: `--load-format safetensors` and `--load-format staging` (the
+# plugin), each through vLLM's own argument parser and `create_engine_config`, then
+# `get_model_loader` and `load_model`, build vLLM's model from the same checkpoint; every
+# parameter of the two models is compared, byte for byte. vLLM 0.34 refuses x86 CPUs without
+# triton-cpu (its CPU attention kernels): that platform check is told Triton is there, since
+# nothing here runs a forward pass.
+import json, tempfile, warnings
+from pathlib import Path
+import torch
+import vllm.triton_utils
+vllm.triton_utils.HAS_TRITON = True
+from safetensors.torch import load_file, save_file
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from vllm.config import set_current_vllm_config
+from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
-import safetensors_staging._engines as engines
+from vllm.plugins import load_general_plugins
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+import safetensors_staging.vllm as plugin
 
-class VllmConfig:
-    def __init__(self, model, load_config):
-        self.model_config, self.load_config, self.lora_config = ModelConfig(model), load_config, None
+load_general_plugins()
+root = Path(tempfile.mkdtemp())
 
-step = {name: tensor * 2 for name, tensor in want.items()}
-(d / "step1").mkdir()
-safetensors.torch.save_file(step, d / "step1" / "model.safetensors")
-record_metadata_for_reloading(model)  # what vLLM's initialize_model does for every model
+def qwen2(name, tied, seed=3, shard="40KB"):
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+                     ).save_pretrained(root / name, max_shard_size=shard)
+    return root / name
+
+def engine_config(path, *flags):
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", str(path), "--enforce-eager", *flags])
+    return EngineArgs.from_cli_args(args).create_engine_config()
+
+initialized = False
+def vllm_load(path, *flags):
+    global initialized
+    config = engine_config(path, *flags)
+    with set_current_vllm_config(config):
+        if not initialized:
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method="tcp://127.0.0.1:29533")
+            ensure_model_parallel_initialized(1, 1)
+            initialized = True
+        loader = get_model_loader(config.load_config)
+        return config, loader, loader.load_model(vllm_config=config, model_config=config.model_config)
+
+def staging(extra=None):
+    return ("--load-format", "staging", "--model-loader-extra-config", json.dumps({"backend": "host", **(extra or {})}))
+
+def compare(what, theirs_path, ours_path=None, extra=None):
+    _, theirs_loader, theirs = vllm_load(theirs_path, "--load-format", "safetensors")
+    config, ours_loader, ours = vllm_load(ours_path or theirs_path, *staging(extra))
+    assert config.load_config.load_format == "staging" and type(ours_loader) is plugin.StagingModelLoader
+    a, b = theirs.state_dict(), ours.state_dict()
+    assert a.keys() == b.keys(), a.keys() ^ b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+    # Not two equal random inits: the parameters vLLM keeps unfused are the checkpoint's tensors.
+    saved = {k: v for f in sorted(theirs_path.glob("*.safetensors")) for k, v in load_file(f).items()}
+    unfused = sorted(set(saved) & {f"model.{k}" for k in b} | set(saved) & set(b))
+    def param(k):
+        return b[k] if k in b else b[k.removeprefix("model.")]
+    assert len(unfused) >= 5 and all(torch.equal(param(k), saved[k].to(param(k).dtype)) for k in unfused), unfused
+    report = ours_loader.last_report
+    print(f"load_model, {what}: {type(ours).__qualname__}, --load-format safetensors"
+          f" ({type(theirs_loader).__qualname__}) and staging (parsed by vLLM: {type(ours_loader).__qualname__})"
+          f" give the same {len(a)} state-dict tensors, bytes equal ({len(unfused)} unfused ones equal to the"
+          f" checkpoint's, as {param(unfused[0]).dtype}); staging read {report['tensors']} tensors,"
+          f" {report['bytes_read']} bytes, onto {sorted({str(p.device) for p in ours.parameters()})}")
+    return config, ours
+
+sharded = qwen2("qwen2", tied=False)
+config, model = compare(f"Qwen2 in {len(list(sharded.glob('*.safetensors')))} shards with an index", sharded)
+tied = qwen2("qwen2-tied", tied=True, shard="10GB")
+compare("Qwen2 with tied embeddings, one file", tied)
+# The config in one directory, the weights in another (`weights`): vLLM's tied-embedding check
+# reads the weights' directory, as `safetensors` reads the model's own.
+(root / "config-only").mkdir()
+for f in tied.glob("*.json"):
+    (root / "config-only" / f.name).write_bytes(f.read_bytes())
+compare("tied embeddings, config and weights in two directories (extra config `weights`)", tied,
+        root / "config-only", {"weights": str(tied)})
+
+# A checkpoint lacking a weight: the same outcome under both formats, with vLLM's check for
+# weights not loaded (`enable_weights_track`) off, as it is by default here, and on.
+def outcome(path, *flags):
+    try:
+        vllm_load(path, *flags)
+        return "loaded"
+    except Exception as e:  # noqa: BLE001 (the outcome is the point)
+        return f"{type(e).__name__}: {e}"
+# model.layers.0.mlp.down_proj.weight is exempt (its layer post-processes its weights);
+# model.norm.weight is not.
+for lacking in ("model.layers.0.mlp.down_proj.weight", "model.norm.weight"):
+    gap = qwen2(f"lacking-{lacking}", tied=True, shard="10GB")
+    tensors = load_file(gap / "model.safetensors")
+    del tensors[lacking]
+    save_file(tensors, gap / "model.safetensors", metadata={"format": "pt"})
+    for track in (None, True):
+        extra = {} if track is None else {"enable_weights_track": track}
+        theirs = outcome(gap, "--load-format", "safetensors", "--model-loader-extra-config", json.dumps(extra))
+        ours = outcome(gap, *staging(extra))
+        assert theirs == ours, (lacking, track, theirs, ours)
+        print(f"a checkpoint lacking {lacking}, extra config {extra}: safetensors and staging"
+              f" alike: {ours[:150]}")
+
+# vLLM's own in-place reload (`collective_rpc("reload_weights")` in each worker) of the model
+# loaded with `staging`: the new checkpoint read through the library into the same memory.
+step = qwen2("qwen2-step", tied=False, seed=4)
+_, _, want = vllm_load(step, "--load-format", "safetensors")
 memory = {name: p.data_ptr() for name, p in model.named_parameters()}
-reads = []
-stream = engines.stream
-engines.stream = lambda source, device, options, *rest: reads.append(source) or stream(source, device, options, *rest)
-config = VllmConfig(str(d), LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"}))
-reload_weights(config, model, None, str(d / "step1"), True)
+with set_current_vllm_config(config):
+    reload_weights(config, model, None, str(step), True)
 for name, p in model.named_parameters():
-    assert torch.equal(p.data, step[name]) and p.data_ptr() == memory[name], name
-assert reads == [[str(d / "step1" / "model.safetensors")]], reads
-print("reload_weights(load_format='staging'): in place, bytes equal, read through the library from", reads[0])
+    assert torch.equal(p, want.state_dict()[name]) and p.data_ptr() == memory[name], name
+print(f"reload_weights(load format staging) of that Qwen2 from another checkpoint: all"
+      f" {len(memory)} parameters in place (the same memory), equal to a fresh safetensors load")
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_vllm.py -k real_signatures -rs
