@@ -251,6 +251,79 @@ def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
     assert other.options == {}
 
 
+def test_an_update_from_another_path_reads_that_path_not_the_servers_weights(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started with `weights` elsewhere than its `--model-path`: an update from disk
+    from a new path reads the new path (the server's `weights` belong to its `--model-path`);
+    an update from the server's own path reads the `weights` again."""
+    import safetensors.torch
+    import sglang.srt.runtime_context as context
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    tensors = checkpoint(tmp_path / "weights")
+    (tmp_path / "config-only").mkdir()
+    extra = json.dumps({"backend": "host", "weights": str(tmp_path / "weights")})
+    server = SimpleNamespace(
+        load_format="staging",
+        model_loader_extra_config=extra,
+        model_path=str(tmp_path / "config-only"),
+    )
+    monkeypatch.setattr(context, "_server_args", server)
+    config = ModelConfig(str(tmp_path / "config-only"))
+    model = Model()
+    step = {name: tensor * 2 for name, tensor in tensors.items()}
+    (tmp_path / "step1").mkdir()
+    safetensors.torch.save_file(step, tmp_path / "step1" / "model.safetensors")
+    updater = WeightUpdater(
+        tp_rank=0,
+        device="cpu",
+        gpu_id=0,
+        model_config=config,
+        custom_weight_loaders={},
+        get_model=lambda: model,
+        update_model_fields=lambda *args, **kwargs: None,
+        recapture_cuda_graph=lambda: None,
+        get_model_runner=lambda: None,
+    )
+    for path, want in [(tmp_path / "step1", step), (tmp_path / "config-only", tensors)]:
+        ok, message = updater.update_weights_from_disk(str(path), "staging")
+        assert ok, message
+        for name, param in model.named_parameters():
+            assert torch.equal(param, want[name]), (path, name)
+
+
+def test_model_checksum_with_streamed_weights_is_refused(
+    sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model-checksum` verifies local files before they are read; weights streamed from a
+    URL (or the Hub) are not local files, so the load is refused by name, not unverified."""
+    import sglang.srt.runtime_context as context
+    from sglang.srt.configs.load_config import LoadConfig
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.sglang as plugin
+
+    reads: List[Any] = []
+    monkeypatch.setattr(engines, "stream", lambda source, *rest: reads.append(source))
+    monkeypatch.setattr(
+        context, "_server_args", SimpleNamespace(model_checksum="sums.json", load_format="auto")
+    )
+    (tmp_path / "config-only").mkdir()
+    for extra, model in [
+        ({"weights": "s3://bucket/model"}, str(tmp_path / "config-only")),
+        ({}, "org/tiny"),
+    ]:
+        loader = plugin.StagingModelLoader(
+            LoadConfig(load_format=plugin.StagingModelLoader, model_loader_extra_config=extra)
+        )
+        with pytest.raises(ValueError, match="--model-checksum 'sums.json' verifies local files"):
+            loader.load_model(model_config=ModelConfig(model), device_config=DeviceConfig())
+    assert reads == []
+
+
 def sglang_loads(
     load_format: Any, config: Any, model: Any, extra: Any = None
 ) -> List[Tuple[str, torch.Tensor]]:
@@ -354,8 +427,9 @@ def test_the_checksum_and_the_file_order_are_sglangs(
 
 
 def test_the_weight_iterator_takes_what_sglang_passes(sglang: Any, tmp_path: Path) -> None:
-    """SGLang's start-up overlap resolves the files first and passes them with its prefetch
-    flags: the class reads the resolved files (and no others); the flags change nothing."""
+    """SGLang's overlapped start-up resolves the files first and passes them with its prefetch
+    flags (SGLang 0.5.23 refuses that mode for any loader but its own, but calls its loaders so):
+    the class reads the resolved files (and no others); the flags change nothing."""
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
     import safetensors_staging.sglang as plugin

@@ -707,6 +707,130 @@ def test_weights_elsewhere_untie_the_embeddings_as_vllm_does_for_a_model_directo
     assert config.hf_config.tie_word_embeddings and model.lm_head is model.embed
 
 
+def test_a_reload_from_another_path_reads_that_path_not_the_weights_given(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """vLLM's `reload_weights(weights_path=NEW)` makes a new loader from the same load config
+    (so the same `weights`) and points the model config at NEW: the plugin reads NEW, as vLLM
+    drops `model_weights` there ("they must not be carried over to the new path"). A reload
+    without a new path reads the `weights` again."""
+    import safetensors.torch
+    from vllm import config as vllm_config
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    import safetensors_staging.vllm as plugin
+
+    plugin.register()
+    embed = torch.randn(8, 4)
+    first = tmp_path / "weights"
+    first.mkdir()
+    safetensors.torch.save_file({"embed.weight": embed}, first / "model.safetensors")
+    (tmp_path / "config-only").mkdir()
+    load_config = LoadConfig(
+        load_format="staging",
+        model_loader_extra_config={"weights": str(first), "backend": "host"},
+    )
+    config = TiedConfig(str(tmp_path / "config-only"), tie=True)
+    model = plugin.StagingModelLoader(load_config).load_model(
+        vllm_config.VllmConfig(load_config=load_config), config
+    )
+    assert torch.equal(model.embed.weight, embed)
+    step = tmp_path / "step1"
+    step.mkdir()
+    safetensors.torch.save_file({"embed.weight": embed * 2}, step / "model.safetensors")
+    # What reload_weights does: a new loader, the model config pointed at the new path.
+    config.model, config.revision = str(step), None
+    got = dict(get_model_loader(load_config).get_all_weights(config, model))
+    assert torch.equal(got["embed.weight"], embed * 2), "the new checkpoint, not `weights`"
+    config.model = str(tmp_path / "config-only")  # a reload from the model's own path
+    got = dict(get_model_loader(load_config).get_all_weights(config, model))
+    assert torch.equal(got["embed.weight"], embed), "the `weights` again"
+
+
+def test_a_weights_url_is_refused_where_the_model_chooses_its_files(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """A model whose own weights are chosen by file patterns (or a subfolder) gets them from
+    the `weights` directory, chosen by vLLM; a `weights` URL cannot apply the patterns, and is
+    refused by name rather than read from the config directory."""
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging.vllm as plugin
+
+    tensors = checkpoint(tmp_path / "weights")
+    (tmp_path / "config-only").mkdir()
+    config = ModelConfig(str(tmp_path / "config-only"))
+    model = Model()
+    model.allow_patterns_overrides = ["model-00002-*.safetensors"]
+    local = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format="staging", model_loader_extra_config={"weights": str(tmp_path / "weights")}
+        )
+    )
+    got = dict(local.get_all_weights(config, model))
+    assert sorted(got) == ["layer.bias", "layer.weight"]
+    assert torch.equal(got["layer.weight"], tensors["layer.weight"])
+    remote = plugin.StagingModelLoader(
+        LoadConfig(
+            load_format="staging",
+            model_loader_extra_config={"weights": "s3://bucket/model"},
+        )
+    )
+    with pytest.raises(ValueError, match="give `weights` as a local directory, not the URL"):
+        list(remote.get_all_weights(config, model))
+
+
+def test_a_streamed_model_skips_what_the_model_says_it_does_not_use(
+    vllm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Hub model streams with no file choice of vLLM's: the model's
+    `is_unused_checkpoint_weight` picks the tensors (never read), as its `load_weights` would;
+    with a ModelScope switch set, a model id is vLLM's to download, not `hf://`."""
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.vllm as plugin
+
+    tensors = checkpoint(tmp_path / "model")
+    asked: List[Any] = []
+
+    def stream(source: Any, device: str, options: Dict[str, Any], *rest: Any) -> Any:
+        asked.append((source, options.get("select")))
+        return engines_stream(str(tmp_path / "model"), device, options, *rest)
+
+    engines_stream = engines.stream
+    monkeypatch.setattr(engines, "stream", stream)
+    model = Model()
+    model.is_unused_checkpoint_weight = lambda name: name.startswith("embed")
+    loader = plugin.StagingModelLoader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"})
+    )
+    got = dict(loader.get_all_weights(ModelConfig("org/tiny"), model))
+    assert asked[0][0] == "hf://org/tiny@main"
+    assert sorted(got) == ["layer.bias", "layer.weight"]
+    assert loader.last_report["bytes_read"] == sum(
+        tensors[n].nbytes for n in ("layer.bias", "layer.weight")
+    ), "the unused embedding never read"
+    monkeypatch.setenv("VLLM_USE_MODELSCOPE", "True")
+    assert engines.hub_path("org/tiny") is None
+
+
+def test_a_torchao_checkpoint_is_refused_by_name(vllm: Any, tmp_path: Path) -> None:
+    """vLLM's `load_weights` switches its reader to `torchao` for a torchao-serialized
+    checkpoint (its iterator rebuilds the tensor subclasses): the plugin refuses rather than
+    hand out plain tensors."""
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging.vllm as plugin
+
+    checkpoint(tmp_path / "model")
+    loader = plugin.StagingModelLoader(LoadConfig(load_format="staging"))
+    loader.load_config.safetensors_load_strategy = "torchao"
+    with pytest.raises(ValueError, match="torchao-serialized.*--load-format safetensors"):
+        list(loader.get_all_weights(ModelConfig(str(tmp_path / "model")), Model()))
+
+
 def test_share_reads_goes_through_the_world_group(vllm: Any, tmp_path: Path) -> None:
     import torch.distributed as dist
     from vllm.config.load import LoadConfig
@@ -794,7 +918,14 @@ USED = [
 OVERRIDDEN = (
     _LOADER,
     "DefaultModelLoader",
-    ["__init__", "_prepare_weights", "_get_weights_iterator", "download_model", "load_model"],
+    [
+        "__init__",
+        "_prepare_weights",
+        "_get_weights_iterator",
+        "get_all_weights",
+        "download_model",
+        "load_model",
+    ],
 )
 # What the plugin reads of the state vLLM's `DefaultModelLoader.__init__` sets.
 STATE = [

@@ -66,13 +66,24 @@ def is_repo_id(name: Any) -> bool:
     )
 
 
+def uses_modelscope() -> bool:
+    """Whether the engine fetches model ids from ModelScope rather than the Hugging Face Hub
+    (`VLLM_USE_MODELSCOPE`, `SGLANG_USE_MODELSCOPE`): a model id is then the engine's to
+    download, not `hf://`."""
+    return any(
+        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in ("VLLM_USE_MODELSCOPE", "SGLANG_USE_MODELSCOPE")
+    )
+
+
 def hub_path(model: Any, revision: Optional[str] = None) -> Optional[str]:
     """`hf://{model}@{revision}` when `model` names a model on the Hub rather than a local path:
     a model id that is not an existing path (as `transformers` and the engines tell them
-    apart), or an `hf://` path already (returned as it is). `None` otherwise."""
+    apart) unless the engine fetches ids from ModelScope, or an `hf://` path already (returned
+    as it is). `None` otherwise."""
     if is_hub(model):
         return model
-    if not is_repo_id(model) or os.path.exists(model):
+    if not is_repo_id(model) or os.path.exists(model) or uses_modelscope():
         return None
     # A revision holding `/` (`refs/pr/1`) is written percent-encoded.
     return f"hf://{model}@{quote(revision or 'main', safe='')}"
@@ -212,6 +223,11 @@ class EngineLoaderMixin:
     last_report: Optional[Dict[str, Any]]
     # Where the engine's load puts the model (`load_model` sets it), None before.
     _target: Optional[Any] = None
+    # The model path the configured `weights` were given for, when known (see `_weights_for`).
+    _weights_of: Optional[str] = None
+    # The model's own path in the load being made, when the engine says (vLLM's
+    # `get_all_weights`): the source at that path is the model's own.
+    _own_path: Optional[str] = None
 
     def _configure(
         self, load_config: Any, extra: Any = None, engine_keys: Tuple[str, ...] = ()
@@ -242,24 +258,46 @@ class EngineLoaderMixin:
         """The engine's world group coordinator (`get_world_group()`)."""
         raise NotImplementedError
 
-    def _streamed(self, model: str, revision: Optional[str], plain: bool) -> Optional[str]:
-        """The URL this library reads a weight source from itself, or None (the engine's
-        file choice picks local files): the `weights` URL, else, without `weights`, a Hub model
-        id's `hf://{model}@{revision}` (streamed into the Hugging Face cache instead of being
-        downloaded first). Only for a `plain` source: the model's own, with no prefix, subfolder
-        or file patterns of the model's (those go through the engine's file choice)."""
-        if not plain:
+    def _weights_for(self, model: str, own: bool) -> Optional[str]:
+        """The configured `weights`, when they hold the weights of the source at `model`: the
+        model's `own` source (not a secondary one), and, where the model path the weights were
+        given for is known (`_weights_of`), that path. A reload from a new checkpoint (vLLM's
+        `reload_weights(weights_path=...)`, SGLang's `update_weights_from_disk(path)`) reads
+        the new path: the `weights` belong to the model it reloads away from, as vLLM says of
+        its own `model_weights`."""
+        if self.weights is None or not own:
             return None
-        if is_url(self.weights):
-            return self.weights
-        return hub_path(model, revision) if self.weights is None else None
+        if self._weights_of is not None and model != self._weights_of:
+            return None
+        return self.weights
 
-    def _model_dir(self, model: str, plain: bool) -> str:
+    def _streamed(
+        self, model: str, revision: Optional[str], own: bool, plain: bool
+    ) -> Optional[str]:
+        """The URL this library reads a weight source from itself, or None (the engine's
+        file choice picks local files): the `weights` URL (`_weights_for`), else, without
+        `weights`, a Hub model id's `hf://{model}@{revision}` (streamed into the Hugging Face
+        cache instead of being downloaded first). Only for a `plain` source, with no prefix,
+        subfolder or file patterns of the model's: those go through the engine's file choice,
+        and a `weights` URL cannot apply them (a `ValueError`)."""
+        weights = self._weights_for(model, own)
+        if is_url(weights):
+            if not plain:
+                raise ValueError(
+                    f"the model's weights at {model!r} are chosen by a subfolder or file "
+                    f"patterns of the model's, which the engine applies to local files only: "
+                    f"give `weights` as a local directory, not the URL {weights!r}"
+                )
+            return weights
+        if weights is None and plain:
+            return hub_path(model, revision)
+        return None
+
+    def _model_dir(self, model: str, own: bool) -> str:
         """Where the engine's file choice looks for a source's files: the `weights` directory
-        for the model's own (`plain`) source when one is given, else the source's own path."""
-        if plain and self.weights is not None and not is_url(self.weights):
-            return self.weights
-        return model
+        when it holds this source's weights (`_weights_for`), else the source's own path."""
+        weights = self._weights_for(model, own)
+        return weights if weights is not None and not is_url(weights) else model
 
     def _device(self) -> str:
         """Where the tensors go: `load_device` of the engine's target device (the one

@@ -42,7 +42,7 @@ its parameter. Its loader is made with no extra config; it reads with the server
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 from . import _engines
 from ._engines import EXTRA_CONFIG_KEYS, LOAD_FORMAT
@@ -55,22 +55,26 @@ __all__ = [
 ]
 
 
-def _server_extra_config(load_config: Any) -> Any:
-    """The extra config a loader made for `load_config` reads: its own, or, when it has none,
-    the server's `--model-loader-extra-config` when the server's load format is this one too.
-    SGLang's `update_weights_from_disk` makes its `LoadConfig` from the load format alone, so
-    without this a reload would read with the library's defaults rather than as the server was
-    told (`backend`, `device_memory`, ...). A server started with another format keeps its
-    extra config for that format's loader."""
+def _server_extra_config(load_config: Any) -> Tuple[Any, Optional[str]]:
+    """The extra config a loader made for `load_config` reads, and the model path its
+    `weights` were given for when that is known: its own extra config (path unknown), or, when
+    it has none, the server's `--model-loader-extra-config` (for the server's `--model-path`)
+    when the server's load format is this one too. SGLang's `update_weights_from_disk` makes its
+    `LoadConfig` from the load format alone, so without this a reload would read with the
+    library's defaults rather than as the server was told (`backend`, `device_memory`, ...);
+    and a reload from another path reads that path, not the server's `weights`. A server
+    started with another format keeps its extra config for that format's loader."""
     extra = getattr(load_config, "model_loader_extra_config", None)
     if extra:
-        return extra
+        return extra, None
     server = _server_args()
     server_format = getattr(server, "load_format", None)
     ours = server_format is __getattr__("StagingModelLoader") or (
         isinstance(server_format, str) and server_format.lower() == LOAD_FORMAT
     )
-    return getattr(server, "model_loader_extra_config", None) if ours else extra
+    if not ours:
+        return extra, None
+    return getattr(server, "model_loader_extra_config", None), getattr(server, "model_path", None)
 
 
 def _server_args() -> Any:
@@ -154,7 +158,8 @@ def _make_loader_class() -> type:
         """
 
         def __init__(self, load_config: Any) -> None:
-            self._configure(load_config, _server_extra_config(load_config))
+            extra, self._weights_of = _server_extra_config(load_config)
+            self._configure(load_config, extra)
             # SGLang's own checks and state, for the format whose files this loader reads.
             DefaultModelLoader.__init__(
                 self, _engines.with_format(load_config, LoadFormat.SAFETENSORS, {})
@@ -179,7 +184,7 @@ def _make_loader_class() -> type:
             """SGLang's download of the model's safetensors files (of the `weights`
             directory, when given), unless the weights stream from a URL or the Hub."""
             model, revision = model_config.model_path, model_config.revision
-            if self._streamed(model, revision, plain=True) is None:
+            if self._streamed(model, revision, own=True, plain=True) is None:
                 self._prepare_weights(self._model_dir(model, True), revision, fall_back_to_pt=True)
 
         def load_model(self, *, model_config: Any, device_config: Any) -> Any:
@@ -205,14 +210,25 @@ def _make_loader_class() -> type:
             import time
 
             plain = not source.prefix and getattr(source, "allow_patterns_overrides", None) is None
-            files: Any = self._streamed(source.model_or_path, source.revision, plain)
-            if files is None and resolved_source is not None:
+            # The model's own source is the one SGLang makes with its model config.
+            own = getattr(source, "model_config", None) is not None or plain
+            files: Any = self._streamed(source.model_or_path, source.revision, own, plain)
+            if files is not None:
+                checksum = getattr(_server_args(), "model_checksum", None)
+                if checksum is not None:
+                    raise ValueError(
+                        f"--model-checksum {checksum!r} verifies local files before they are "
+                        f"read; load format {LOAD_FORMAT!r} streams these weights from "
+                        f"{files!r}. Download the model and give it as a local path (or as "
+                        "the `weights` directory), or drop --model-checksum."
+                    )
+            elif resolved_source is not None:
                 files = list(resolved_source.weight_files)
-            elif files is None:
+            else:
                 from sglang.srt.model_loader.weight_utils import maybe_add_mtp_safetensors
 
                 hf_folder, files, _ = self._prepare_weights(
-                    self._model_dir(source.model_or_path, plain),
+                    self._model_dir(source.model_or_path, own),
                     source.revision,
                     source.fall_back_to_pt,
                     getattr(source, "allow_patterns_overrides", None),

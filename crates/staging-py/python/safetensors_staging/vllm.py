@@ -114,22 +114,34 @@ def _make_loader_class() -> type:
             """vLLM's download of the model's safetensors files (of the `weights` directory,
             when given), unless the weights stream from a URL or the Hub as they load."""
             model, revision = model_config.model, model_config.revision
-            if self._streamed(model, revision, plain=True) is None:
+            if self._streamed(model, revision, own=True, plain=True) is None:
                 self._prepare_weights(self._model_dir(model, True), None, revision, True, None)
 
         def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> Any:
             """vLLM's `load_model`, with the tensors on its load device, and with the
-            embedding tying decided from the checkpoint read, when that is `weights`."""
+            embedding tying decided from the checkpoint read, when that is `weights`. The
+            model keeps the path the `weights` were given for: a reload from another path
+            reads that path (`_weights_for`)."""
             config = vllm_config.load_config
             self._target = (
                 config.device if config.device is not None else vllm_config.device_config.device
             )
-            if self.weights is not None:
-                self._untie_as_the_checkpoint_says(model_config)
             try:
-                return super().load_model(vllm_config, model_config, prefix)
+                if self.weights is not None:
+                    self._untie_as_the_checkpoint_says(model_config)
+                model = super().load_model(vllm_config, model_config, prefix)
             finally:
                 self._target = None
+            if self.weights is not None:
+                model._staging_weights_of = model_config.model
+            return model
+
+        def get_all_weights(self, model_config: Any, model: Any) -> Iterator[Tuple[str, Any]]:
+            """vLLM's `get_all_weights` (the load's, and `reload_weights`'), knowing which
+            source is the model's own and which path the `weights` were given for."""
+            self._own_path = model_config.model
+            self._weights_of = getattr(model, "_staging_weights_of", None)
+            yield from super().get_all_weights(model_config, model)
 
         def _untie_as_the_checkpoint_says(self, model_config: Any) -> None:
             """vLLM's `ModelConfig.maybe_untie_word_embeddings` (which looked at the model
@@ -140,7 +152,9 @@ def _make_loader_class() -> type:
             if not getattr(hf_config, "tie_word_embeddings", False):
                 return
             model, revision = model_config.model, model_config.revision
-            source = self._streamed(model, revision, plain=True) or self._model_dir(model, True)
+            source = self._streamed(model, revision, own=True, plain=True) or self._model_dir(
+                model, True
+            )
             import safetensors_staging as st
 
             remote = ("concurrency", "range_size", "retries", "bandwidth", "store_options")
@@ -157,27 +171,47 @@ def _make_loader_class() -> type:
             """vLLM's `_get_weights_iterator` with this library reading the tensors."""
             import time
 
+            if getattr(self.load_config, "safetensors_load_strategy", None) == "torchao":
+                # Set by vLLM's `load_weights` for a torchao-serialized checkpoint, whose
+                # tensor subclasses vLLM's own iterator rebuilds.
+                raise ValueError(
+                    f"load format {LOAD_FORMAT!r} reads plain tensors; this checkpoint is "
+                    "torchao-serialized, which vLLM's own safetensors iterator rebuilds. "
+                    "Use --load-format safetensors for this model."
+                )
             plain = (
                 not source.prefix
                 and getattr(source, "subfolder", None) is None
                 and source.allow_patterns_overrides is None
             )
-            files: Any = self._streamed(source.model_or_path, source.revision, plain)
+            own = source.model_or_path == self._own_path if self._own_path is not None else plain
+            files: Any = self._streamed(source.model_or_path, source.revision, own, plain)
+            unused = getattr(source, "is_unused_weight", None)
+            keep = None
             if files is None:
                 hf_folder, files, _, index_file = self._prepare_weights(
-                    self._model_dir(source.model_or_path, plain),
+                    self._model_dir(source.model_or_path, own),
                     getattr(source, "subfolder", None),
                     source.revision,
                     source.fall_back_to_pt,
                     source.allow_patterns_overrides,
                 )
                 files = self._filter_files(source, files, hf_folder, index_file)
-            keep = None
+                from vllm.model_executor.model_loader import weight_utils
+
+                # The order vLLM's own safetensors iterator reads the files in.
+                files = sorted(files, key=getattr(weight_utils, "_natural_sort_key", None))
+            elif unused is not None:
+                # A streamed checkpoint has no file choice: the model's rule (the one its
+                # `load_weights` follows) picks the tensors instead.
+                keep = lambda name: not unused(name)  # noqa: E731
             if self.local_expert_ids is not None:
                 from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
 
-                experts = self.local_expert_ids
-                keep = lambda name: not should_skip_weight(name, experts)  # noqa: E731
+                experts, named = self.local_expert_ids, keep
+                keep = lambda name: (  # noqa: E731
+                    not should_skip_weight(name, experts) and (named is None or named(name))
+                )
             weights = self._read(files, keep)
             if self.counter_before_loading_weights == 0.0:
                 self.counter_before_loading_weights = time.perf_counter()
