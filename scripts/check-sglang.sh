@@ -7,8 +7,10 @@
 #   2. SGLang's own update_weights_from_disk with load format `staging` reloads in place, reading
 #      with the server's --model-loader-extra-config;
 #   3. SGLang's own `load_model`, as its ModelRunner calls it, builds its Qwen2ForCausalLM
-#      (sharded with an index; tied embeddings; a checkpoint lacking a weight) with
-#      `--load-format staging` byte for byte as with `--load-format safetensors`;
+#      (sharded with an index; tied embeddings; config and weights in two directories; a
+#      checkpoint lacking a weight) with `--load-format staging` byte for byte as with
+#      `--load-format safetensors`; update_weights_from_disk of the server with `weights`
+#      elsewhere reads the new path;
 #      `--model-checksum` is verified for both (a changed byte refused by both); a quantization
 #      SGLang gives a loader of its own is refused by name;
 #   4. a `register` that cannot hook is logged by SGLang as our RuntimeError, and
@@ -134,7 +136,7 @@ PY
 # safetensors` and `--load-format staging` (the plugin) each build SGLang's model from the same
 # checkpoint through `build_load_config`, `get_model_loader` and `load_model`; every parameter of
 # the two models is compared, byte for byte.
-import os, sys, tempfile, types
+import json, os, sys, tempfile, types
 from pathlib import Path
 import torch
 # SGLang's rotary embedding, on a machine without a GPU, imports vLLM's kernel for the forward
@@ -159,8 +161,8 @@ from safetensors_staging.sglang import StagingModelLoader
 load_plugins()
 root = Path(tempfile.mkdtemp())
 
-def qwen2(name, tied, shard="40KB"):
-    torch.manual_seed(3)
+def qwen2(name, tied, shard="40KB", seed=3):
+    torch.manual_seed(seed)
     Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
                      ).save_pretrained(root / name, max_shard_size=shard)
@@ -183,13 +185,17 @@ def sglang_load(path, *flags, quantization=None):
     loader = get_model_loader(load_config, model_config)
     if quantization is not None:
         return loader, model_config
+    configs[loader] = model_config
     return loader, loader.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
+configs = {}
 
 STAGING = ("--load-format", "staging", "--model-loader-extra-config", '{"backend": "host"}')
 
-def compare(path, what, *flags, missing=()):
+def compare(path, what, *flags, missing=(), ours_path=None, extra=None):
     theirs_loader, theirs = sglang_load(path, "--load-format", "safetensors", *flags)
-    ours_loader, ours = sglang_load(path, *STAGING, *flags)
+    staging = STAGING if extra is None else ("--load-format", "staging", "--model-loader-extra-config",
+                                             json.dumps({"backend": "host", **extra}))
+    ours_loader, ours = sglang_load(ours_path or path, *staging, *flags)
     assert type(ours_loader) is StagingModelLoader, type(ours_loader)
     a, b = theirs.state_dict(), ours.state_dict()
     assert a.keys() == b.keys(), a.keys() ^ b.keys()
@@ -211,6 +217,30 @@ def compare(path, what, *flags, missing=()):
 sharded = qwen2("qwen2", tied=False)
 compare(sharded, f"Qwen2 in {len(list(sharded.glob('*.safetensors')))} shards with an index")
 compare(qwen2("qwen2-tied", tied=True, shard="10GB"), "Qwen2 with tied embeddings, one file")
+# `weights` elsewhere: the config in one directory, the weights in another.
+(root / "config-only").mkdir()
+for f in sharded.glob("config*.json"):
+    (root / "config-only" / f.name).write_bytes(f.read_bytes())
+compare(sharded, "config and weights in two directories (extra config `weights`)",
+        ours_path=root / "config-only", extra={"weights": str(sharded)})
+# SGLang's own update_weights_from_disk of that server (started with `weights` elsewhere) from a
+# new checkpoint: the new path is read, in place, not the server's `weights`.
+from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+step = qwen2("qwen2-step", tied=False, seed=4)
+_, want = sglang_load(step, "--load-format", "safetensors")
+server_loader, model = sglang_load(root / "config-only", "--load-format", "staging", "--model-loader-extra-config",
+                                   json.dumps({"backend": "host", "weights": str(sharded)}))
+memory = {name: p.data_ptr() for name, p in model.named_parameters()}
+updater = WeightUpdater(tp_rank=0, device="cpu", gpu_id=0, model_config=configs[server_loader],
+                        custom_weight_loaders={}, get_model=lambda: model, update_model_fields=lambda *a, **k: None,
+                        recapture_cuda_graph=lambda: None, get_model_runner=lambda: None)
+ok, message = updater.update_weights_from_disk(str(step), "staging")
+assert ok, message
+a, b = want.state_dict(), model.state_dict()
+for name, p in model.named_parameters():
+    assert torch.equal(p, a[name]) and p.data_ptr() == memory[name], name
+print(f"update_weights_from_disk(a new checkpoint, 'staging') of a server started with `weights` elsewhere:"
+      f" {message} all {len(memory)} parameters in place, equal to a fresh safetensors load of the new path")
 # --model-checksum: SGLang verifies the files before either format reads them.
 generate_checksums(source=str(sharded), output_path=str(root / "sums.json"))
 compare(sharded, "--model-checksum (the checksums SGLang generated)", "--model-checksum", str(root / "sums.json"))

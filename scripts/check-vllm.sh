@@ -5,11 +5,12 @@
 #   1. vLLM's own plugin loader finds `safetensors_staging.vllm:register` through the entry point,
 #      and `get_model_loader(LoadConfig(load_format="staging"))` returns our StagingModelLoader;
 #   2. vLLM's own argument parser and `create_engine_config` take `--load-format staging`, and its
-#      `load_model` builds its Qwen2ForCausalLM (sharded with an index; tied embeddings; config
-#      and weights in two directories) byte for byte as with `--load-format safetensors`; a
-#      checkpoint lacking an exempt weight and one lacking a weight vLLM checks give the same
-#      outcome under both; vLLM's own in-place `reload_weights` (what
-#      `collective_rpc("reload_weights")` runs) reloads that model through the plugin;
+#      `load_model` builds its Qwen2ForCausalLM (sharded with an index; tied embeddings; a tied
+#      config whose checkpoint holds its own lm_head, config and weights in two directories) byte
+#      for byte as with `--load-format safetensors`; a checkpoint lacking an exempt weight and
+#      one lacking a weight vLLM checks give the same outcome under both; vLLM's own in-place
+#      `reload_weights` (what `collective_rpc("reload_weights")` runs) reloads two of those
+#      models from a new path through the plugin (the one with `weights` elsewhere included);
 #   3. the stand-ins the CI tests use have the real signatures, both directions.
 # Usage: [WHEEL=...] [VLLM=vllm==X] scripts/check-vllm.sh [VENV_DIR]
 set -euo pipefail
@@ -135,13 +136,20 @@ sharded = qwen2("qwen2", tied=False)
 config, model = compare(f"Qwen2 in {len(list(sharded.glob('*.safetensors')))} shards with an index", sharded)
 tied = qwen2("qwen2-tied", tied=True, shard="10GB")
 compare("Qwen2 with tied embeddings, one file", tied)
-# The config in one directory, the weights in another (`weights`): vLLM's tied-embedding check
-# reads the weights' directory, as `safetensors` reads the model's own.
+# The config in one directory, the weights in another (`weights`), for a config that ties the
+# embeddings and a checkpoint that holds an lm_head of its own: vLLM unties them when it finds
+# the lm_head in the model directory; the plugin looks in `weights`.
+headed = qwen2("qwen2-tied-head", tied=True, shard="10GB")
+tensors = load_file(headed / "model.safetensors")
+tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])
+save_file(tensors, headed / "model.safetensors", metadata={"format": "pt"})
 (root / "config-only").mkdir()
-for f in tied.glob("*.json"):
+for f in headed.glob("*.json"):
     (root / "config-only" / f.name).write_bytes(f.read_bytes())
-compare("tied embeddings, config and weights in two directories (extra config `weights`)", tied,
-        root / "config-only", {"weights": str(tied)})
+apart_config, apart = compare("a tied config, a checkpoint with its own lm_head, config and weights in two"
+                              " directories (extra config `weights`)", headed, root / "config-only",
+                              {"weights": str(headed)})
+assert torch.equal(apart.lm_head.weight, tensors["lm_head.weight"].to(apart.lm_head.weight.dtype)), "untied"
 
 # A checkpoint lacking a weight: the same outcome under both formats, with vLLM's check for
 # weights not loaded (`enable_weights_track`) off, as it is by default here, and on.
@@ -166,16 +174,18 @@ for lacking in ("model.layers.0.mlp.down_proj.weight", "model.norm.weight"):
         print(f"a checkpoint lacking {lacking}, extra config {extra}: safetensors and staging"
               f" alike: {ours[:150]}")
 
-# vLLM's own in-place reload (`collective_rpc("reload_weights")` in each worker) of the model
-# loaded with `staging`: the new checkpoint read through the library into the same memory.
+# vLLM's own in-place reload (`collective_rpc("reload_weights")` in each worker) of the models
+# loaded with `staging`: the new checkpoint read through the library into the same memory. The
+# one loaded with `weights` elsewhere reads the new path too, not those `weights`.
 step = qwen2("qwen2-step", tied=False, seed=4)
 _, _, want = vllm_load(step, "--load-format", "safetensors")
-memory = {name: p.data_ptr() for name, p in model.named_parameters()}
-with set_current_vllm_config(config):
-    reload_weights(config, model, None, str(step), True)
-for name, p in model.named_parameters():
-    assert torch.equal(p, want.state_dict()[name]) and p.data_ptr() == memory[name], name
-print(f"reload_weights(load format staging) of that Qwen2 from another checkpoint: all"
-      f" {len(memory)} parameters in place (the same memory), equal to a fresh safetensors load")
+for what, (config, model) in [("that Qwen2", (config, model)), ("the one with `weights` elsewhere", (apart_config, apart))]:
+    memory = {name: p.data_ptr() for name, p in model.named_parameters()}
+    with set_current_vllm_config(config):
+        reload_weights(config, model, None, str(step), True)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, want.state_dict()[name]) and p.data_ptr() == memory[name], name
+    print(f"reload_weights(load format staging) of {what} from another checkpoint: all"
+          f" {len(memory)} parameters in place (the same memory), equal to a fresh safetensors load")
 PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_vllm.py -k real_signatures -rs
