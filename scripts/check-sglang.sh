@@ -9,7 +9,9 @@
 #   3. SGLang's own `load_model`, as its ModelRunner calls it, builds its Qwen2ForCausalLM
 #      (sharded with an index; tied embeddings; config and weights in two directories; a
 #      checkpoint lacking a weight) with `--load-format staging` byte for byte as with
-#      `--load-format safetensors`; update_weights_from_disk of the server with `weights`
+#      `--load-format safetensors`; SGLang's `_get_all_weights` gives the same tensors under
+#      both for a model's file patterns and secondary weights, and reads the files in the order
+#      of SGLANG_SORT_WEIGHT_FILES; update_weights_from_disk of the server with `weights`
 #      elsewhere reads the new path;
 #      `--model-checksum` is verified for both (a changed byte refused by both); a quantization
 #      SGLang gives a loader of its own is refused by name;
@@ -168,7 +170,9 @@ def qwen2(name, tied, shard="40KB", seed=3):
                      ).save_pretrained(root / name, max_shard_size=shard)
     return root / name
 
-def sglang_load(path, *flags, quantization=None):
+def sglang_load(path, *flags, quantization=None, load=True):
+    """SGLang's loader for these flags, and the model it loads (with a quantization, or
+    `load=False`: the model config instead, nothing loaded)."""
     args = prepare_server_args(["--model-path", str(path), "--device", "cpu", *flags])
     args.resolve_once()
     publish(args, role="test", ranks=SpawnRanks(world_rank=0))
@@ -183,7 +187,7 @@ def sglang_load(path, *flags, quantization=None):
                                     remote_instance_weight_transporter_session_id="", draft_model_idx=None,
                                     weight_cache_mode="off", weight_cache_socket=None)
     loader = get_model_loader(load_config, model_config)
-    if quantization is not None:
+    if quantization is not None or not load:
         return loader, model_config
     configs[loader] = model_config
     return loader, loader.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
@@ -217,6 +221,50 @@ def compare(path, what, *flags, missing=(), ours_path=None, extra=None):
 sharded = qwen2("qwen2", tied=False)
 compare(sharded, f"Qwen2 in {len(list(sharded.glob('*.safetensors')))} shards with an index")
 compare(qwen2("qwen2-tied", tied=True, shard="10GB"), "Qwen2 with tied embeddings, one file")
+# The weight sources an SGLang model can name, through SGLang's own `_get_all_weights`:
+# `safetensors` and `staging` give the same names and bytes for each.
+from types import SimpleNamespace
+from sglang.srt.model_loader.loader import DefaultModelLoader
+extra_dir = root / "vision"
+extra_dir.mkdir()
+save_file({"proj.weight": torch.arange(6.0).reshape(2, 3)}, extra_dir / "v.safetensors")
+sources = {
+    "the model's own": {},
+    "allow_patterns_overrides": {"allow_patterns_overrides": ["model-0000[1-3]-of-*.safetensors"]},
+    "secondary_weights (another directory, a prefix)": {
+        "secondary_weights": [DefaultModelLoader.Source(str(extra_dir), None, prefix="v.")]},
+}
+for what, attributes in sources.items():
+    got = {}
+    for flags in (("--load-format", "safetensors"), STAGING):
+        args = prepare_server_args(["--model-path", str(sharded), "--device", "cpu", *flags])
+        args.resolve_once()
+        publish(args, role="test", ranks=SpawnRanks(world_rank=0))
+        model_config = ModelConfig.from_server_args(args)
+        load_config = build_load_config(server_args=args, tp_rank=0, remote_instance_weight_transporter_engine=None,
+                                        remote_instance_weight_transporter_session_id="", draft_model_idx=None,
+                                        weight_cache_mode="off", weight_cache_socket=None)
+        loader = get_model_loader(load_config, model_config)
+        got[flags[1]] = [(n, t.clone()) for n, t in loader._get_all_weights(model_config, SimpleNamespace(**attributes))]
+    theirs, ours = dict(got["safetensors"]), dict(got["staging"])
+    assert sorted(theirs) == sorted(ours) and len(ours) == len(got["staging"]), (what, sorted(theirs), sorted(ours))
+    assert all(torch.equal(theirs[n], ours[n]) for n in theirs), what
+    print(f"_get_all_weights, {what}: safetensors and staging give the same {len(ours)} tensors, bytes equal")
+# SGLANG_SORT_WEIGHT_FILES: the files are read in the order SGLang's own file choice gives.
+import safetensors_staging._engines as engines
+read = []
+stream = engines.stream
+engines.stream = lambda source, *rest: read.append(list(source)) or stream(source, *rest)
+for order in ("0", "-1"):
+    os.environ["SGLANG_SORT_WEIGHT_FILES"] = order
+    loader, model_config = sglang_load(sharded, *STAGING, load=False)
+    theirs = DefaultModelLoader(LoadConfig(load_format="safetensors"))._prepare_weights(str(sharded), None, True)[1]
+    list(loader._get_all_weights(model_config, SimpleNamespace()))
+    assert read[-1] == theirs, (order, read[-1], theirs)
+    print(f"SGLANG_SORT_WEIGHT_FILES={order}: staging reads the {len(theirs)} files in SGLang's own order",
+          f"({'sorted' if theirs == sorted(theirs) else 'as globbed, not sorted'})")
+del os.environ["SGLANG_SORT_WEIGHT_FILES"]
+engines.stream = stream
 # `weights` elsewhere: the config in one directory, the weights in another.
 (root / "config-only").mkdir()
 for f in sharded.glob("config*.json"):

@@ -7,7 +7,9 @@
 #   2. vLLM's own argument parser and `create_engine_config` take `--load-format staging`, and its
 #      `load_model` builds its Qwen2ForCausalLM (sharded with an index; tied embeddings; a tied
 #      config whose checkpoint holds its own lm_head, config and weights in two directories) byte
-#      for byte as with `--load-format safetensors`; a checkpoint lacking an exempt weight and
+#      for byte as with `--load-format safetensors`; vLLM's `get_all_weights` gives the same
+#      tensors under both for a model's file patterns, unused weights and secondary weights
+#      (another directory, a subfolder); a checkpoint lacking an exempt weight and
 #      one lacking a weight vLLM checks give the same outcome under both; vLLM's own in-place
 #      `reload_weights` (what `collective_rpc("reload_weights")` runs) reloads two of those
 #      models from a new path through the plugin (the one with `weights` elsewhere included);
@@ -150,6 +152,36 @@ apart_config, apart = compare("a tied config, a checkpoint with its own lm_head,
                               " directories (extra config `weights`)", headed, root / "config-only",
                               {"weights": str(headed)})
 assert torch.equal(apart.lm_head.weight, tensors["lm_head.weight"].to(apart.lm_head.weight.dtype)), "untied"
+
+# The weight sources a vLLM model can name, through vLLM's own `get_all_weights` (the load's and
+# the reload's): `safetensors` and `staging` give the same names and bytes for each.
+from types import SimpleNamespace
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+extra_dir = root / "vision"
+extra_dir.mkdir()
+save_file({"proj.weight": torch.arange(6.0).reshape(2, 3)}, extra_dir / "v.safetensors")
+(sharded / "sub").mkdir()
+save_file({"head.weight": torch.full((4,), 7.0)}, sharded / "sub" / "s.safetensors")
+sources = {
+    "the model's own": {},
+    "allow_patterns_overrides": {"allow_patterns_overrides": ["model-0000[1-3]-of-*.safetensors"]},
+    "is_unused_checkpoint_weight": {"is_unused_checkpoint_weight": lambda n: ".layers.1." in n},
+    "secondary_weights (another directory, a prefix)": {
+        "secondary_weights": [DefaultModelLoader.Source(str(extra_dir), None, prefix="v.")]},
+    "secondary_weights (a subfolder)": {
+        "secondary_weights": [DefaultModelLoader.Source(str(sharded), None, subfolder="sub", prefix="s.")]},
+}
+model_config = engine_config(sharded, "--load-format", "safetensors").model_config
+for what, attributes in sources.items():
+    got = {}
+    for load_format, extra in (("safetensors", {}), ("staging", {"backend": "host"})):
+        loader = get_model_loader(LoadConfig(load_format=load_format, model_loader_extra_config=extra))
+        got[load_format] = [(n, t.clone()) for n, t in loader.get_all_weights(model_config, SimpleNamespace(**attributes))]
+    theirs, ours = dict(got["safetensors"]), dict(got["staging"])
+    assert sorted(theirs) == sorted(ours) and len(ours) == len(got["staging"]), (what, sorted(theirs), sorted(ours))
+    assert all(torch.equal(theirs[n], ours[n]) for n in theirs), what
+    print(f"get_all_weights, {what}: safetensors and staging give the same {len(ours)} tensors, bytes equal")
 
 # A checkpoint lacking a weight: the same outcome under both formats, with vLLM's check for
 # weights not loaded (`enable_weights_track`) off, as it is by default here, and on.
