@@ -816,6 +816,43 @@ def test_a_streamed_model_skips_what_the_model_says_it_does_not_use(
     assert engines.hub_path("org/tiny") is None
 
 
+def test_mm_encoder_only_reads_no_shard_of_the_language_model_alone(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """`--mm-encoder-only`: vLLM's shard filter drops the shards holding only the language
+    model's tensors, before anything is read; `staging` reads what `safetensors` reads, and a
+    filter that leaves nothing is vLLM's error."""
+    from types import SimpleNamespace
+
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    import safetensors_staging.vllm as plugin
+
+    plugin.register()
+    tensors = checkpoint(tmp_path / "model")
+    config = ModelConfig(str(tmp_path / "model"))
+    config.multimodal_config = SimpleNamespace(mm_encoder_only=True)
+    got = {}
+    for load_format, extra in (("safetensors", {}), ("staging", {"backend": "host"})):
+        loader = get_model_loader(
+            LoadConfig(load_format=load_format, model_loader_extra_config=extra)
+        )
+        model = Model()
+        model._language_model_names = ["embed"]  # the language model: shard 1 alone
+        loader._init_mm_encoder_only_weight_filter(model, config)
+        got[load_format] = dict(loader.get_all_weights(config, model))
+    assert sorted(got["staging"]) == sorted(got["safetensors"]) == ["layer.bias", "layer.weight"]
+    assert all(torch.equal(got["staging"][n], tensors[n]) for n in got["staging"])
+    assert loader.last_report["bytes_read"] == sum(
+        tensors[n].nbytes for n in ("layer.bias", "layer.weight")
+    ), "the language model's shard never read"
+    model._language_model_names = ["embed", "layer"]
+    loader._init_mm_encoder_only_weight_filter(model, config)
+    with pytest.raises(RuntimeError, match="mm-encoder-only shard filter removed all weight files"):
+        list(loader.get_all_weights(config, model))
+
+
 def test_a_torchao_checkpoint_is_refused_by_name(vllm: Any, tmp_path: Path) -> None:
     """vLLM's `load_weights` switches its reader to `torchao` for a torchao-serialized
     checkpoint (its iterator rebuilds the tensor subclasses): the plugin refuses rather than
