@@ -18,12 +18,14 @@ import torch
 
 from test_engines_vllm import (
     Model,
+    StopAtDevice,
     check_signatures,
     checkpoint,
     compare_with_real,
     imports_nothing_early,
     overrides_take,
     real_importable,
+    record_devices,
     signatures,
     use_standin,
 )
@@ -180,6 +182,24 @@ def test_the_plugin_makes_load_format_staging_the_class(sglang: Any, tmp_path: P
         )
 
 
+def weight_updater(config: Any, model: Any) -> Any:
+    """SGLang's `WeightUpdater` of a server on the CPU running `model`, as its scheduler makes
+    one (no CUDA graph to recapture, nothing else to update)."""
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    return WeightUpdater(
+        tp_rank=0,
+        device="cpu",
+        gpu_id=0,
+        model_config=config,
+        custom_weight_loaders={},
+        get_model=lambda: model,
+        update_model_fields=lambda *args, **kwargs: None,
+        recapture_cuda_graph=lambda: None,
+        get_model_runner=lambda: None,
+    )
+
+
 def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
     sglang: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,7 +209,6 @@ def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
     import safetensors.torch
     import sglang.srt.runtime_context as context
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
     from sglang.srt.model_loader.loader import get_model_loader
     from sglang.srt.plugins import load_plugins
 
@@ -220,17 +239,7 @@ def test_update_weights_from_disk_reloads_in_place_as_the_server_was_told(
         return stream(source, device, options, *rest)
 
     monkeypatch.setattr(engines, "stream", recorded)
-    updater = WeightUpdater(
-        tp_rank=0,
-        device="cpu",
-        gpu_id=0,
-        model_config=config,
-        custom_weight_loaders={},
-        get_model=lambda: model,
-        update_model_fields=lambda *args, **kwargs: None,
-        recapture_cuda_graph=lambda: None,
-        get_model_runner=lambda: None,
-    )
+    updater = weight_updater(config, model)
     ok, message = updater.update_weights_from_disk(str(tmp_path / "step1"), "staging")
     assert ok, message
     for name, param in model.named_parameters():
@@ -259,7 +268,6 @@ def test_an_update_from_another_path_reads_that_path_not_the_servers_weights(
     an update from the server's own path reads the `weights` again."""
     import safetensors.torch
     import sglang.srt.runtime_context as context
-    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
@@ -277,17 +285,7 @@ def test_an_update_from_another_path_reads_that_path_not_the_servers_weights(
     step = {name: tensor * 2 for name, tensor in tensors.items()}
     (tmp_path / "step1").mkdir()
     safetensors.torch.save_file(step, tmp_path / "step1" / "model.safetensors")
-    updater = WeightUpdater(
-        tp_rank=0,
-        device="cpu",
-        gpu_id=0,
-        model_config=config,
-        custom_weight_loaders={},
-        get_model=lambda: model,
-        update_model_fields=lambda *args, **kwargs: None,
-        recapture_cuda_graph=lambda: None,
-        get_model_runner=lambda: None,
-    )
+    updater = weight_updater(config, model)
     for path, want in [(tmp_path / "step1", step), (tmp_path / "config-only", tensors)]:
         ok, message = updater.update_weights_from_disk(str(path), "staging")
         assert ok, message
@@ -556,30 +554,20 @@ def test_tensors_go_to_sglangs_device(
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
-    import safetensors_staging._engines as engines
     import safetensors_staging.sglang as plugin
 
     checkpoint(tmp_path / "model")
-    asked: List[str] = []
-
-    class Stop(Exception):
-        pass
-
-    def stream(source: Any, device: str, *args: Any) -> Any:
-        asked.append(device)
-        raise Stop  # no GPU here: what was asked for is the point
-
-    monkeypatch.setattr(engines, "stream", stream)
+    asked = record_devices(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # `cuda` alone: the current GPU
     config = ModelConfig(str(tmp_path / "model"))
     config.model_class = Reader
     loader = plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader))
     for device, expected in [("cuda:2", "cuda:2"), ("cuda", "cuda:0"), ("xpu", "cpu")]:
-        with pytest.raises(Stop):
+        with pytest.raises(StopAtDevice):
             loader.load_model(model_config=config, device_config=SimpleNamespace(device=device))
         assert asked[-1] == expected, device
     monkeypatch.setattr(context, "_server_args", SimpleNamespace(device="cuda:1"))
-    with pytest.raises(Stop):
+    with pytest.raises(StopAtDevice):
         list(loader._get_weights_iterator(DefaultModelLoader.Source(config.model_path, None)))
     assert asked[-1] == "cuda:1"
 

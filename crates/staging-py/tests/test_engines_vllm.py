@@ -233,6 +233,25 @@ class ModelConfig:
         self.model, self.revision, self.quantization = model, None, quantization
 
 
+class StopAtDevice(Exception):
+    """Raised by `record_devices`' stand-in for `stream`: the device asked for is the point."""
+
+
+def record_devices(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """The devices the plugins' reads ask `_engines.stream` for, in order; each read stops
+    there with `StopAtDevice` (no GPU here)."""
+    import safetensors_staging._engines as engines
+
+    asked: List[str] = []
+
+    def stream(source: Any, device: str, *args: Any) -> Any:
+        asked.append(device)
+        raise StopAtDevice
+
+    monkeypatch.setattr(engines, "stream", stream)
+    return asked
+
+
 def test_importing_the_plugin_imports_neither_vllm_nor_torch() -> None:
     imports_nothing_early("safetensors_staging.vllm", "vllm")
 
@@ -629,16 +648,7 @@ def test_tensors_go_to_vllms_load_device(
     assert engines.load_device("xpu:0") == "cpu" and engines.load_device("cpu") == "cpu"
 
     checkpoint(tmp_path / "model")
-    asked: List[str] = []
-
-    class Stop(Exception):
-        pass
-
-    def stream(source: Any, device: str, *args: Any) -> Any:
-        asked.append(device)
-        raise Stop  # no GPU here: what was asked for is the point
-
-    monkeypatch.setattr(engines, "stream", stream)
+    asked = record_devices(monkeypatch)
     config = TiedConfig(str(tmp_path / "model"), tie=False)
     config.model_class = Reader  # builds nothing on the (absent) GPU
     for load_device, device, expected in [
@@ -651,13 +661,13 @@ def test_tensors_go_to_vllms_load_device(
             device_config=vllm_config.DeviceConfig(device=device),
         )
         loader = plugin.StagingModelLoader(vllm_cfg.load_config)
-        with pytest.raises(Stop):
+        with pytest.raises(StopAtDevice):
             loader.load_model(vllm_cfg, config)
         assert asked[-1] == expected, (load_device, device)
         # An in-place reload, outside load_model, asks the current vLLM config.
         vllm_config.set_current_vllm_config(vllm_cfg)
         try:
-            with pytest.raises(Stop):
+            with pytest.raises(StopAtDevice):
                 list(loader.get_all_weights(config, Reader()))
         finally:
             vllm_config.set_current_vllm_config(None)

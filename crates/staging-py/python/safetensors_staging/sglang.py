@@ -110,13 +110,17 @@ def _refuse_quantization_with_a_loader_of_its_own(model_config: Any, load_config
     loader of its own (`IncModelLoader`, `ModelOptModelLoader`). Such a model is refused by
     name instead, as SGLang decides it (an online `modelopt_fp4` without a ModelOpt workflow
     stays with the default loader)."""
-    quantization = getattr(model_config, "quantization", None)
-    if quantization in _OWN_LOADER_QUANTIZATIONS:
-        raise ValueError(
+
+    def refused(what: str, loader: str) -> ValueError:
+        return ValueError(
             f"load format {LOAD_FORMAT!r} reads plain safetensors through SGLang's "
-            f"DefaultModelLoader; SGLang loads quantization {quantization!r} with IncModelLoader. "
+            f"DefaultModelLoader; SGLang loads {what} with {loader}. "
             "Use --load-format auto for this model."
         )
+
+    quantization = getattr(model_config, "quantization", None)
+    if quantization in _OWN_LOADER_QUANTIZATIONS:
+        raise refused(f"quantization {quantization!r}", "IncModelLoader")
     modelopt = getattr(load_config, "modelopt_config", None)
     workflow = modelopt is not None and any(
         getattr(modelopt, key, None)
@@ -127,12 +131,8 @@ def _refuse_quantization_with_a_loader_of_its_own(model_config: Any, load_config
     if not fp4_online and (
         getattr(model_config, "modelopt_quant", None) or quantization in _MODELOPT_QUANTIZATIONS
     ):
-        raise ValueError(
-            f"load format {LOAD_FORMAT!r} reads plain safetensors through SGLang's "
-            f"DefaultModelLoader; SGLang loads ModelOpt quantization "
-            f"{quantization or model_config.modelopt_quant!r} with ModelOptModelLoader. "
-            "Use --load-format auto for this model."
-        )
+        what = quantization or model_config.modelopt_quant
+        raise refused(f"ModelOpt quantization {what!r}", "ModelOptModelLoader")
 
 
 def _make_loader_class() -> type:
