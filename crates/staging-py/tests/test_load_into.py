@@ -320,3 +320,110 @@ def test_ctrl_c_during_a_reload_is_a_keyboard_interrupt_that_says_which_hold_wha
     assert (error.written, error.partly_written) == (["w0"], [])
     assert error.unchanged == ["w1", "w2", "w3", "w4", "w5"]
     assert torch.equal(target["w0"], new["w0"]) and not target["w1"].any()
+
+
+def _pending_backward() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A model and a loss whose backward saved the second layer's weight (to reach the first
+    layer's gradient), so writing that weight before the backward must make it raise."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    loss = model(torch.randn(3, 4)).square().sum()
+    return model, loss
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+def test_a_reload_bumps_every_version_as_load_state_dict_does(tmp_path: Path, mapped: bool) -> None:
+    path = tmp_path / "model.safetensors"
+    fresh, _ = _pending_backward()
+    safetensors.torch.save_file({k: v + 1 for k, v in fresh.state_dict().items()}, path)
+    # torch's own reload: the pending backward raises, naming the in-place change.
+    theirs, loss = _pending_backward()
+    theirs.load_state_dict(safetensors.torch.load_file(path))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    ours, loss = _pending_backward()
+    versions = {name: t._version for name, t in ours.state_dict().items()}
+    load_into(ours, path, map=mapped)
+    for name, tensor in ours.state_dict().items():
+        assert tensor._version > versions[name], name
+        assert torch.equal(tensor, theirs.state_dict()[name]), name
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_a_failed_reload_bumps_the_versions_of_what_it_wrote_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = []
+
+    def stop_at_the_third() -> bool:
+        asked.append(True)
+        return len(asked) == 3
+
+    names = [f"w{i}" for i in range(6)]
+    target = {name: torch.zeros(64, 64) for name in names}
+    before = {name: t._version for name, t in target.items()}
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({n: torch.ones(64, 64) for n in names}, path)
+    real_native = load_into_module._native
+
+    class Native:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_native, name)
+
+        def _load_into(self, *args: Any, **kwargs: Any) -> Any:
+            return real_native._load_into(*args, _between=stop_at_the_third, **kwargs)
+
+    monkeypatch.setattr(load_into_module, "_native", Native())
+    with pytest.raises(st.PartialLoadError) as caught:
+        load_into(target, path)
+    assert caught.value.written == ["w0", "w1"]
+    bumped = [name for name in names if target[name]._version > before[name]]
+    assert bumped == ["w0", "w1"]
+
+
+def test_a_destination_tensor_has_its_version_bumped(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(8, 8)}, path)
+    parameter = torch.nn.Parameter(torch.zeros(8, 8))
+    loss = (parameter * parameter).sum()  # saves the parameter for its gradient
+    into = parameter.detach()
+    with st.stage(path, destination=lambda name, info: into) as tensors:
+        ((name, tensor),) = list(tensors)
+    assert tensor is into and torch.equal(parameter.detach(), torch.ones(8, 8))
+    assert parameter._version == into._version > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+class _Tied(torch.nn.Module):
+    """Two layers sharing one weight (`b.weight` is `a.weight`), as tied embeddings are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4, bias=False)
+        self.b = torch.nn.Linear(4, 4, bias=False)
+        self.b.weight = self.a.weight
+
+
+@pytest.mark.parametrize("names", [("a.weight", "b.weight"), ("b.weight", "a.weight")])
+def test_tied_weights_whose_copies_differ_keep_what_load_state_dict_keeps(
+    tmp_path: Path, names: tuple[str, str]
+) -> None:
+    # The checkpoint's two copies differ, written in either order in the file.
+    copies = {names[0]: torch.zeros(4, 4), names[1]: torch.ones(4, 4)}
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(copies, path)
+    theirs = _Tied()
+    theirs.load_state_dict(safetensors.torch.load_file(path))
+    ours = _Tied()
+    result = load_into(ours, path)
+    # torch copies every name in the model's order: b.weight, the later, is what stays.
+    assert torch.equal(theirs.a.weight, copies["b.weight"])
+    assert torch.equal(ours.a.weight, theirs.a.weight)
+    assert ours.a.weight is ours.b.weight
+    assert result.report["tensors"] == 1
+    # A mapping of names to tensors is taken in its own order, as a state dict is.
+    shared = torch.full((4, 4), 7.0)
+    load_into({"b.weight": shared, "a.weight": shared}, path)
+    assert torch.equal(shared, copies["a.weight"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional
 
 from ._device import torch_device
 from ._dtypes import torch_view
@@ -22,6 +22,23 @@ def to_torch(staged: Any, unsupported_dtypes: str) -> torch.Tensor:
 
     raw = torch.from_dlpack(staged.as_bytes())
     return torch_from_bytes(raw, staged.dtype, list(staged.shape), unsupported_dtypes, staged.name)
+
+
+def written_in_place(tensors: Iterable[Any]) -> None:
+    """Tells autograd that the library wrote these tensors' memory, as torch's own in-place
+    ops do (`copy_` under `no_grad`): each one's version counter is bumped, so a `backward()`
+    that saved the old values raises instead of silently using the new ones. Anything not a
+    torch tensor (a NumPy array, another DLPack array) has no version and is passed over;
+    tensors made under `torch.inference_mode()` have none either and torch passes them over.
+    """
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return  # no torch tensor can exist in a process that never imported torch
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            torch.autograd.graph.increment_version(tensor)
 
 
 def torch_from_bytes(

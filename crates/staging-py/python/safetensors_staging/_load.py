@@ -18,7 +18,7 @@ from typing import (
 )
 
 from . import _native
-from ._convert import to_torch, torch_from_bytes
+from ._convert import to_torch, torch_from_bytes, written_in_place
 from ._device import resolve_device
 from ._dtypes import check_unsupported_dtypes, torch_view
 from ._native import Checkpoint, InvalidOptionError, TensorInfo
@@ -116,6 +116,23 @@ class Stage:
         return dict(self._native.held())
 
 
+def _writing_into(
+    destination: Callable[[str, TensorInfo], Any],
+) -> Callable[[str, TensorInfo], Any]:
+    """`destination`, each tensor it returns marked as written in place for autograd (its
+    version bumped, as `copy_` does) the moment the library takes its memory: a `backward()`
+    that saved its old values raises rather than using the bytes read into it, even when the
+    read then fails part-way."""
+
+    def asked(name: str, info: TensorInfo) -> Any:
+        target = destination(name, info)
+        if target is not None:
+            written_in_place((target,))
+        return target
+
+    return asked
+
+
 def stage_with(
     path: Paths,
     device: str,
@@ -132,6 +149,8 @@ def stage_with(
     # unknown one is a TypeError, a bad value an InvalidOptionError).
     if rows is not None and not callable(rows):
         rows = dict(rows)
+    if callable(destination):
+        destination = _writing_into(destination)
     native = _native._stage(
         paths_of(path),
         destination=destination,

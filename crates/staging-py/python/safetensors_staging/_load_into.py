@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _native
+from ._convert import written_in_place
 from ._device import resolve_device
 from ._dtypes import torch_view
 from ._load import Paths, paths_of
@@ -222,8 +223,11 @@ def load_into(
     Args:
         target: a `torch.nn.Module` (its `state_dict()` names: parameters and persistent
             buffers) or a mapping of names to tensors. Tied weights (names sharing one
-            tensor's memory) are written once, from whichever of their names the checkpoint
-            has.
+            tensor's memory) are written once, from the last of their names (in the target's
+            order) that the checkpoint has: the bytes `load_state_dict` would leave there.
+            Every tensor written has its autograd version bumped, as an in-place `copy_`
+            does, so a `backward()` pending on the old weights raises rather than using the
+            new ones.
         source: anything `stage` reads: a file, a directory, an index, a hub-cache snapshot,
             a URL, a list of files.
         strict: as `load_state_dict`'s: a tensor of the target the checkpoint lacks, or one of
@@ -269,15 +273,14 @@ def load_into(
     )
     in_checkpoint = [name for name in checkpoint.keys() if _matches(name, patterns)]
     present = set(in_checkpoint)
-    # One name per tied group is loaded: the first the checkpoint has.
-    loading: Dict[str, TensorInfo] = {}
-    covered = set()
-    for info in kept:
-        group = group_of[info.name]
-        if id(group) in covered:
-            continue
-        covered.add(id(group))
-        loading[info.name] = info
+    # One name per tied group is loaded: the last, in the target's order, that the checkpoint
+    # has. `load_state_dict` copies every name in that order into the one tensor, so the last
+    # one's bytes are what it leaves (the copies of a checkpoint may differ).
+    kept_names = {info.name for info in kept}
+    chosen = {id(group): [n for n in group if n in kept_names][-1:] for group in groups}
+    loading: Dict[str, TensorInfo] = {
+        info.name: info for info in kept if chosen[id(group_of[info.name])] == [info.name]
+    }
     missing = [
         name
         for name in tensors
@@ -335,11 +338,13 @@ def load_into(
         except BaseException as cause:
             now = list(getattr(cause, "written", []))
             partly = list(getattr(cause, "partly_written", []))
+            written_in_place(tensors[name] for name in now + partly)
             if not written and not now and not partly:
                 raise  # nothing was written: the target is as it was
             done_names = set(written) | set(now)
             unchanged = [n for n in loading if n not in done_names and n not in set(partly)]
             raise _partial(cause, written + now, partly, unchanged) from cause
+        written_in_place(tensors[name] for name in done)
         written += done
         reports.append(json.loads(report))
     return LoadIntoResult(missing, unexpected, _merged(reports))
