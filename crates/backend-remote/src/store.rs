@@ -244,8 +244,10 @@ impl Remote {
                 build_store(&root, options, connector).map_err(&invalid)?
             }
         };
-        let runtime = OwnedRuntime::start()
-            .map_err(|e| invalid(format!("cannot start the I/O runtime: {e}")))?;
+        let runtime = OwnedRuntime::start().map_err(|source| Error::Resource {
+            what: "the I/O runtime's 2 threads".into(),
+            source,
+        })?;
         Ok(Self::assemble(
             root, store, options, runtime, redirects, login,
         ))

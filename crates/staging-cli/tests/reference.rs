@@ -219,6 +219,11 @@ fn error_row(kind: ErrorKind) -> Option<(&'static str, &'static str, &'static st
             "StagingError",
             "STG_INVALID_ARGUMENT",
         ),
+        ErrorKind::Resource => (
+            "The system refused a resource the load needs to run: its threads (a limit on processes or threads, memory for their stacks) or descriptors. The message names the limit.",
+            "ResourceError",
+            "STG_RESOURCE",
+        ),
         ErrorKind::Internal => (
             "An invariant of the library did not hold: a bug.",
             "StagingError",
@@ -249,7 +254,8 @@ backend's reason when a GPU was asked for and none is usable) it is in the error
   where `safetensors` is installed, from `safetensors.SafetensorError`), the instance's `kind`
   attribute is the kind's name below and its `details` the details. `PathNotFoundError` and
   `PathPermissionError` are also `FileNotFoundError` and `PermissionError`,
-  `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`.
+  `OutOfMemoryError` a `MemoryError`, `InvalidOptionError` a `ValueError`, `ResourceError` an
+  `OSError` (its `errno` the system's code).
 - **C** returns the kind's `stg_status`, the message in `stg_load_last_error` (or
   `stg_config_last_error`); `stg_status_str` names a status. The statuses that are about the
   call itself (`STG_NULL_ARGUMENT`, `STG_INVALID_UTF8`, `STG_BUSY`, `STG_PANIC`, ...) are

@@ -86,6 +86,32 @@ pub fn io_words(error: &io::Error) -> String {
     }
 }
 
+/// Which limit an operating-system error starting a thread (or opening a file) points at, in
+/// words a person can act on.
+fn resource_hint(error: &io::Error) -> &'static str {
+    match error.raw_os_error() {
+        // What `pthread_create` says for both: a thread over the limit, or no stack for it.
+        Some(libc_codes::EAGAIN) | Some(libc_codes::ENOMEM) => {
+            "the system refused another thread: the limit on processes and threads was reached \
+             (ulimit -u, RLIMIT_NPROC; kernel.threads-max; a container's pids limit), or there \
+             is no memory for its stack (the address space, ulimit -v; the count of memory \
+             mappings, vm.max_map_count)"
+        }
+        Some(libc_codes::EMFILE) | Some(libc_codes::ENFILE) => {
+            "the limit on open files was reached (ulimit -n, RLIMIT_NOFILE)"
+        }
+        _ => "a system limit",
+    }
+}
+
+/// The `errno` values `resource_hint` names (Linux's, on every architecture it runs on).
+mod libc_codes {
+    pub(super) const EAGAIN: i32 = 11;
+    pub(super) const ENOMEM: i32 = 12;
+    pub(super) const ENFILE: i32 = 23;
+    pub(super) const EMFILE: i32 = 24;
+}
+
 /// Why a read (or opening a file for reading) failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -318,6 +344,17 @@ pub enum Error {
     /// The staging policy is inconsistent.
     #[error("invalid staging policy: {0}")]
     Policy(String),
+    /// The system refused what the load needs to run: its threads (a limit on processes or
+    /// threads, or no memory for their stacks), or a descriptor. Not the checkpoint's fault nor
+    /// the options': the same load runs once the resource is there.
+    #[error("cannot start {what}: {}; {}", io_words(source), resource_hint(source))]
+    Resource {
+        /// What could not be started, in words (`4 I/O threads`).
+        what: String,
+        /// What the system said.
+        #[source]
+        source: io::Error,
+    },
     /// An invariant of this library did not hold: a bug, reported instead of a panic. Please
     /// report it with the message.
     #[error("internal error (a bug in safetensors-staging, please report it): {0}")]
@@ -364,13 +401,15 @@ pub enum ErrorKind {
     BackendUnavailable,
     /// A tensor's bytes cannot be had the way asked for (already taken, another path).
     Usage,
+    /// The system refused a resource the load needs to run (threads, descriptors).
+    Resource,
     /// An invariant of the library did not hold: a bug.
     Internal,
 }
 
 impl ErrorKind {
     /// Every kind, for tables and tests.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         Self::NotFound,
         Self::PermissionDenied,
         Self::Io,
@@ -386,6 +425,7 @@ impl ErrorKind {
         Self::InvalidOption,
         Self::BackendUnavailable,
         Self::Usage,
+        Self::Resource,
         Self::Internal,
     ];
 
@@ -408,6 +448,7 @@ impl ErrorKind {
             Self::InvalidOption => "invalid-option",
             Self::BackendUnavailable => "backend-unavailable",
             Self::Usage => "usage",
+            Self::Resource => "resource",
             Self::Internal => "internal",
         }
     }
@@ -452,6 +493,7 @@ impl Error {
             Self::DestinationTooSmall { .. } => ErrorKind::DestinationTooSmall,
             Self::UnknownTensor { .. } | Self::Rows { .. } => ErrorKind::Selection,
             Self::Policy(_) => ErrorKind::InvalidOption,
+            Self::Resource { .. } => ErrorKind::Resource,
             Self::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -477,7 +519,10 @@ impl Error {
             | Self::DestinationTooSmall { file, .. }
             | Self::Destination { file, .. }
             | Self::Rows { file, .. } => Some(file),
-            Self::UnknownTensor { .. } | Self::Policy(_) | Self::Internal(_) => None,
+            Self::UnknownTensor { .. }
+            | Self::Policy(_)
+            | Self::Resource { .. }
+            | Self::Internal(_) => None,
         }
     }
 

@@ -146,7 +146,23 @@ impl IoThreads {
             .num_threads(threads)
             .thread_name(|i| format!("staging-io-{i}"))
             .build()
-            .map_err(|e| Error::Policy(format!("cannot start {threads} I/O threads: {e}")))?;
+            .map_err(|e| {
+                // rayon gives the system's error as the source (its other errors are about its
+                // global pool, which is not used here).
+                let source = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .map_or_else(
+                        || std::io::Error::other(e.to_string()),
+                        |io| match io.raw_os_error() {
+                            Some(code) => std::io::Error::from_raw_os_error(code),
+                            None => std::io::Error::new(io.kind(), io.to_string()),
+                        },
+                    );
+                Error::Resource {
+                    what: format!("{threads} I/O threads"),
+                    source,
+                }
+            })?;
         Ok(Self(Some(Arc::new(pool))))
     }
 

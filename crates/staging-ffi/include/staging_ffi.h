@@ -184,6 +184,11 @@ enum stg_status
    */
   STG_SELECTION = 800,
   /*
+   The system refused a resource the load needs to run: its threads (a limit on processes
+   or threads, memory for their stacks) or descriptors. The message names which.
+   */
+  STG_RESOURCE = 850,
+  /*
    The library panicked; the handle that was in use should be freed.
    */
   STG_PANIC = 900,

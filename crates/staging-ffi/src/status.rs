@@ -63,6 +63,9 @@ pub enum stg_status {
     STG_INVALID_CONFIG = 700,
     /// A selection names a tensor the checkpoint does not hold, or rows a tensor does not have.
     STG_SELECTION = 800,
+    /// The system refused a resource the load needs to run: its threads (a limit on processes
+    /// or threads, memory for their stacks) or descriptors. The message names which.
+    STG_RESOURCE = 850,
     /// The library panicked; the handle that was in use should be freed.
     STG_PANIC = 900,
     /// An invariant of the library did not hold (a bug, reported instead of a panic).
@@ -99,6 +102,7 @@ impl TryFrom<u32> for stg_status {
             600 => STG_BACKEND_UNAVAILABLE,
             700 => STG_INVALID_CONFIG,
             800 => STG_SELECTION,
+            850 => STG_RESOURCE,
             900 => STG_PANIC,
             901 => STG_INTERNAL,
             other => return Err(other),
@@ -151,6 +155,9 @@ pub extern "C" fn stg_status_str(status: u32) -> *const c_char {
         stg_status::STG_SELECTION => {
             c"a selection names a tensor or rows the checkpoint does not have"
         }
+        stg_status::STG_RESOURCE => {
+            c"the system refused a resource the load needs (threads, descriptors)"
+        }
         stg_status::STG_PANIC => c"the library panicked",
         stg_status::STG_INTERNAL => c"an invariant of the library did not hold (a bug)",
     };
@@ -186,6 +193,7 @@ fn status_of_kind(kind: ErrorKind) -> stg_status {
         ErrorKind::Selection => stg_status::STG_SELECTION,
         ErrorKind::InvalidOption | ErrorKind::Usage => stg_status::STG_INVALID_ARGUMENT,
         ErrorKind::BackendUnavailable => stg_status::STG_BACKEND_UNAVAILABLE,
+        ErrorKind::Resource => stg_status::STG_RESOURCE,
         _ => stg_status::STG_INTERNAL,
     }
 }

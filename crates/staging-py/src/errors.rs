@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::PyErr;
 use pyo3::exceptions::{
-    PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyPermissionError,
-    PyRuntimeError, PySystemExit, PyTypeError, PyValueError,
+    PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyOSError,
+    PyPermissionError, PyRuntimeError, PySystemExit, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -51,6 +51,7 @@ struct Classes {
     selection: Py<PyType>,
     destination: Py<PyType>,
     unsupported_dtype: Py<PyType>,
+    resource: Py<PyType>,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -206,6 +207,15 @@ fn make(py: Python<'_>, upstream: Option<&Bound<'_, PyType>>) -> PyResult<Classe
              float8).",
             None,
         )?,
+        resource: class(
+            py,
+            "ResourceError",
+            &[staging_bound, &py.get_type::<PyOSError>()],
+            "The system refused a resource the load needs to run: its threads (a limit on \
+             processes or threads, memory for their stacks) or descriptors; `errno` is the \
+             system's code.",
+            None,
+        )?,
         read,
         staging,
     })
@@ -240,6 +250,7 @@ pub(crate) fn class_of(py: Python<'_>, kind: ErrorKind) -> PyResult<Bound<'_, Py
         ErrorKind::Destination | ErrorKind::DestinationTooSmall => &classes.destination,
         ErrorKind::Selection => &classes.selection,
         ErrorKind::BackendUnavailable => &classes.backend_unavailable,
+        ErrorKind::Resource => &classes.resource,
         _ => &classes.staging,
     };
     Ok(class.bind(py).clone())
@@ -253,6 +264,16 @@ pub(crate) fn to_py(error: Error) -> PyErr {
     let message = line(&error);
     let kind = error.kind();
     let details = error.details().to_vec();
+    if let Error::Load(CoreError::Resource { source, .. }) = &error {
+        let raised = with_details(kind, message, details);
+        // The system's code, as an `OSError` carries it.
+        if let Some(code) = source.raw_os_error() {
+            Python::attach(|py| {
+                let _ = raised.value(py).setattr("errno", code);
+            });
+        }
+        return raised;
+    }
     if let Error::Load(CoreError::Destination { source, .. }) = error {
         return match source.downcast::<PyErr>() {
             Ok(raised) => from_callback(*raised, message),
@@ -327,6 +348,7 @@ fn set_class_kinds(py: Python<'_>, classes: &Classes) -> PyResult<()> {
         (&classes.out_of_memory, ErrorKind::DeviceAllocation),
         (&classes.selection, ErrorKind::Selection),
         (&classes.destination, ErrorKind::Destination),
+        (&classes.resource, ErrorKind::Resource),
     ];
     for (class, kind) in of_library {
         let class = class.bind(py);
@@ -363,6 +385,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
         ("SelectionError", &classes.selection),
         ("DestinationError", &classes.destination),
         ("UnsupportedDtypeError", &classes.unsupported_dtype),
+        ("ResourceError", &classes.resource),
     ] {
         module.add(name, class.bind(py))?;
     }

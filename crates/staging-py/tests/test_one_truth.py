@@ -395,6 +395,7 @@ CLASS_KINDS = {
     "SelectionError": "selection",
     "DestinationError": "destination",
     "UnsupportedDtypeError": "unsupported-dtype",
+    "ResourceError": "resource",
     "MismatchError": "selection",
     "PartialLoadError": "read",
     "LoadIntoError": "read",

@@ -36,6 +36,7 @@ __all__ = [
     "SelectionError",
     "DestinationError",
     "UnsupportedDtypeError",
+    "ResourceError",
     "_Staged",
     "TensorInfo",
     "Checkpoint",
@@ -120,6 +121,11 @@ class DestinationError(StagingError):
 class UnsupportedDtypeError(StagingError, TypeError):
     """The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or
     float8)."""
+
+class ResourceError(StagingError, OSError):
+    """The system refused a resource the load needs to run: its threads (a limit on
+    processes or threads, memory for their stacks) or descriptors; `errno` is the system's
+    code."""
 
 @final
 class TensorInfo:
