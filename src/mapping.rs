@@ -18,6 +18,10 @@
 //! tensors live may show through, and one truncated under them makes touching the lost pages
 //! fault. Replace checkpoint files by renaming a new file over the old (as the Hub's cache and
 //! every writer we know do), or load with `map=false`.
+//!
+//! A mapping holds no file descriptor: descriptors of mapped files are kept in a small cache
+//! ([`Descriptors`]), each opened again by its path when needed and used only while the path
+//! still names the file mapped, so a load or a handle over thousands of files holds a few.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -28,7 +32,7 @@ use memmap2::{Advice, MmapMut, MmapOptions};
 #[cfg(doc)]
 use staging_core::StagingPath;
 use staging_core::host::open_regular_file;
-use staging_core::{FileIdentity, ShardFile};
+use staging_core::{FileIdentity, Recent, ShardFile};
 
 /// Whether this kernel can populate a mapping and report a failure (`MADV_POPULATE_READ`,
 /// Linux 5.14): without it a mapped tensor's read error would be a `SIGBUS`, so nothing is
@@ -52,69 +56,58 @@ pub(crate) struct Mapping {
     base: usize,
 }
 
-/// A file mapped for a load: the mapping (which tensors keep) and the open file (which the load
-/// keeps, to ask the page cache what it holds of it; closed with the load, so live tensors hold
-/// no descriptor, as `safetensors`' do not).
-#[derive(Clone)]
-pub(crate) struct Mapped {
-    pub(crate) mapping: Arc<Mapping>,
-    pub(crate) file: Arc<File>,
-}
-
 impl Mapping {
     /// The file's length: the mapping's.
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
-    /// Maps the file `shard` describes (checked here against the identity its header was read
-    /// with). `Ok(None)` when the system has no memory for the mapping (`ENOMEM`: an address
-    /// space limit, or strict overcommit charging the copy-on-write mapping): an allocation
-    /// failure, after which the load reads into memory of its own instead.
-    pub(crate) fn open(shard: &ShardFile) -> staging_core::Result<Option<Mapped>> {
-        let io = |source: std::io::Error| staging_core::Error::Io {
-            path: shard.path.to_path_buf(),
-            source,
-        };
-        let file = open_regular_file(&shard.path).map_err(io)?;
-        let now = FileIdentity::of(&file.metadata().map_err(io)?);
-        if now != shard.identity {
-            let detail = shard
-                .identity
-                .check(&shard.path)
-                .err()
-                .unwrap_or_else(|| "was replaced by another file".into());
+    /// Maps the file `shard` describes: the descriptor `descriptors` holds of it, or the file
+    /// its path names now, either checked against the identity its header was read with (the
+    /// same file, unchanged). `Ok(None)` when the system has no memory for the mapping
+    /// (`ENOMEM`: an address space limit, the map count, or strict overcommit charging the
+    /// copy-on-write mapping): an allocation failure, after which the load reads into memory
+    /// of its own instead.
+    pub(crate) fn open(
+        shard: &ShardFile,
+        descriptors: &Descriptors,
+    ) -> staging_core::Result<Option<Arc<Mapping>>> {
+        let Some(file) = descriptors.get_or_open(shard)? else {
             return Err(staging_core::Error::FileChanged {
                 file: shard.path.to_path_buf(),
-                detail,
+                detail: "was replaced by another file".into(),
             });
-        }
+        };
+        still_unchanged(shard, &file)?;
         let mut map = match map_private(&file) {
             Ok(map) => map,
             Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => return Ok(None),
-            Err(e) => return Err(io(e)),
+            Err(source) => {
+                return Err(staging_core::Error::Io {
+                    path: shard.path.to_path_buf(),
+                    source,
+                });
+            }
         };
         let base = map.as_mut_ptr() as usize;
-        Ok(Some(Mapped {
-            mapping: Arc::new(Self { map, base }),
-            file: Arc::new(file),
-        }))
+        Ok(Some(Arc::new(Self { map, base })))
     }
 
     /// Makes `[offset, offset + len)` resident: read from the file where the page cache does not
     /// hold it, mapped into this process. `Err` is why the pages cannot be read (the file is
     /// shorter than its header says, or the read failed).
-    /// `file` is the mapped file, open. When the range must be read, up to `ahead` bytes after
-    /// it are asked of the kernel first, to be read in the background (what a reader of part of
-    /// a tensor asks for next, in file order).
+    /// `file` is the mapped file, open, where a descriptor of it is at hand (to ask the page
+    /// cache what it holds; without one the range is populated). When the range must be read,
+    /// up to `ahead` bytes after it are asked of the kernel first, to be read in the background
+    /// (what a reader of part of a tensor asks for next, in file order).
     pub(crate) fn populate(
         &self,
-        file: &File,
+        file: Option<&File>,
         offset: usize,
         len: usize,
         ahead: usize,
     ) -> std::io::Result<()> {
-        if len == 0 || resident(file, offset, len) {
+        if len == 0 || file.is_some_and(|file| resident(file, offset, len)) {
             return Ok(());
         }
         let end = offset.saturating_add(len);
@@ -124,6 +117,70 @@ impl Mapping {
             let _ = self.map.advise_range(Advice::WillNeed, end, ahead);
         }
         self.map.advise_range(Advice::PopulateRead, offset, len)
+    }
+}
+
+/// Checks that the open `file` is still the one `shard`'s header was read from, unchanged (its
+/// size and modification time; the descriptor is of that file, `Descriptors` saw to it).
+pub(crate) fn still_unchanged(shard: &ShardFile, file: &File) -> staging_core::Result<()> {
+    let now = file
+        .metadata()
+        .map_err(|e| format!("cannot be inspected any more: {e}"))
+        .and_then(|metadata| shard.identity.compare(&FileIdentity::of(&metadata)));
+    now.map_err(|detail| staging_core::Error::FileChanged {
+        file: shard.path.to_path_buf(),
+        detail,
+    })
+}
+
+/// Descriptors of the files a load or a reader maps, each the file its header was read from
+/// (device and inode checked when it was opened), at most a few open: the least recently used
+/// is closed first, and opened again by its path when asked for. Loads over any number of files
+/// hold this many descriptors, not one a file.
+pub(crate) struct Descriptors(Recent<Arc<File>>);
+
+impl Descriptors {
+    /// At most `capacity` descriptors (at least one).
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self(Recent::new(capacity))
+    }
+
+    /// How many are open.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Closes every one (loads using one keep it until they are done with it).
+    pub(crate) fn clear(&self) {
+        self.0.clear();
+    }
+
+    /// A descriptor of the file `shard`'s header was read from: the one kept, else its path
+    /// opened now. `Ok(None)` when the path names another file now (a file renamed over it), or
+    /// none (removed): the file read from can no longer be opened by its path, and a mapping
+    /// of it serves it still. `Err` when the path cannot be opened for another reason.
+    pub(crate) fn get_or_open(&self, shard: &ShardFile) -> staging_core::Result<Option<Arc<File>>> {
+        self.0.get_or_keep(
+            &shard.path,
+            |file| Some(Arc::clone(file)),
+            || {
+                let io = |source: std::io::Error| staging_core::Error::Io {
+                    path: shard.path.to_path_buf(),
+                    source,
+                };
+                let file = match open_regular_file(&shard.path) {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(io(e)),
+                };
+                let now = FileIdentity::of(&file.metadata().map_err(io)?);
+                if (now.dev, now.ino) != (shard.identity.dev, shard.identity.ino) {
+                    return Ok(None);
+                }
+                let file = Arc::new(file);
+                Ok(Some((Arc::clone(&file), file)))
+            },
+        )
     }
 }
 

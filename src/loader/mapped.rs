@@ -10,11 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use staging_core::{
-    Checkpoint, HeldMemory, IoMode, IoThreads, LoadReport, ReadError, ShardFile, StagingPath,
-    TensorMeta,
+    Checkpoint, HeldMemory, IoMode, IoThreads, LoadReport, ReadError, Recent, ShardFile,
+    StagingPath, TensorMeta,
 };
 
-use crate::mapping::{Mapped, MappedBytes, Mapping, READ_AHEAD, on_network_file_system};
+use crate::mapping::{
+    Descriptors, MappedBytes, Mapping, READ_AHEAD, on_network_file_system, still_unchanged,
+};
 use crate::tensor::{Data, Tensor};
 use staging_core::{HostBytes, HostMemory, HostTensor, MemorySpace};
 
@@ -31,44 +33,66 @@ pub(crate) enum MapDecision {
     Yes,
 }
 
-/// The mappings of the files a reader keeps open ([`Prepared::keep_files_open`]), shared by its
-/// loads: a reader asking for tensors one at a time maps each file once.
+/// Files a reader keeps mapped ([`Prepared::keep_files_open`]), shared by its loads: a reader
+/// asking for tensors one at a time maps each file once. At most [`MAPS_KEPT`] mappings, the
+/// least recently used let go first (tensors handed out keep theirs), and at most
+/// [`DESCRIPTORS_KEPT`] descriptors of them open, whatever the number of files.
 ///
 /// [`Prepared::keep_files_open`]: crate::Prepared::keep_files_open
-#[derive(Default, Clone)]
-pub(crate) struct MapCache(Arc<Mutex<HashMap<Arc<Path>, Mapped>>>);
+#[derive(Clone)]
+pub(crate) struct MapCache {
+    maps: Arc<Recent<Arc<Mapping>>>,
+    descriptors: Arc<Descriptors>,
+}
+
+/// Mappings a reader keeps (a mapping costs no descriptor, one of the process's
+/// `vm.max_map_count` mappings and its page tables).
+pub(crate) const MAPS_KEPT: usize = 256;
+
+/// Descriptors of mapped files a reader or a load keeps open: a load reads its files in order,
+/// and a reader of a file renamed over since it opened it keeps reading that file while it
+/// holds its mapping.
+pub(crate) const DESCRIPTORS_KEPT: usize = 16;
+
+impl Default for MapCache {
+    fn default() -> Self {
+        Self {
+            maps: Arc::new(Recent::new(MAPS_KEPT)),
+            descriptors: Arc::new(Descriptors::new(DESCRIPTORS_KEPT)),
+        }
+    }
+}
 
 impl MapCache {
-    fn get_or_map(&self, shard: &ShardFile) -> staging_core::Result<Option<Mapped>> {
-        let mut maps = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mapped) = maps.get(&shard.path) {
-            // Kept, but still the file its header was read from (as kept files are checked),
-            // before any of its pages is touched: a file cut short since may still have the
-            // lost pages counted as cached (`cachestat` did so on Linux 6.18), and a copy out of
-            // them would fault. (Each tensor checks again once its pages are resident.)
-            shard.identity.check(&shard.path).map_err(|detail| {
-                staging_core::Error::FileChanged {
-                    file: shard.path.to_path_buf(),
-                    detail,
-                }
-            })?;
-            return Ok(Some(mapped.clone()));
-        }
-        let Some(mapped) = Mapping::open(shard)? else {
-            return Ok(None);
-        };
-        maps.insert(Arc::clone(&shard.path), mapped.clone());
-        Ok(Some(mapped))
+    /// The mapping of `shard`'s file: the one kept, else made now (`None`: no memory for it).
+    pub(crate) fn get_or_map(
+        &self,
+        shard: &ShardFile,
+    ) -> staging_core::Result<Option<Arc<Mapping>>> {
+        self.maps.get_or_keep(
+            &shard.path,
+            |mapping| Some(Arc::clone(mapping)),
+            || {
+                Ok(Mapping::open(shard, &self.descriptors)?
+                    .map(|mapping| (Arc::clone(&mapping), mapping)))
+            },
+        )
     }
 
-    /// Lets go of the mappings (tensors handed out keep theirs).
+    /// Lets go of the mappings (tensors handed out keep theirs) and closes the descriptors.
     pub(crate) fn clear(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.maps.clear();
+        self.descriptors.clear();
     }
 
     /// How many files are mapped.
     pub(crate) fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.maps.len()
+    }
+
+    /// How many descriptors are open.
+    pub(crate) fn descriptors_open(&self) -> usize {
+        self.descriptors.len()
     }
 }
 
@@ -94,7 +118,7 @@ pub(crate) fn maps(
 
 /// The files of `checkpoint` that hold at least one of its tensors (a narrowed checkpoint
 /// keeps every file of the whole, for the tensors' file indices).
-fn used_files(checkpoint: &Checkpoint) -> impl Iterator<Item = &ShardFile> {
+pub(super) fn used_files(checkpoint: &Checkpoint) -> impl Iterator<Item = &ShardFile> {
     let mut used = vec![false; checkpoint.files().len()];
     for tensor in checkpoint.tensors() {
         if let Some(slot) = used.get_mut(tensor.file_index) {
@@ -125,7 +149,9 @@ pub(crate) struct MappedLoad<'d> {
     next: usize,
     /// Each file's mapping, by its position in the checkpoint (`None`: no tensor of the load
     /// lies in it).
-    maps: Vec<Option<Mapped>>,
+    maps: Vec<Option<Arc<Mapping>>>,
+    /// Descriptors of the mapped files (the reader's, when a reader keeps its files).
+    descriptors: Arc<Descriptors>,
     report: LoadReport,
     started: Option<Instant>,
     failed: bool,
@@ -146,6 +172,11 @@ impl<'d> MappedLoad<'d> {
         batches: bool,
     ) -> staging_core::Result<Result<Self, Boxed<'d, HostMemory>>> {
         let mut maps = vec![None; checkpoint.files().len()];
+        // A load walks its files in order: two descriptors serve it, whatever their number.
+        let descriptors = cache.map_or_else(
+            || Arc::new(Descriptors::new(2)),
+            |cache| Arc::clone(&cache.descriptors),
+        );
         let used: Vec<usize> = {
             let mut used: Vec<usize> = checkpoint.tensors().iter().map(|t| t.file_index).collect();
             used.sort_unstable();
@@ -158,7 +189,7 @@ impl<'d> MappedLoad<'d> {
             };
             let mapped = match cache {
                 Some(cache) => cache.get_or_map(shard)?,
-                None => Mapping::open(shard)?,
+                None => Mapping::open(shard, &descriptors)?,
             };
             match mapped {
                 Some(mapped) => maps[index] = Some(mapped),
@@ -172,6 +203,7 @@ impl<'d> MappedLoad<'d> {
             batches,
             ready: VecDeque::new(),
             maps,
+            descriptors,
             checkpoint,
             next: 0,
             report,
@@ -181,7 +213,7 @@ impl<'d> MappedLoad<'d> {
     }
 
     /// The mapping of `meta`'s file.
-    fn mapping(&self, meta: &TensorMeta) -> staging_core::Result<Mapped> {
+    fn mapping(&self, meta: &TensorMeta) -> staging_core::Result<Arc<Mapping>> {
         self.maps
             .get(meta.file_index)
             .cloned()
@@ -198,11 +230,8 @@ impl<'d> MappedLoad<'d> {
 
     /// `meta`'s bytes, mapped (made resident first where the page cache does not hold them).
     fn map_one(&mut self, meta: &TensorMeta) -> staging_core::Result<MappedBytes> {
-        let Mapped {
-            mapping,
-            file: open,
-        } = self.mapping(meta)?;
-        let file = &self.checkpoint.files()[meta.file_index];
+        let mapping = self.mapping(meta)?;
+        let shard = &self.checkpoint.files()[meta.file_index];
         let offset = offset_in(meta, &mapping)?;
         // Part of a tensor (a slice's rows): the parts after it are asked for ahead.
         let ahead = if meta.row_range.is_some() {
@@ -210,12 +239,46 @@ impl<'d> MappedLoad<'d> {
         } else {
             0
         };
-        if let Err(error) = mapping.populate(&open, offset, meta.len, ahead) {
-            return Err(populate_failed(file, meta, error));
-        }
-        still_the_file(file)?;
+        populate_checked(shard, &self.descriptors, &mapping, meta, offset, ahead)?;
         Ok(MappedBytes::new(mapping, offset, meta.len))
     }
+}
+
+/// Makes `meta`'s bytes (at `offset` of `mapping`, the mapping of `shard`) resident, checking
+/// before and after that the file is unchanged where its path still names it (a file cut short
+/// since may still have its lost pages counted as cached: `cachestat` did so on Linux 6.18,
+/// and touching them would fault). Where its path names another file now (renamed over) or
+/// none, the mapping serves the file it mapped, populated without asking the page cache.
+fn populate_checked(
+    shard: &ShardFile,
+    descriptors: &Descriptors,
+    mapping: &Mapping,
+    meta: &TensorMeta,
+    offset: usize,
+    ahead: usize,
+) -> staging_core::Result<()> {
+    let file = descriptors.get_or_open(shard)?;
+    if let Some(file) = &file {
+        still_unchanged(shard, file)?;
+    }
+    if let Err(error) = mapping.populate(file.as_deref(), offset, meta.len, ahead) {
+        return Err(populate_failed(shard, meta, file.as_deref(), error));
+    }
+    match &file {
+        Some(file) => still_unchanged(shard, file),
+        None => Ok(()),
+    }
+}
+
+/// `meta` cut short by its file now ending at `size`, if it does end before `meta`'s end.
+fn cut_short(meta: &TensorMeta, size: u64) -> Option<staging_core::Error> {
+    let end = meta.offset + meta.len as u64;
+    (size < end).then(|| staging_core::Error::Truncated {
+        tensor: meta.name.clone(),
+        file: meta.file.to_path_buf(),
+        offset: size.max(meta.offset),
+        missing: end - size.max(meta.offset),
+    })
 }
 
 /// Where `meta`'s bytes start in `mapping`, all of them inside it (else the file is shorter
@@ -235,35 +298,20 @@ fn offset_in(meta: &TensorMeta, mapping: &Mapping) -> staging_core::Result<usize
         })
 }
 
-/// Still the file its header was read from, as every read tensor is checked.
-fn still_the_file(file: &ShardFile) -> staging_core::Result<()> {
-    file.identity
-        .check(&file.path)
-        .map_err(|detail| staging_core::Error::FileChanged {
-            file: file.path.to_path_buf(),
-            detail,
-        })
-}
-
-/// The error of a populate of `meta`'s bytes in `file` that failed: the file cut short, or a
-/// read error.
+/// The error of a populate of `meta`'s bytes in `shard` that failed: the file cut short, or a
+/// read error. `file` is a descriptor of the file mapped, where one is at hand.
 fn populate_failed(
-    file: &ShardFile,
+    shard: &ShardFile,
     meta: &TensorMeta,
+    file: Option<&File>,
     error: std::io::Error,
 ) -> staging_core::Error {
     // The file may have been cut short under the mapping: say so when it was.
-    let now = std::fs::metadata(&meta.file)
-        .map(|m| m.len())
-        .unwrap_or(file.size);
-    let end = meta.offset + meta.len as u64;
-    if now < end {
-        return staging_core::Error::Truncated {
-            tensor: meta.name.clone(),
-            file: meta.file.to_path_buf(),
-            offset: now.max(meta.offset),
-            missing: end - now.max(meta.offset),
-        };
+    let now = file
+        .and_then(|file| file.metadata().ok())
+        .map_or(shard.size, |m| m.len());
+    if let Some(cut) = cut_short(meta, now) {
+        return cut;
     }
     let source = match error.raw_os_error() {
         Some(libc::EFAULT) => std::io::Error::other(
@@ -386,12 +434,21 @@ impl MappedLoad<'_> {
         let mut failure = None;
         let mut checked: Vec<usize> = Vec::new();
         for (meta, _) in &batch {
-            let source = self.mapping(meta).and_then(|mapped| {
+            let source = self.mapping(meta).and_then(|mapping| {
+                let shard = &self.checkpoint.files()[meta.file_index];
+                // Read with `pread` from a descriptor of the file mapped: its path must still
+                // name it (a file renamed over since the load mapped it is refused here).
+                let file = self.descriptors.get_or_open(shard)?.ok_or_else(|| {
+                    staging_core::Error::FileChanged {
+                        file: shard.path.to_path_buf(),
+                        detail: "was replaced by another file".into(),
+                    }
+                })?;
                 if !checked.contains(&meta.file_index) {
-                    still_the_file(&self.checkpoint.files()[meta.file_index])?;
+                    still_unchanged(shard, &file)?;
                     checked.push(meta.file_index);
                 }
-                Ok((mapped.file, offset_in(meta, &mapped.mapping)?))
+                Ok((file, offset_in(meta, &mapping)?))
             });
             match source {
                 Ok(source) => sources.push(source),
@@ -465,7 +522,8 @@ impl MappedLoad<'_> {
         for (index, (meta, addr)) in batch.into_iter().enumerate() {
             if !changed && index < whole {
                 if !checked.contains(&meta.file_index) {
-                    if let Err(error) = still_the_file(&self.checkpoint.files()[meta.file_index]) {
+                    let shard = &self.checkpoint.files()[meta.file_index];
+                    if let Err(error) = still_unchanged(shard, &sources[index].0) {
                         // The first tensor not handed out: its error is the load's.
                         failure = Some(error);
                         changed = true;
@@ -673,14 +731,25 @@ pub(crate) fn read_columns(
     let shard = checkpoint.files().get(meta.file_index).ok_or_else(|| {
         staging_core::Error::Internal(format!("tensor {:?} names no file", meta.name))
     })?;
-    let mapped = match cache {
-        Some(cache) => cache.get_or_map(shard)?,
-        None => Mapping::open(shard)?,
+    let own;
+    let (mapped, descriptors) = match cache {
+        Some(cache) => (cache.get_or_map(shard)?, &*cache.descriptors),
+        None => {
+            own = Descriptors::new(1);
+            (Mapping::open(shard, &own)?, &own)
+        }
     };
-    let Some(Mapped { mapping, file }) = mapped else {
+    let Some(mapping) = mapped else {
         return Ok(None);
     };
     let offset = offset_in(meta, &mapping)?;
+    // Checked before a page is touched, as `populate_checked` does; `None`: renamed over, the
+    // mapping serves the file it mapped.
+    let file = descriptors.get_or_open(shard)?;
+    if let Some(file) = &file {
+        still_unchanged(shard, file)?;
+    }
+    let file = file.as_deref();
     let RunGeometry {
         rows,
         row_bytes,
@@ -690,16 +759,16 @@ pub(crate) fn read_columns(
     let populated = if rows == 0 || run == 0 {
         Ok(())
     } else if row_bytes - run >= RUN_BY_RUN_GAP {
-        (0..rows).try_for_each(|r| mapping.populate(&file, offset + r * row_bytes + skip, run, 0))
+        (0..rows).try_for_each(|r| mapping.populate(file, offset + r * row_bytes + skip, run, 0))
     } else {
         mapping.populate(
-            &file,
+            file,
             offset + skip,
             (rows - 1) * row_bytes + run,
             READ_AHEAD,
         )
     };
-    populated.map_err(|error| populate_failed(shard, meta, error))?;
+    populated.map_err(|error| populate_failed(shard, meta, file, error))?;
     let len = rows * run;
     let mut bytes =
         HostBytes::zeroed_present(len, 64).ok_or_else(|| staging_core::Error::HostAllocation {
@@ -715,7 +784,9 @@ pub(crate) fn read_columns(
             out.copy_from_slice(&source[from..from + run]);
         }
     }
-    still_the_file(shard)?;
+    if let Some(file) = file {
+        still_unchanged(shard, file)?;
+    }
     let mut narrowed = meta.clone();
     narrowed.shape[1] = columns.len();
     narrowed.offset = meta.offset + skip as u64;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use staging_core::host::HostReader;
 use staging_core::{
-    Checkpoint, Destination, HostMemory, IoThreads, OpenFiles, RawDestination, Selection,
-    StagingPolicy,
+    Checkpoint, Destination, DeviceAllocator, HostMemory, IoThreads, KeepOpen, OpenFiles,
+    RawDestination, Reader, Selection, ShardFile, StagingPolicy,
 };
 
 #[cfg(doc)]
@@ -283,6 +283,46 @@ impl<'d> Prepared<'d> {
         }
     }
 
+    /// Keeps files open as [`keep_files_open`](Self::keep_files_open) does, and opens the files
+    /// of `checkpoint` (its headers read by this loader) now: mapped, where loads of it map
+    /// (up to 256 files), else opened by the backend's reader (up to
+    /// [`OpenFiles::KEPT`]). Loads of `checkpoint` then read those files as they were when
+    /// their headers were read, whatever their paths name later (a new file renamed over one
+    /// is not read; one changed in place is refused), as `safetensors` serves the file it
+    /// opened. A file past those (or closed since, for a checkpoint of more files) is opened
+    /// again by its path when it is read, and refused if it is not the file its header was
+    /// read from. URLs are asked for their objects when read, as before.
+    pub fn keep_files_open_for(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        self.keep_files_open();
+        let Some(first) = checkpoint.files().first() else {
+            return Ok(());
+        };
+        let source = self.source_of(&first.path, Revalidate::No)?;
+        if !matches!(source, Source::Local) {
+            return Ok(());
+        }
+        let shards: Vec<ShardFile> = super::mapped::used_files(checkpoint).cloned().collect();
+        if self.maps_from(&source, checkpoint) {
+            if let Some(cache) = &self.maps {
+                for shard in shards.iter().take(super::mapped::MAPS_KEPT) {
+                    if cache.get_or_map(shard)?.is_none() {
+                        break; // no memory for a mapping: the loads read instead
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let files = self.files.clone().unwrap_or_default();
+        let count = shards.len().min(OpenFiles::KEPT);
+        self.with_reader(
+            source,
+            Bind {
+                files: &files,
+                shards: &shards[..count],
+            },
+        )
+    }
+
     /// Closes the files kept open (each when the last load reading it ends); later loads open
     /// files again, and keep them if [`keep_files_open`](Self::keep_files_open) was called.
     pub fn close_files(&mut self) {
@@ -294,9 +334,16 @@ impl<'d> Prepared<'d> {
         }
     }
 
-    /// How many files are kept open.
+    /// How many files are kept open or mapped.
     pub fn files_open(&self) -> usize {
         self.files.as_ref().map_or(0, OpenFiles::len) + self.maps.as_ref().map_or(0, MapCache::len)
+    }
+
+    /// How many descriptors the files kept open hold (a mapping holds none; a few descriptors
+    /// of mapped files are kept to ask the page cache about them).
+    pub fn descriptors_open(&self) -> usize {
+        self.files.as_ref().map_or(0, OpenFiles::len)
+            + self.maps.as_ref().map_or(0, MapCache::descriptors_open)
     }
 
     /// The I/O threads loads with `policy` read on: started by the first load that needs that
@@ -336,6 +383,58 @@ impl<'d> Prepared<'d> {
         D: RawDestination + Send + 'd,
     {
         self.destination = AnyDestination::Raw(Box::new(destination));
+    }
+
+    /// Runs `task` with the reader and allocator this loader's backend reads `source` with.
+    fn with_reader<T: OnReader<'d>>(&self, source: Source, task: T) -> Result<T::Output> {
+        match (&self.chosen.opened, source) {
+            (
+                Opened::Host {
+                    options,
+                    allocator,
+                    direct,
+                },
+                Source::Local,
+            ) if options.direct_io => task.run(Arc::clone(direct), allocator.clone(), "host"),
+            (Opened::Host { allocator, .. }, Source::Local) => {
+                task.run(HostReader, allocator.clone(), "host")
+            }
+            #[cfg(feature = "remote")]
+            (Opened::Host { allocator, .. }, Source::Remote(remote)) => {
+                task.run(remote.reader(), allocator.clone(), "host")
+            }
+            #[cfg(feature = "cufile")]
+            (Opened::Cufile(backend), Source::Local) => task.run(
+                backend.reader.another(),
+                backend.allocator.clone(),
+                "cufile",
+            ),
+            #[cfg(all(feature = "cufile", feature = "remote"))]
+            (Opened::Cufile(backend), Source::Remote(remote)) => {
+                let reader = backend.reader.bounced(remote.reader());
+                task.run(reader, backend.allocator.clone(), "cufile")
+            }
+            #[cfg(feature = "hipfile")]
+            (Opened::Hipfile(backend), Source::Local) => task.run(
+                backend.reader.another(),
+                backend.allocator.clone(),
+                "hipfile",
+            ),
+            #[cfg(all(feature = "hipfile", feature = "remote"))]
+            (Opened::Hipfile(backend), Source::Remote(remote)) => {
+                let reader = backend.reader.bounced(remote.reader());
+                task.run(reader, backend.allocator.clone(), "hipfile")
+            }
+            #[cfg(feature = "mock")]
+            (Opened::Mock { reader, allocator }, Source::Local) => {
+                task.run(Arc::clone(reader), Arc::clone(allocator), "mock")
+            }
+            #[cfg(all(feature = "mock", feature = "remote"))]
+            (Opened::Mock { allocator, .. }, Source::Remote(remote)) => {
+                let reader = backend_mock::FaultyReader::new(remote.reader()).labelled("mock");
+                task.run(reader, Arc::clone(allocator), "mock")
+            }
+        }
     }
 
     fn load(&mut self, checkpoint: Checkpoint, source: Source) -> Result<Load<'d>> {
@@ -406,58 +505,12 @@ impl<'d> Prepared<'d> {
             destination: std::mem::replace(&mut self.destination, AnyDestination::None),
         };
         #[cfg(feature = "mock")]
-        let mut ledger = None;
-        // Each load reads through a reader of its own, on what the backend's loads share.
-        let inner = match (&self.chosen.opened, source) {
-            (
-                Opened::Host {
-                    options,
-                    allocator,
-                    direct,
-                },
-                Source::Local,
-            ) if options.direct_io => setup.start(Arc::clone(direct), allocator.clone(), "host")?,
-            (Opened::Host { allocator, .. }, Source::Local) => {
-                setup.start(HostReader, allocator.clone(), "host")?
-            }
-            #[cfg(feature = "remote")]
-            (Opened::Host { allocator, .. }, Source::Remote(remote)) => {
-                setup.start(remote.reader(), allocator.clone(), "host")?
-            }
-            #[cfg(feature = "cufile")]
-            (Opened::Cufile(backend), Source::Local) => setup.start(
-                backend.reader.another(),
-                backend.allocator.clone(),
-                "cufile",
-            )?,
-            #[cfg(all(feature = "cufile", feature = "remote"))]
-            (Opened::Cufile(backend), Source::Remote(remote)) => {
-                let reader = backend.reader.bounced(remote.reader());
-                setup.start(reader, backend.allocator.clone(), "cufile")?
-            }
-            #[cfg(feature = "hipfile")]
-            (Opened::Hipfile(backend), Source::Local) => setup.start(
-                backend.reader.another(),
-                backend.allocator.clone(),
-                "hipfile",
-            )?,
-            #[cfg(all(feature = "hipfile", feature = "remote"))]
-            (Opened::Hipfile(backend), Source::Remote(remote)) => {
-                let reader = backend.reader.bounced(remote.reader());
-                setup.start(reader, backend.allocator.clone(), "hipfile")?
-            }
-            #[cfg(feature = "mock")]
-            (Opened::Mock { reader, allocator }, Source::Local) => {
-                ledger = Some(allocator.ledger());
-                setup.start(Arc::clone(reader), Arc::clone(allocator), "mock")?
-            }
-            #[cfg(all(feature = "mock", feature = "remote"))]
-            (Opened::Mock { allocator, .. }, Source::Remote(remote)) => {
-                ledger = Some(allocator.ledger());
-                let reader = backend_mock::FaultyReader::new(remote.reader()).labelled("mock");
-                setup.start(reader, Arc::clone(allocator), "mock")?
-            }
+        let ledger = match &self.chosen.opened {
+            Opened::Mock { allocator, .. } => Some(allocator.ledger()),
+            _ => None,
         };
+        // Each load reads through a reader of its own, on what the backend's loads share.
+        let inner = self.with_reader(source, setup)?;
         Ok(Load {
             inner,
             passed_over: self.chosen.passed_over.clone(),
@@ -465,6 +518,75 @@ impl<'d> Prepared<'d> {
             #[cfg(feature = "mock")]
             ledger,
         })
+    }
+}
+
+/// Work done with the reader (and allocator) a backend reads a source with: a load, or binding
+/// a reader's files ([`Prepared::keep_files_open_for`]).
+pub(super) trait OnReader<'d> {
+    type Output;
+
+    fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
+    where
+        R: Reader + 'd,
+        R::File: 'static,
+        R::Space: KnownSpace,
+        A: DeviceAllocator<Space = R::Space> + 'static,
+        A::Buffer: Sync + 'static;
+}
+
+impl<'d> OnReader<'d> for Setup<'d> {
+    type Output = Box<dyn super::ErasedLoad + 'd>;
+
+    fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
+    where
+        R: Reader + 'd,
+        R::File: 'static,
+        R::Space: KnownSpace,
+        A: DeviceAllocator<Space = R::Space> + 'static,
+        A::Buffer: Sync + 'static,
+    {
+        self.start(reader, allocator, backend)
+    }
+}
+
+/// Opens files into the files a reader keeps ([`OpenFiles`]), each checked against the identity
+/// its header was read with: a reader's handle is bound to the files as they were when it read
+/// their headers.
+struct Bind<'a> {
+    files: &'a OpenFiles,
+    shards: &'a [ShardFile],
+}
+
+impl<'d> OnReader<'d> for Bind<'_> {
+    type Output = ();
+
+    fn run<R, A>(self, reader: R, _: A, _: &str) -> Result<()>
+    where
+        R: Reader + 'd,
+        R::File: 'static,
+        R::Space: KnownSpace,
+        A: DeviceAllocator<Space = R::Space> + 'static,
+        A::Buffer: Sync + 'static,
+    {
+        let reader = KeepOpen::new(reader, self.files.clone());
+        for shard in self.shards {
+            let file = reader
+                .open(&shard.path)
+                .map_err(|source| staging_core::Error::Open {
+                    file: shard.path.to_path_buf(),
+                    source,
+                })?;
+            match reader.identity_of(&file) {
+                Some(now) => shard.identity.compare(&now),
+                None => reader.verify_unchanged(&shard.path, &shard.identity),
+            }
+            .map_err(|detail| staging_core::Error::FileChanged {
+                file: shard.path.to_path_buf(),
+                detail,
+            })?;
+        }
+        Ok(())
     }
 }
 

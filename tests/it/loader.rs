@@ -561,7 +561,8 @@ fn a_prepared_loader_serves_several_loads_on_one_memory_account() {
 
 /// A reader asking for tensors one at a time (what Python's `safe_open` does): one small load
 /// per tensor on one prepared backend, its file kept open, no block carved for one tensor, a
-/// report adding every load up, and a file replaced meanwhile refused.
+/// report adding every load up, the file kept open read after a new one is renamed over it,
+/// and the new file refused once the old is closed.
 #[test]
 fn tensor_by_tensor_on_a_prepared_backend() {
     let dir = tempfile::tempdir().unwrap();
@@ -631,10 +632,22 @@ fn tensor_by_tensor_on_a_prepared_backend() {
             .is_err()
     );
 
-    // Replaced since its header was read: refused, even through the file kept open.
-    std::fs::remove_file(&path).unwrap();
+    // Renamed over since its header was read: the file kept open is the one read, whole, as
+    // `safetensors` keeps reading the file it opened; never the new file's bytes.
+    let replacement = dir.path().join("replacement");
     let specs = [TensorSpec::new("norm", Dtype::F32, &[40])];
-    write_file(&path, &specs, 99).unwrap();
+    write_file(&replacement, &specs, 99).unwrap();
+    std::fs::rename(&replacement, &path).unwrap();
+    let served = prepared
+        .open_checkpoint(checkpoint.only("norm", None).unwrap())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(served.to_vec().unwrap(), contents["norm"]);
+    // Once closed, the path names the new file: refused, not read.
+    prepared.close_files();
+    assert_eq!(prepared.files_open(), 0);
     let refused = prepared
         .open_checkpoint(checkpoint.only("norm", None).unwrap())
         .unwrap()

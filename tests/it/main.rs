@@ -16,6 +16,7 @@ mod common;
 
 mod coalesce;
 mod conformance;
+mod descriptors;
 mod fault_sweep;
 mod file_changes;
 mod hipfile;

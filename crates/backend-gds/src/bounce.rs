@@ -176,4 +176,8 @@ where
     fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
         self.source.verify_unchanged(path, identity)
     }
+
+    fn identity_of(&self, file: &R::File) -> Option<FileIdentity> {
+        self.source.identity_of(file)
+    }
 }

@@ -227,7 +227,7 @@ impl<F: FileApi> Drop for Handle<F> {
 /// A file opened by [`GdsReader`].
 pub struct GdsFile<F: FileApi> {
     handle: Option<Handle<F>>,
-    _direct: Option<File>,
+    direct: Option<File>,
     buffered: File,
 }
 
@@ -367,7 +367,7 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
         let buffered = open_regular_file(path)?;
         let posix = GdsFile {
             handle: None,
-            _direct: None,
+            direct: None,
             buffered,
         };
         let Some(api) = &self.api else {
@@ -390,7 +390,7 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
                     raw,
                     api: Arc::clone(api),
                 }),
-                _direct: Some(direct),
+                direct: Some(direct),
                 buffered: posix.buffered,
             }),
             result => {
@@ -450,5 +450,14 @@ impl<F: FileApi, G: Gpu> Reader for GdsReader<F, G> {
                 })
             }
         }
+    }
+
+    fn identity_of(&self, file: &GdsFile<F>) -> Option<staging_core::FileIdentity> {
+        // The descriptor reads go through: the registered `O_DIRECT` one, else the buffered one.
+        let reads = file.direct.as_ref().unwrap_or(&file.buffered);
+        reads
+            .metadata()
+            .ok()
+            .map(|metadata| staging_core::FileIdentity::of(&metadata))
     }
 }

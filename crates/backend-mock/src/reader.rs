@@ -188,6 +188,10 @@ impl<R: Reader> Reader for FaultyReader<R> {
         self.inner.verify_unchanged(path, identity)
     }
 
+    fn identity_of(&self, file: &Self::File) -> Option<staging_core::FileIdentity> {
+        self.inner.identity_of(&file.inner)
+    }
+
     fn read_at(
         &self,
         file: &Self::File,

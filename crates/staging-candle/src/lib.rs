@@ -346,16 +346,19 @@ impl ShardedStaged {
     }
 
     /// Reads the headers of the checkpoint at `path` with `loader`'s options (its backend must
-    /// load into host memory); every file stays open for the reads to come.
+    /// load into host memory); its files stay open (a few at a time) for the reads to come.
     pub fn open_with(loader: Loader<'static>, path: impl AsRef<Path>) -> candle_core::Result<Self> {
         let path = path.as_ref();
         let what = path.display().to_string();
         let mut prepared = loader
             .prepare_for(path)
             .map_err(|e| staging_error(&what, e))?;
-        prepared.keep_files_open();
         let checkpoint = prepared
             .read_headers(&[path])
+            .map_err(|e| staging_error(&what, e))?;
+        // Bound to the files as read: a file renamed over one later is not read.
+        prepared
+            .keep_files_open_for(&checkpoint)
             .map_err(|e| staging_error(&what, e))?;
         Ok(Self {
             prepared: Mutex::new(prepared),

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::checkpoint::FileIdentity;
 use crate::error::{AllocError, DeviceError, ReadError};
 use crate::memory::{DeviceRegion, HostBytes, HostMemory};
 use crate::traits::{DeviceAllocator, DeviceBuffer, IoMode, MemoryInfo, Reader};
@@ -50,6 +51,13 @@ pub struct HostFile {
     file: File,
 }
 
+impl HostFile {
+    /// The open file's identity now (`fstat`); `None` when it cannot be inspected.
+    fn identity(&self) -> Option<FileIdentity> {
+        self.file.metadata().ok().map(|m| FileIdentity::of(&m))
+    }
+}
+
 impl Reader for HostReader {
     type Space = HostMemory;
     type File = HostFile;
@@ -75,6 +83,10 @@ impl Reader for HostReader {
         mut dst: DeviceRegion<'_, HostMemory>,
     ) -> Result<usize, ReadError> {
         Ok(file.file.read_at(dst.as_mut_slice(), offset)?)
+    }
+
+    fn identity_of(&self, file: &HostFile) -> Option<FileIdentity> {
+        file.identity()
     }
 }
 
@@ -409,5 +421,9 @@ impl Reader for DirectHostReader {
             .unwrap_or_else(|p| p.into_inner())
             .push(bounce);
         outcome
+    }
+
+    fn identity_of(&self, file: &HostFile) -> Option<FileIdentity> {
+        file.identity()
     }
 }

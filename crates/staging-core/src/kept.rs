@@ -6,7 +6,6 @@
 //! it again) and start its own thread pool.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,11 +17,106 @@ use crate::traits::{IoMode, Reader};
 
 type AnyFile = Arc<dyn Any + Send + Sync>;
 
+/// At most `capacity` values by path, the least recently used dropped first when one more is
+/// kept: what bounds the files (descriptors, mappings) a reader or a load keeps, whatever the
+/// number of files it reads.
+pub struct Recent<V> {
+    capacity: usize,
+    /// Most recently used last.
+    entries: Mutex<Vec<(PathBuf, V)>>,
+}
+
+impl<V: Clone> Recent<V> {
+    /// At most `capacity` values (at least one).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            entries: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// How many are kept.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every value (their other holders keep theirs).
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// The value kept for `path` (now the most recently used), if `found` takes it (a value
+    /// `found` declines stays where it was); else the value `open` makes, kept in its place,
+    /// the least recently used dropped when there are `capacity`. `open` runs with the values
+    /// locked: two callers asking at once make one value. `Ok(None)` from `open` keeps nothing.
+    pub fn get_or_keep<T, E>(
+        &self,
+        path: &Path,
+        found: impl FnOnce(&V) -> Option<T>,
+        open: impl FnOnce() -> std::result::Result<Option<(V, T)>, E>,
+    ) -> std::result::Result<Option<T>, E> {
+        let mut entries = self.lock();
+        let at = entries.iter().position(|(kept, _)| kept == path);
+        if let Some(at) = at
+            && let Some(taken) = found(&entries[at].1)
+        {
+            let entry = entries.remove(at);
+            entries.push(entry);
+            return Ok(Some(taken));
+        }
+        let Some((value, taken)) = open()? else {
+            return Ok(None);
+        };
+        if let Some(at) = entries.iter().position(|(kept, _)| kept == path) {
+            entries.remove(at);
+        }
+        if entries.len() >= self.capacity {
+            entries.remove(0);
+        }
+        entries.push((path.to_path_buf(), value));
+        Ok(Some(taken))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(PathBuf, V)>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<V> fmt::Debug for Recent<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kept = self
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        f.debug_struct("Recent")
+            .field("kept", &kept)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
 /// Files opened by readers, kept open until the last clone of this is dropped. Shared by the
 /// readers of one backend: a file is opened once, whichever load asks first. A file is found by
 /// its path and by the reader's file type, so readers of different kinds never share one.
-#[derive(Clone, Default)]
-pub struct OpenFiles(Arc<Mutex<HashMap<PathBuf, AnyFile>>>);
+///
+/// At most [`OpenFiles::KEPT`] files are kept, the least recently used closed first (a load
+/// reading it keeps it open until it is done with it): a reader of a checkpoint of any number
+/// of files holds a few descriptors, not one a file. A file closed so is opened again by its
+/// path when it is next read, and checked then against the identity its header was read with.
+#[derive(Clone)]
+pub struct OpenFiles(Arc<Recent<AnyFile>>);
+
+impl Default for OpenFiles {
+    fn default() -> Self {
+        Self(Arc::new(Recent::new(Self::KEPT)))
+    }
+}
 
 impl fmt::Debug for OpenFiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -33,22 +127,22 @@ impl fmt::Debug for OpenFiles {
 }
 
 impl OpenFiles {
+    /// How many files are kept open at most.
+    pub const KEPT: usize = 16;
+
     /// How many files are open.
     pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.0.len()
     }
 
     /// Whether no file is open.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.is_empty()
     }
 
     /// Closes every file (each when the last load reading it lets go).
     pub fn clear(&self) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        self.0.clear();
     }
 }
 
@@ -86,17 +180,16 @@ where
     }
 
     fn open(&self, path: &Path) -> std::result::Result<Self::File, ReadError> {
-        let mut files = self.files.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(file) = files
-            .get(path)
-            .and_then(|file| Arc::clone(file).downcast::<R::File>().ok())
-        {
-            return Ok(file);
-        }
-        // Opened under the lock: two loads asking at once open the file once.
-        let file = Arc::new(self.inner.open(path)?);
-        files.insert(path.to_path_buf(), Arc::clone(&file) as AnyFile);
-        Ok(file)
+        let opened = self.files.0.get_or_keep::<_, ReadError>(
+            path,
+            // A file of another reader's type is not this reader's: opened again, it replaces it.
+            |file| Arc::clone(file).downcast::<R::File>().ok(),
+            || {
+                let file = Arc::new(self.inner.open(path)?);
+                Ok(Some((Arc::clone(&file) as AnyFile, file)))
+            },
+        )?;
+        opened.ok_or_else(|| ReadError::Io(std::io::Error::other("no file was opened")))
     }
 
     fn read_at(
@@ -122,6 +215,10 @@ where
         identity: &FileIdentity,
     ) -> std::result::Result<(), String> {
         self.inner.verify_unchanged(path, identity)
+    }
+
+    fn identity_of(&self, file: &Self::File) -> Option<FileIdentity> {
+        self.inner.identity_of(file)
     }
 }
 
@@ -201,6 +298,7 @@ impl IoThreads {
 mod tests {
     use super::*;
     use crate::host::HostReader;
+    use crate::memory::DeviceRegion;
     use std::io::Write;
 
     #[test]
@@ -247,15 +345,68 @@ mod tests {
         );
         assert_eq!(files.len(), 1);
         drop((first, second));
-        assert_eq!(
-            Arc::strong_count(files.0.lock().unwrap().get(&path).unwrap()),
-            1
-        );
+        assert_eq!(Arc::strong_count(&files.0.lock()[0].1), 1);
         files.clear();
         assert!(files.is_empty());
         let missing = a.open(&dir.path().join("missing"));
         assert!(missing.is_err(), "a file that cannot open is an error");
         assert!(files.is_empty(), "and is not kept");
+    }
+
+    #[test]
+    fn recent_keeps_at_most_its_capacity_dropping_the_least_recently_used() {
+        let recent: Recent<u32> = Recent::new(2);
+        let keep = |path: &str, value: u32| {
+            recent.get_or_keep::<_, ()>(Path::new(path), |v| Some(*v), || Ok(Some((value, value))))
+        };
+        assert_eq!(keep("a", 1), Ok(Some(1)));
+        assert_eq!(keep("b", 2), Ok(Some(2)));
+        assert_eq!(keep("a", 9), Ok(Some(1)), "kept: not made again");
+        assert_eq!(keep("c", 3), Ok(Some(3)));
+        assert_eq!(recent.len(), 2);
+        // `b` was the least recently used: made again; `a` is still kept.
+        assert_eq!(keep("b", 4), Ok(Some(4)));
+        assert_eq!(keep("c", 9), Ok(Some(3)));
+        assert_eq!(recent.len(), 2);
+        // A value declined is made again and replaces it; nothing made keeps nothing.
+        let made = recent.get_or_keep::<_, ()>(Path::new("c"), |_| None, || Ok(Some((5, 5))));
+        assert_eq!(made, Ok(Some(5)));
+        assert_eq!(keep("c", 9), Ok(Some(5)));
+        let none = recent.get_or_keep::<u32, ()>(Path::new("d"), |v| Some(*v), || Ok(None));
+        assert_eq!(none, Ok(None));
+        let failed = recent.get_or_keep::<u32, &str>(Path::new("d"), |v| Some(*v), || Err("no"));
+        assert_eq!(failed, Err("no"));
+        assert_eq!(recent.len(), 2);
+        recent.clear();
+        assert!(recent.is_empty());
+    }
+
+    #[test]
+    fn a_file_held_by_a_load_stays_open_when_more_files_push_it_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = OpenFiles::default();
+        let reader = KeepOpen::new(HostReader, files.clone());
+        let paths: Vec<_> = (0..OpenFiles::KEPT + 5)
+            .map(|i| {
+                let path = dir.path().join(format!("f{i}"));
+                std::fs::write(&path, [i as u8; 8]).unwrap();
+                path
+            })
+            .collect();
+        let held = reader.open(&paths[0]).unwrap();
+        for path in &paths[1..] {
+            drop(reader.open(path).unwrap());
+        }
+        assert_eq!(files.len(), OpenFiles::KEPT);
+        // Pushed out of the kept files, still readable by the load that holds it.
+        let mut byte = [0u8; 1];
+        let read = reader
+            .read_at(&held, 3, DeviceRegion::from_slice(&mut byte))
+            .unwrap();
+        assert_eq!((read, byte), (1, [0]));
+        // Asked again, it is opened anew (another file than the one held).
+        let again = reader.open(&paths[0]).unwrap();
+        assert!(!Arc::ptr_eq(&held, &again));
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub use checkpoint::{
 pub use error::{
     AllocError, DestinationError, DeviceError, Error, ErrorKind, ReadError, Result, io_words,
 };
-pub use kept::{IoThreads, KeepOpen, OpenFiles};
+pub use kept::{IoThreads, KeepOpen, OpenFiles, Recent};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};
 pub use policy::{
     COALESCE_ALIGN, FallbackCause, MIB, PolicyBuilder, StagingPath, StagingPolicy,

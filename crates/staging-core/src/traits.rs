@@ -147,6 +147,17 @@ pub trait Reader: Send + Sync {
     fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
         identity.check(path)
     }
+
+    /// The identity of the open `file` as it is now (`fstat` of the descriptor it reads
+    /// through), where the reader can tell it: a load then checks the file it has open, not
+    /// whatever its path names now, so a file renamed over it is still read whole and
+    /// consistently (as `safetensors` reads the file it mapped), and one changed in place is
+    /// refused. `None` (the default: a store with no descriptors) checks by path with
+    /// [`verify_unchanged`](Self::verify_unchanged).
+    fn identity_of(&self, file: &Self::File) -> Option<FileIdentity> {
+        let _ = file;
+        None
+    }
 }
 
 /// A shared reader reads like the reader it shares (so one backend, opened once, serves several
@@ -186,6 +197,10 @@ impl<R: Reader + ?Sized> Reader for std::sync::Arc<R> {
 
     fn verify_unchanged(&self, path: &Path, identity: &FileIdentity) -> Result<(), String> {
         (**self).verify_unchanged(path, identity)
+    }
+
+    fn identity_of(&self, file: &Self::File) -> Option<FileIdentity> {
+        (**self).identity_of(file)
     }
 }
 

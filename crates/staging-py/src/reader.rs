@@ -27,6 +27,8 @@ pub(crate) struct PyReader {
     backend: &'static str,
     /// Whether its reads hand out mappings of the files (`Prepared::maps`).
     maps: bool,
+    /// Whether mappings were asked for (`map=true`), not left to `auto`.
+    map_asked: bool,
     device_index: i32,
     /// Its reads, for Ctrl-C (a SIGINT interrupts the reads running when it arrives), and
     /// whether it was closed (which interrupts reads of URLs still waiting on the network).
@@ -57,6 +59,7 @@ pub(crate) fn reader(
         }));
     }
     let gpu = keywords.options.device.gpu_index().unwrap_or(0);
+    let map_asked = keywords.options.map == safetensors_staging::MapFiles::Always;
     let mut loader = keywords.options.loader().map_err(errors::to_py)?;
     let calls = Arc::new(Calls::default());
     if let Some(interrupt) = calls.interrupt_for(&paths) {
@@ -68,7 +71,9 @@ pub(crate) fn reader(
         .detach(move || -> Result<_, Error> {
             let mut prepared = loader.prepare_for(&first)?;
             let checkpoint = prepared.read_headers(&paths)?;
-            prepared.keep_files_open();
+            // Bound to the files as their headers were read, as `safetensors` serves the file
+            // it opened: a file renamed over one later is not read.
+            prepared.keep_files_open_for(&checkpoint)?;
             let maps = prepared.maps(&checkpoint)?;
             Ok((prepared, checkpoint, maps))
         })
@@ -77,6 +82,7 @@ pub(crate) fn reader(
     Ok(PyReader {
         backend: prepared.backend_name(),
         maps,
+        map_asked,
         prepared: Mutex::new(Some(prepared)),
         checkpoint,
         report: Mutex::new(None),
@@ -260,6 +266,13 @@ impl PyReader {
     #[getter]
     fn maps(&self) -> bool {
         self.maps
+    }
+
+    /// Whether mappings were asked for (`map=True`), rather than left to `auto`: NumPy's
+    /// arrays are views of them then, copies otherwise.
+    #[getter]
+    fn map_asked(&self) -> bool {
+        self.map_asked
     }
 
     /// Whether `close()` was called.

@@ -392,7 +392,10 @@ def test_safe_open_takes_a_directory_an_index_and_options(tmp_path: Path) -> Non
         )  # a handle chooses by asking
 
 
-def test_files_stay_open_and_a_replaced_file_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+def test_a_handle_serves_the_file_it_opened_and_refuses_one_changed_in_place(
+    tmp_path: Path, mapped: bool
+) -> None:
     path = tmp_path / "model.safetensors"
     safetensors.torch.save_file({"a": torch.ones(4), "b": torch.zeros(4)}, path)
     fd_dir = Path("/proc/self/fd")
@@ -400,15 +403,28 @@ def test_files_stay_open_and_a_replaced_file_is_refused(tmp_path: Path) -> None:
     def open_fds() -> int:
         return sum(1 for p in fd_dir.iterdir() if os.path.realpath(p) == str(path))
 
-    with st.safe_open(path, framework="pt") as f:
-        f.get_tensor("a")
-        f.get_tensor("b")
-        assert open_fds() == 1, "one open file, kept for the handle"
-        # The file replaced (atomically, as save_file does) after the headers were read.
-        st.torch.save_file({"a": torch.full((4,), 7.0), "b": torch.zeros(4)}, path)
-        with pytest.raises(st.ReadError, match="changed"):
-            f.get_tensor("a")
-    assert open_fds() == 0, "closed with the handle"
+    options = {} if mapped else {"map": False}
+    with (
+        st.safe_open(path, framework="pt", **options) as ours,
+        safetensors.safe_open(path, framework="pt") as theirs,
+    ):
+        assert open_fds() <= 2, "at most one descriptor each, kept for the handle"
+        # A new file saved over it (atomically, a rename, as save_file does) after the
+        # handles opened it: both keep serving the file they opened, whole.
+        st.torch.save_file({"a": torch.full((4,), 7.0), "b": torch.full((4,), 7.0)}, path)
+        for name, want in (("a", torch.ones(4)), ("b", torch.zeros(4))):
+            assert torch.equal(ours.get_tensor(name), want), name
+            assert torch.equal(theirs.get_tensor(name), want), name
+    assert open_fds() == 0, "closed with the handles"
+    # Written in place under a handle: `safetensors` would hand out the new bytes under the
+    # old header; this refuses them.
+    with st.safe_open(path, framework="pt", **options) as ours:
+        time.sleep(0.02)  # the file system's timestamps are coarse
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) - 4)
+            f.write(b"\x00\x00\x80\x3f")
+        with pytest.raises(st.ReadError, match="changed during the load: it was modified"):
+            ours.get_tensor("b")
 
 
 def test_saving_writes_what_safetensors_writes(tmp_path: Path) -> None:

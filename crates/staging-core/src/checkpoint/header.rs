@@ -49,6 +49,12 @@ impl FileIdentity {
         let now = std::fs::metadata(path)
             .map(|m| Self::of(&m))
             .map_err(|e| format!("cannot be inspected any more: {e}"))?;
+        self.compare(&now)
+    }
+
+    /// Checks that `now` (a file's identity as it is now: of its path, or of a descriptor open
+    /// on it) is this file, unchanged; says what changed otherwise.
+    pub fn compare(&self, now: &FileIdentity) -> std::result::Result<(), String> {
         if (now.dev, now.ino) != (self.dev, self.ino) {
             Err("was replaced by another file".into())
         } else if now.size != self.size {

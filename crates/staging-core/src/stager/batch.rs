@@ -229,6 +229,10 @@ impl<R: Reader> Reader for Counted<'_, R> {
     ) -> std::result::Result<(), String> {
         self.inner.verify_unchanged(path, identity)
     }
+
+    fn identity_of(&self, file: &R::File) -> Option<crate::checkpoint::FileIdentity> {
+        self.inner.identity_of(file)
+    }
 }
 
 /// A batch read: what [`Stager::stage_batch`] hands to the pool.

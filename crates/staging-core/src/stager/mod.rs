@@ -243,16 +243,25 @@ where
 
     /// Checks that the tensor's file is still the one whose header was read: called when the
     /// file is opened and again after each tensor (or batch) is read, before it is handed out.
+    /// The file open is checked where the reader can tell its identity (a file renamed over it
+    /// since is still the file read, whole; one changed in place is refused), else its path.
     fn verify_unchanged(&self, meta: &TensorMeta) -> Result<()> {
         let Some(shard) = self.checkpoint.files().get(meta.file_index) else {
             return Err(Error::Internal("tensor of an unknown file".into()));
         };
-        self.reader
-            .verify_unchanged(&meta.file, &shard.identity)
-            .map_err(|detail| Error::FileChanged {
-                file: meta.file.to_path_buf(),
-                detail,
-            })
+        let open = self
+            .open
+            .as_ref()
+            .filter(|(index, _)| *index == meta.file_index)
+            .and_then(|(_, file)| self.reader.identity_of(file));
+        match open {
+            Some(now) => shard.identity.compare(&now),
+            None => self.reader.verify_unchanged(&meta.file, &shard.identity),
+        }
+        .map_err(|detail| Error::FileChanged {
+            file: meta.file.to_path_buf(),
+            detail,
+        })
     }
 
     /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
