@@ -1,7 +1,7 @@
 """Tensors for the CPU from local files are private mappings of the files (`map`, default
 `auto`: device "cpu"): the bytes of safetensors, the path the report names, writes that stay
-in the process, mappings that outlive the load, the handle and the file's name, and the same
-for NumPy."""
+in the process, mappings that outlive the load, the handle and the file's name; NumPy's arrays
+are copies unless `map=True` is asked for, as `safetensors.numpy`'s are."""
 
 from __future__ import annotations
 
@@ -97,13 +97,51 @@ def test_map_false_reads_into_memory_of_our_own(tmp_path: Path, checkpoint) -> N
     assert got["a"].numpy().tobytes() == checkpoint["a"]
 
 
-def test_numpy_loads_map_too(tmp_path: Path, checkpoint) -> None:
+def test_numpy_arrays_are_copies_unless_map_is_asked_for(tmp_path: Path, checkpoint) -> None:
     import safetensors_staging.numpy as stn
 
-    got = stn.load_file(tmp_path, unsupported_dtypes="uint8")
+    with stn.stage(tmp_path, unsupported_dtypes="uint8") as it:
+        got = dict(it)
+        report = it.report()
+    # Memory of the library's own, as `safetensors.numpy`'s arrays are theirs (no mapping).
+    assert report["paths"]["mapped"]["tensors"] == 0
+    assert {e["path"] for e in report["tensor_list"]} == {"device"}
     assert got["a"].tobytes() == checkpoint["a"]
     assert got["c"].tobytes() == checkpoint["c"]
     assert got["d"].tobytes() == checkpoint["d"]
     got["d"][:] = 0
     assert st.load_file(tmp_path)["d"].numpy().tobytes() == checkpoint["d"]
     assert np.asarray(got["d"]).sum() == 0
+    # "auto", torch's mapping default, means a copy here too; only map=True maps.
+    with stn.stage(tmp_path, unsupported_dtypes="uint8", map="auto") as it:
+        assert it.report()["paths"]["mapped"]["tensors"] == 0 and dict(it)
+    with stn.stage(tmp_path, unsupported_dtypes="uint8", map=True) as it:
+        mapped = dict(it)
+        assert it.report()["paths"]["mapped"]["tensors"] == 5
+    assert mapped["d"].tobytes() == checkpoint["d"]
+
+
+def live_mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+def test_live_numpy_arrays_of_many_files_hold_no_mapping_each(tmp_path: Path) -> None:
+    # Each live mapped file is one of the process's `vm.max_map_count` mappings (65,530 by
+    # default): ~65,000 small files loaded with their arrays kept would exhaust them, where
+    # `safetensors.numpy` loads 70,000. Arrays of their own hold none.
+    import safetensors.numpy
+
+    import safetensors_staging.numpy as stn
+
+    files = []
+    for i in range(300):
+        files.append(tmp_path / f"f{i}.safetensors")
+        safetensors.numpy.save_file({"w": np.full(3, i, np.int32)}, files[-1])
+    before = live_mappings()
+    kept = [stn.load_file(f) for f in files]
+    assert live_mappings() - before < 30
+    assert [int(k["w"][0]) for k in kept] == list(range(300))
+    mapped = [stn.load_file(f, map=True) for f in files]
+    assert live_mappings() - before >= 300, "map=True maps each file"
+    assert [int(m["w"][2]) for m in mapped] == list(range(300))

@@ -796,3 +796,47 @@ def test_the_torch_helpers_are_safetensors(tmp_path: Path) -> None:
     for module in (safetensors.torch, st.torch):
         with pytest.raises(RuntimeError):
             module._remove_duplicate_names({"a": base[2:8], "b": base[4:10], **halves})
+
+
+def test_bfloat16_arrays_follow_safetensors_once_ml_dtypes_is_imported(tmp_path: Path) -> None:
+    # `safetensors.numpy` asks NumPy for a dtype named "bfloat16": a TypeError until a package
+    # registers one (ml_dtypes, which JAX imports), a bfloat16 array after. Run in a fresh
+    # interpreter, where nothing has imported ml_dtypes yet.
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "bf16.safetensors"
+    safetensors.torch.save_file(
+        {"b": torch.arange(12, dtype=torch.bfloat16).reshape(3, 4), "f": torch.ones(2)}, path
+    )
+    code = f"""
+        import json, safetensors, safetensors.numpy, safetensors_staging, safetensors_staging.numpy
+        def outcome(call):
+            try:
+                value = call()
+            except Exception as e:
+                return ["raised", isinstance(e, TypeError)]
+            return [str(value.dtype), list(value.shape), value.tobytes().hex()]
+        def every(module, numpy_module):
+            with module.safe_open({str(path)!r}, framework="np") as f:
+                return [
+                    outcome(lambda: f.get_tensor("b")),
+                    outcome(lambda: f.get_slice("b")[1:3]),
+                    outcome(lambda: numpy_module.load_file({str(path)!r})["b"]),
+                ]
+        before = [every(safetensors, safetensors.numpy), every(safetensors_staging, safetensors_staging.numpy)]
+        import ml_dtypes
+        after = [every(safetensors, safetensors.numpy), every(safetensors_staging, safetensors_staging.numpy)]
+        print(json.dumps([before, after]))
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    before, after = json.loads(done.stdout)
+    theirs, ours = before
+    assert theirs == [["raised", True]] * 3 and ours == theirs
+    theirs, ours = after
+    assert theirs[0][:2] == ["bfloat16", [3, 4]] and theirs[1][:2] == ["bfloat16", [2, 4]]
+    assert ours == theirs

@@ -49,6 +49,21 @@ def torch_from_bytes(
     return buffer.reshape(shape) if target is None else buffer.view(target).reshape(shape)
 
 
+def registered_numpy_dtype(dtype: str) -> Any:
+    """NumPy's dtype for a dtype it lacks, where another package registered one under the name
+    `safetensors` asks NumPy for: `bfloat16`, which `ml_dtypes` registers once imported (JAX
+    imports it). `safetensors.numpy` then gives BF16 tensors as such arrays, and raises
+    NumPy's `TypeError` otherwise; so does this. None where NumPy knows no such name now."""
+    import numpy
+
+    if dtype != "BF16":
+        return None  # `safetensors` asks NumPy for no other name that a package registers
+    try:
+        return numpy.dtype("bfloat16")
+    except TypeError:
+        return None
+
+
 def to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
     """A loaded tensor as a NumPy array (zero-copy), or its bytes as `uint8` when asked for.
 
@@ -61,6 +76,9 @@ def to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
         return numpy.from_dlpack(staged)
     if unsupported_dtypes == "uint8":
         return numpy.from_dlpack(staged.as_bytes())
+    registered = registered_numpy_dtype(staged.dtype)
+    if registered is not None:
+        return numpy.from_dlpack(staged.as_bytes()).view(registered).reshape(staged.shape)
     raise UnsupportedDtypeError(
         f"tensor {staged.name!r}: NumPy has no dtype for {staged.dtype}; pass "
         'unsupported_dtypes="uint8" for its bytes (then .view(ml_dtypes.bfloat16), for example)'
@@ -106,22 +124,31 @@ class ToTorch:
 
 
 class ToNumpy:
-    """Arrays as `numpy.ndarray`, in host memory."""
+    """Arrays as `numpy.ndarray`, in host memory: copies of their own, as `safetensors.numpy`
+    gives, unless `views` (`map=True` asked for), when a tensor mapped from its file is a view
+    of the mapping."""
 
     name = "np"
-    views_of_mappings = False
+
+    def __init__(self, views: bool = False) -> None:
+        self.views_of_mappings = views
 
     def own(self, array: Any) -> Any:
         """A compact copy of a view."""
         return array.copy()
 
     def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
-        return to_numpy(staged, "raise")
+        array = to_numpy(staged, "raise")
+        if staged.path == "mapped" and not self.views_of_mappings:
+            # Independent of the file (a truncation, a rewrite in place), as `safetensors`'
+            # arrays are; the mapping only spared a read into a buffer of the library's own.
+            return array.copy()
+        return array
 
     def stand_in(self, dtype: str, shape: List[int], name: str) -> Any:
         import numpy
 
-        if _DTYPES[dtype].numpy is None:
+        if _DTYPES[dtype].numpy is None and registered_numpy_dtype(dtype) is None:
             to_numpy(_Described(dtype, name), "raise")  # raises UnsupportedDtypeError
         return numpy.broadcast_to(numpy.zeros((), dtype=numpy.uint8), shape)
 
@@ -166,7 +193,15 @@ class ToJax:
     def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
         import jax.numpy as jnp
 
-        return jnp.asarray(self.host_array(staged, dtype, shape, name))
+        array = self.host_array(staged, dtype, shape, name)
+        if staged.path == "mapped":
+            # JAX may alias a NumPy array's memory (where its alignment suits it), which would
+            # make the array a view of the file: a mapping (`map=True`) is copied into JAX's
+            # own memory, so Flax's arrays are independent of the file whatever `map` says.
+            # The copy is done before this returns (JAX copies on a thread of its own, later,
+            # and a file truncated meanwhile would fault there).
+            return jnp.array(array, copy=True).block_until_ready()
+        return jnp.asarray(array)
 
     def stand_in(self, dtype: str, shape: List[int], name: str) -> Any:
         import numpy

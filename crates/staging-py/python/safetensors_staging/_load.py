@@ -42,6 +42,14 @@ def paths_of(path: Paths) -> List[str]:
     return paths
 
 
+def copy_unless_mapping_asked(options: Dict[str, Any]) -> None:
+    """NumPy's and Flax's arrays are copies, as `safetensors`' are: `map` left out (or
+    `"auto"`, which for torch maps) becomes `False`; only `map=True` maps the file."""
+    asked = options.get("map")
+    if asked is None or (isinstance(asked, str) and asked.strip().lower() == "auto"):
+        options["map"] = False
+
+
 class Stage:
     """A load in progress: an iterator of `(name, tensor)` in file order.
 
@@ -231,7 +239,10 @@ def stage(
               `map=False` reads into memory of the library's own; `map=True` maps on the host
               backend whatever the device (`auto` on a machine without a GPU). Writes to a
               mapped tensor stay in this process; a file modified in place while its tensors
-              live may show through (replace files by renaming over them).
+              live may show through, and one truncated under them faults when a lost page is
+              touched, as with `safetensors` (replace files by renaming over them). NumPy's
+              and Flax's arrays are copies unless `map=True` (see the drop-in guide's "How
+              tensors relate to the file").
             - `chunk_size`, `staging_size`, `headroom_min`, `headroom_divisor`, `threads`,
               `staging_slots`, `coalesce_below`, `direct_io`, `suballocate`, `cufile_mode`,
               `cufile_lib`, `hipfile_mode`, `hipfile_lib`, `hip_lib`: the staging policy and

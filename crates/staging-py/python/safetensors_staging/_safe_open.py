@@ -93,6 +93,9 @@ class safe_open:
             self._convert: Any = ToTorch(gpu)
         else:
             spelled = "cpu"
+            # Arrays of their own, independent of the file, as `safetensors`' are: read through
+            # the mapping of the file where the handle maps (a slice of columns reads only those
+            # columns) and copied out, unless `map=True` asks for views of the mapping (NumPy).
             self._convert = ToNumpy() if self._framework_name == "np" else ToJax()
         try:
             self._reader = _native._reader(paths_of(filename), device=spelled, **options)
@@ -105,6 +108,8 @@ class safe_open:
                     f"No such file or directory: {os.fspath(filename)}"
                 ) from None
             raise
+        if isinstance(self._convert, ToNumpy):
+            self._convert.views_of_mappings = self._reader.map_asked
         checkpoint = self._reader.checkpoint()
         self._infos = {info.name: info for info in checkpoint.tensors()}
         self._offset_keys = [info.name for info in checkpoint.tensors()]

@@ -1,7 +1,9 @@
 """The functions of `safetensors.flax` (`load_file`, `load`, `save_file`, `save`), on this library.
 
 Arrays pass through NumPy (with `ml_dtypes` for bfloat16 and float8, as JAX itself uses), in host
-memory (JAX's default device places them).
+memory (JAX's default device places them). They are independent of the file, as
+`safetensors.flax`'s are, whatever `map` says: `map=True` reads through a mapping of the file and
+copies each array into JAX's memory.
 """
 
 from __future__ import annotations

@@ -6,6 +6,14 @@ Host memory only. NumPy has no bfloat16, float8, float6 or float4: loading such 
 widened to bytes, so that `arr.view(ml_dtypes.bfloat16)` gives the values back. Saving takes
 `ml_dtypes` arrays (bfloat16, float8) as they are.
 
+Arrays are memory of their own, independent of the file, as `safetensors.numpy` gives them:
+the file can be truncated, rewritten or replaced while they live. `map=True` makes them
+private, copy-on-write mappings of the file instead (no copy; the page cache is their memory),
+with a mapping's risks: a file truncated under them kills the process with `SIGBUS` when the
+lost pages are touched, a file rewritten in place may show through, and each file with a live
+array holds one of the process's `vm.max_map_count` mappings. `map="auto"` (torch's default,
+mapping) means `False` here.
+
 Saving is written by the Rust `safetensors` crate, byte for byte what `safetensors` writes, and
 `save_file` is atomic (a temporary file renamed into place). A non-contiguous or big-endian
 array is saved as its values (made contiguous and little-endian on the way), not as its raw
@@ -44,6 +52,7 @@ def stage(path: Paths, *, unsupported_dtypes: str = "raise", **options: Any) -> 
     _dtypes.check_unsupported_dtypes(unsupported_dtypes)
     if options.get("backend") in ("mmap", "pread"):
         options.pop("backend")
+    _load.copy_unless_mapping_asked(options)
     # Host memory whatever the machine has: NumPy cannot read device memory (`auto` would pick a
     # GPU where there is one).
     return _load.stage_with(
