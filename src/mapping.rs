@@ -54,12 +54,28 @@ pub(crate) struct Mapping {
     /// The first byte's address, taken once from the mapping's own mutable pointer: tensors
     /// write through it (their own bytes; copy-on-write) and read through it.
     base: usize,
+    /// The file mapped: its device and inode.
+    file: FileKey,
+}
+
+/// A file by its device and inode: what a cache of files by path checks before handing one
+/// back (the path may name another file since, read again under another header).
+pub(crate) type FileKey = (u64, u64);
+
+/// The file `shard`'s header was read from.
+pub(crate) fn key_of(shard: &ShardFile) -> FileKey {
+    (shard.identity.dev, shard.identity.ino)
 }
 
 impl Mapping {
     /// The file's length: the mapping's.
     pub(crate) fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Whether this maps the file `shard`'s header was read from.
+    pub(crate) fn maps(&self, shard: &ShardFile) -> bool {
+        self.file == key_of(shard)
     }
 
     /// Maps the file `shard` describes: the descriptor `descriptors` holds of it, or the file
@@ -73,10 +89,7 @@ impl Mapping {
         descriptors: &Descriptors,
     ) -> staging_core::Result<Option<Arc<Mapping>>> {
         let Some(file) = descriptors.get_or_open(shard)? else {
-            return Err(staging_core::Error::FileChanged {
-                file: shard.path.to_path_buf(),
-                detail: "was replaced by another file".into(),
-            });
+            return Err(no_longer_there(shard));
         };
         still_unchanged(shard, &file)?;
         let mut map = match map_private(&file) {
@@ -90,7 +103,11 @@ impl Mapping {
             }
         };
         let base = map.as_mut_ptr() as usize;
-        Ok(Some(Arc::new(Self { map, base })))
+        Ok(Some(Arc::new(Self {
+            map,
+            base,
+            file: key_of(shard),
+        })))
     }
 
     /// Makes `[offset, offset + len)` resident: read from the file where the page cache does not
@@ -120,6 +137,19 @@ impl Mapping {
     }
 }
 
+/// The error for `shard`, whose path names another file now or none: what its path shows.
+pub(crate) fn no_longer_there(shard: &ShardFile) -> staging_core::Error {
+    let detail = shard
+        .identity
+        .check(&shard.path)
+        .err()
+        .unwrap_or_else(|| "was replaced by another file".into());
+    staging_core::Error::FileChanged {
+        file: shard.path.to_path_buf(),
+        detail,
+    }
+}
+
 /// Checks that the open `file` is still the one `shard`'s header was read from, unchanged (its
 /// size and modification time; the descriptor is of that file, `Descriptors` saw to it).
 pub(crate) fn still_unchanged(shard: &ShardFile, file: &File) -> staging_core::Result<()> {
@@ -137,7 +167,7 @@ pub(crate) fn still_unchanged(shard: &ShardFile, file: &File) -> staging_core::R
 /// (device and inode checked when it was opened), at most a few open: the least recently used
 /// is closed first, and opened again by its path when asked for. Loads over any number of files
 /// hold this many descriptors, not one a file.
-pub(crate) struct Descriptors(Recent<Arc<File>>);
+pub(crate) struct Descriptors(Recent<(FileKey, Arc<File>)>);
 
 impl Descriptors {
     /// At most `capacity` descriptors (at least one).
@@ -162,7 +192,8 @@ impl Descriptors {
     pub(crate) fn get_or_open(&self, shard: &ShardFile) -> staging_core::Result<Option<Arc<File>>> {
         self.0.get_or_keep(
             &shard.path,
-            |file| Some(Arc::clone(file)),
+            // One of another file its path named before (read under an older header): declined.
+            |(file, open)| (*file == key_of(shard)).then(|| Arc::clone(open)),
             || {
                 let io = |source: std::io::Error| staging_core::Error::Io {
                     path: shard.path.to_path_buf(),
@@ -174,11 +205,11 @@ impl Descriptors {
                     Err(e) => return Err(io(e)),
                 };
                 let now = FileIdentity::of(&file.metadata().map_err(io)?);
-                if (now.dev, now.ino) != (shard.identity.dev, shard.identity.ino) {
+                if (now.dev, now.ino) != key_of(shard) {
                     return Ok(None);
                 }
                 let file = Arc::new(file);
-                Ok(Some((Arc::clone(&file), file)))
+                Ok(Some(((key_of(shard), Arc::clone(&file)), file)))
             },
         )
     }

@@ -15,7 +15,8 @@ use staging_core::{
 };
 
 use crate::mapping::{
-    Descriptors, MappedBytes, Mapping, READ_AHEAD, on_network_file_system, still_unchanged,
+    Descriptors, MappedBytes, Mapping, READ_AHEAD, no_longer_there, on_network_file_system,
+    still_unchanged,
 };
 use crate::tensor::{Data, Tensor};
 use staging_core::{HostBytes, HostMemory, HostTensor, MemorySpace};
@@ -71,7 +72,8 @@ impl MapCache {
     ) -> staging_core::Result<Option<Arc<Mapping>>> {
         self.maps.get_or_keep(
             &shard.path,
-            |mapping| Some(Arc::clone(mapping)),
+            // One of another file its path named before (read under an older header): declined.
+            |mapping| mapping.maps(shard).then(|| Arc::clone(mapping)),
             || {
                 Ok(Mapping::open(shard, &self.descriptors)?
                     .map(|mapping| (Arc::clone(&mapping), mapping)))
@@ -438,12 +440,10 @@ impl MappedLoad<'_> {
                 let shard = &self.checkpoint.files()[meta.file_index];
                 // Read with `pread` from a descriptor of the file mapped: its path must still
                 // name it (a file renamed over since the load mapped it is refused here).
-                let file = self.descriptors.get_or_open(shard)?.ok_or_else(|| {
-                    staging_core::Error::FileChanged {
-                        file: shard.path.to_path_buf(),
-                        detail: "was replaced by another file".into(),
-                    }
-                })?;
+                let file = self
+                    .descriptors
+                    .get_or_open(shard)?
+                    .ok_or_else(|| no_longer_there(shard))?;
                 if !checked.contains(&meta.file_index) {
                     still_unchanged(shard, &file)?;
                     checked.push(meta.file_index);

@@ -272,10 +272,13 @@ impl<'d> Prepared<'d> {
         }
     }
 
-    /// Keeps every file a load opens open for the loads after it (on cuFile and hipFile,
+    /// Keeps the files loads open open for the loads after it (on cuFile and hipFile,
     /// registered), until this is dropped or [`close_files`](Self::close_files): for a reader
-    /// that asks for tensors one at a time, one small load each. A file replaced since its
-    /// header was read is still refused (the check is made on its path).
+    /// that asks for tensors one at a time, one small load each. At most
+    /// [`OpenFiles::KEPT`] files (and 256 mappings), the least recently used closed first. A
+    /// file kept is checked through its descriptor (a file renamed over it since is not read;
+    /// one written in place is refused); one opened again is checked to be the file its header
+    /// was read from.
     pub fn keep_files_open(&mut self) {
         self.files.get_or_insert_with(OpenFiles::default);
         if self.map != MapDecision::No {
@@ -571,17 +574,21 @@ impl<'d> OnReader<'d> for Bind<'_> {
     {
         let reader = KeepOpen::new(reader, self.files.clone());
         for shard in self.shards {
-            let file = reader
-                .open(&shard.path)
-                .map_err(|source| staging_core::Error::Open {
-                    file: shard.path.to_path_buf(),
-                    source,
-                })?;
-            match reader.identity_of(&file) {
+            let opened = |source| staging_core::Error::Open {
+                file: shard.path.to_path_buf(),
+                source,
+            };
+            let check = |file: &_| match reader.identity_of(file) {
                 Some(now) => shard.identity.compare(&now),
                 None => reader.verify_unchanged(&shard.path, &shard.identity),
+            };
+            let file = reader.open(&shard.path).map_err(opened)?;
+            if check(&file).is_ok() {
+                continue;
             }
-            .map_err(|detail| staging_core::Error::FileChanged {
+            // A file kept from an older header of this path: opened anew once.
+            let file = reader.reopen(&shard.path).map_err(opened)?;
+            check(&file).map_err(|detail| staging_core::Error::FileChanged {
                 file: shard.path.to_path_buf(),
                 detail,
             })?;

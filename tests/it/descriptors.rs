@@ -196,3 +196,88 @@ fn a_reader_serves_the_files_it_opened_and_refuses_a_file_changed_in_place() {
         );
     }
 }
+
+/// The headers of `dir` read again by `prepared` (a file renamed over one since is read under
+/// its own header).
+fn reread(prepared: &mut Prepared<'static>, dir: &Path) -> Checkpoint {
+    prepared.read_headers(&[dir]).unwrap()
+}
+
+#[test]
+fn a_file_kept_under_an_older_header_is_never_read_under_a_newer_one() {
+    // One shard, and 20 (past the descriptors kept): the shard renamed over after a read, its
+    // headers read again by the same reader. A load of the new header reads the new file, never
+    // the kept mapping or descriptor of the old one; a load of the old header reads the old file
+    // while it is kept, or is refused.
+    for (shards, map) in [
+        (1, MapFiles::Auto),
+        (1, MapFiles::Never),
+        (20, MapFiles::Auto),
+        (20, MapFiles::Never),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = many(dir.path(), shards);
+        let (mut prepared, old) = reader(dir.path(), map);
+        for s in 0..shards {
+            let name = format!("s{s}.b");
+            assert_eq!(read(&mut prepared, &old, &name), fixture.contents[&name]);
+        }
+        // The first shard written again with other bytes (same names, shapes and size), and
+        // renamed over the old.
+        let replacement = dir.path().join("replacement");
+        let specs = vec![
+            TensorSpec::new("s0.a", Dtype::F32, &[3]),
+            TensorSpec::bytes("s0.b", 100),
+        ];
+        let new_contents = backend_mock::fixtures::write_file(&replacement, &specs, 999).unwrap();
+        assert_ne!(new_contents["s0.b"], fixture.contents["s0.b"]);
+        std::fs::rename(&replacement, &fixture.files[0]).unwrap();
+        let new = reread(&mut prepared, dir.path());
+        for name in ["s0.a", "s0.b"] {
+            let got = first(&mut prepared, &new, name).unwrap().to_vec().unwrap();
+            assert_eq!(got, new_contents[name], "{shards} shards, {map:?}: {name}");
+        }
+        match first(&mut prepared, &old, "s0.b") {
+            Ok(tensor) => assert_eq!(
+                tensor.to_vec().unwrap(),
+                fixture.contents["s0.b"],
+                "{shards} shards, {map:?}: the old header's bytes or nothing"
+            ),
+            Err(Error::Load(staging_core::Error::FileChanged { .. })) => {}
+            Err(other) => panic!("{shards} shards, {map:?}: {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_handle_of_more_files_than_it_keeps_refuses_one_closed_and_renamed_over() {
+    // Past the files a handle keeps, the least recently read are closed; one of them renamed
+    // over since is refused when asked for again (never read under the old header).
+    let dir = tempfile::tempdir().unwrap();
+    let shards = OpenFiles::KEPT + 4;
+    let fixture = many(dir.path(), shards);
+    let (mut prepared, checkpoint) = reader(dir.path(), MapFiles::Never);
+    for s in 0..shards {
+        read(&mut prepared, &checkpoint, &format!("s{s}.b"));
+    }
+    let replacement = dir.path().join("replacement");
+    std::fs::copy(&fixture.files[0], &replacement).unwrap();
+    std::fs::rename(&replacement, &fixture.files[0]).unwrap();
+    let refused = first(&mut prepared, &checkpoint, "s0.b");
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::Load(staging_core::Error::FileChanged { .. }))
+        ),
+        "{refused:?}"
+    );
+    // The last files read are still kept: served, whatever their paths name now.
+    let last = format!("s{}.b", shards - 1);
+    let replacement = dir.path().join("replacement");
+    std::fs::write(&replacement, b"another file").unwrap();
+    std::fs::rename(&replacement, &fixture.files[shards - 1]).unwrap();
+    assert_eq!(
+        read(&mut prepared, &checkpoint, &last),
+        fixture.contents[&last]
+    );
+}

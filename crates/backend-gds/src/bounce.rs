@@ -162,6 +162,10 @@ where
         self.source.open(path)
     }
 
+    fn reopen(&self, path: &Path) -> Result<R::File, ReadError> {
+        self.source.reopen(path)
+    }
+
     fn read_at(
         &self,
         file: &R::File,

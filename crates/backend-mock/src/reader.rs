@@ -180,6 +180,19 @@ impl<R: Reader> Reader for FaultyReader<R> {
         })
     }
 
+    fn reopen(&self, path: &Path) -> Result<Self::File, ReadError> {
+        if self.fail_open {
+            return Err(ReadError::Io(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "injected open failure",
+            )));
+        }
+        Ok(FaultyFile {
+            inner: self.inner.reopen(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
     fn verify_unchanged(
         &self,
         path: &Path,

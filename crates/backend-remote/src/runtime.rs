@@ -16,19 +16,44 @@ pub(crate) struct OwnedRuntime(Option<tokio::runtime::Runtime>);
 
 impl OwnedRuntime {
     /// Starts the runtime: two worker threads, named `staging-remote`, with I/O and timers.
+    /// A thread the system refuses is an error (`EAGAIN`, ...), not the panic tokio raises for
+    /// it ("OS can't spawn worker thread"; its default hook still prints that line).
     pub(crate) fn start() -> io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("staging-remote")
-            .enable_all()
-            .build()?;
-        Ok(Self(Some(runtime)))
+        let built = std::panic::catch_unwind(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("staging-remote")
+                .enable_all()
+                .build()
+        });
+        match built {
+            Ok(runtime) => Ok(Self(Some(runtime?))),
+            Err(panic) => Err(refused_thread(panic.as_ref())),
+        }
     }
 
     fn get(&self) -> io::Result<&tokio::runtime::Runtime> {
         self.0
             .as_ref()
             .ok_or_else(|| io::Error::other("the I/O runtime was shut down"))
+    }
+}
+
+/// The error behind tokio's panic when the system refused it a thread: the system's code where
+/// its message gives it (`... (os error 11)`), else the message.
+fn refused_thread(panic: &(dyn std::any::Any + Send)) -> io::Error {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("the I/O runtime could not start its threads");
+    let code = message
+        .rsplit_once("(os error ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .and_then(|(code, _)| code.parse::<i32>().ok());
+    match code {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::other(message.to_owned()),
     }
 }
 
@@ -115,5 +140,24 @@ async fn interruptible<T>(
     match futures::future::select(future, watch).await {
         futures::future::Either::Left((done, _)) => done,
         futures::future::Either::Right((interrupted, _)) => Err(interrupted),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_thread;
+
+    #[test]
+    fn the_panic_of_a_refused_thread_gives_back_the_system_error() {
+        let panic: Box<dyn std::any::Any + Send> = Box::new(String::from(
+            "OS can't spawn worker thread: Resource temporarily unavailable (os error 11)",
+        ));
+        assert_eq!(refused_thread(panic.as_ref()).raw_os_error(), Some(11));
+        let panic: Box<dyn std::any::Any + Send> = Box::new("something else");
+        let error = refused_thread(panic.as_ref());
+        assert_eq!(
+            (error.raw_os_error(), error.to_string()),
+            (None, "something else".into())
+        );
     }
 }

@@ -104,6 +104,15 @@ fn resource_hint(error: &io::Error) -> &'static str {
     }
 }
 
+/// Whether `error` says the process (`EMFILE`) or the system (`ENFILE`) has no descriptor left
+/// to open a file with: a resource the load needs, not the file's fault.
+fn out_of_descriptors(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc_codes::EMFILE) | Some(libc_codes::ENFILE)
+    )
+}
+
 /// The `errno` values `resource_hint` names (Linux's, on every architecture it runs on).
 mod libc_codes {
     pub(super) const EAGAIN: i32 = 11;
@@ -474,8 +483,10 @@ impl Error {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
+            Self::Io { source, .. } if out_of_descriptors(source) => ErrorKind::Resource,
             Self::Io { source, .. } => ErrorKind::of_io(source, ErrorKind::Io),
             Self::Open { source, .. } => match source {
+                ReadError::Io(e) if out_of_descriptors(e) => ErrorKind::Resource,
                 ReadError::Io(e) => ErrorKind::of_io(e, ErrorKind::Read),
                 _ => ErrorKind::Read,
             },
@@ -562,5 +573,37 @@ impl Error {
             path: path.into(),
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_thread_or_no_descriptor_is_a_resource_naming_the_limit() {
+        let threads = Error::Resource {
+            what: "4 I/O threads".into(),
+            source: io::Error::from_raw_os_error(libc_codes::EAGAIN),
+        };
+        assert_eq!(threads.kind(), ErrorKind::Resource);
+        let text = threads.to_string();
+        assert!(text.starts_with("cannot start 4 I/O threads: resource temporarily unavailable"));
+        assert!(
+            text.contains("RLIMIT_NPROC") && text.contains("vm.max_map_count"),
+            "{text}"
+        );
+        // No descriptor left, opening a file to read its header or its tensors.
+        let emfile = || io::Error::from_raw_os_error(libc_codes::EMFILE);
+        let header = Error::io("m.safetensors", emfile());
+        let open = Error::Open {
+            file: "m.safetensors".into(),
+            source: ReadError::Io(emfile()),
+        };
+        assert_eq!(header.kind(), ErrorKind::Resource);
+        assert_eq!(open.kind(), ErrorKind::Resource);
+        // Other failures keep their kinds.
+        let missing = Error::io("m", io::Error::from(io::ErrorKind::NotFound));
+        assert_eq!(missing.kind(), ErrorKind::NotFound);
     }
 }

@@ -192,6 +192,19 @@ where
         opened.ok_or_else(|| ReadError::Io(std::io::Error::other("no file was opened")))
     }
 
+    fn reopen(&self, path: &Path) -> std::result::Result<Self::File, ReadError> {
+        // The file kept is declined: opened anew, it replaces it.
+        let opened = self.files.0.get_or_keep::<_, ReadError>(
+            path,
+            |_| None,
+            || {
+                let file = Arc::new(self.inner.reopen(path)?);
+                Ok(Some((Arc::clone(&file) as AnyFile, file)))
+            },
+        )?;
+        opened.ok_or_else(|| ReadError::Io(std::io::Error::other("no file was opened")))
+    }
+
     fn read_at(
         &self,
         file: &Self::File,

@@ -118,6 +118,14 @@ pub trait Reader: Send + Sync {
     /// Opens a file for reading.
     fn open(&self, path: &Path) -> Result<Self::File, ReadError>;
 
+    /// Opens a file for reading anew, never handing back one kept from before (a reader that
+    /// keeps its files, [`KeepOpen`](crate::KeepOpen), replaces the one it kept): what a load
+    /// asks for when the file [`open`](Self::open) gave is not the one whose header it read
+    /// (a file kept from an older header of the same path). By default, `open`.
+    fn reopen(&self, path: &Path) -> Result<Self::File, ReadError> {
+        self.open(path)
+    }
+
     /// Reads up to `dst.len()` bytes at `offset` of `file` into `dst`.
     fn read_at(
         &self,
@@ -176,6 +184,10 @@ impl<R: Reader + ?Sized> Reader for std::sync::Arc<R> {
 
     fn open(&self, path: &Path) -> Result<Self::File, ReadError> {
         (**self).open(path)
+    }
+
+    fn reopen(&self, path: &Path) -> Result<Self::File, ReadError> {
+        (**self).reopen(path)
     }
 
     fn read_at(

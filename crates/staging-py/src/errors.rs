@@ -264,10 +264,21 @@ pub(crate) fn to_py(error: Error) -> PyErr {
     let message = line(&error);
     let kind = error.kind();
     let details = error.details().to_vec();
-    if let Error::Load(CoreError::Resource { source, .. }) = &error {
+    if kind == ErrorKind::Resource {
+        let code = match &error {
+            Error::Load(
+                CoreError::Resource { source, .. }
+                | CoreError::Io { source, .. }
+                | CoreError::Open {
+                    source: staging_core::ReadError::Io(source),
+                    ..
+                },
+            ) => source.raw_os_error(),
+            _ => None,
+        };
         let raised = with_details(kind, message, details);
         // The system's code, as an `OSError` carries it.
-        if let Some(code) = source.raw_os_error() {
+        if let Some(code) = code {
             Python::attach(|py| {
                 let _ = raised.value(py).setattr("errno", code);
             });

@@ -4,8 +4,9 @@ most descriptors the process held at once (sampled at every tensor).
 
     python many_files_door.py DOOR CHECKPOINT [C_LIBRARY]
 
-DOOR is `load_file` (torch, `map` at its default), `load_file-map-false`, `numpy`,
-`safe_open`, `safe_open-map-false` or `c` (the C ABI through ctypes, with C_LIBRARY).
+DOOR is `load_file` (torch, `map` at its default), `load_file-map-false`, `stage` (torch,
+sampled at every tensor), `numpy` (`numpy.load_file`), `safe_open`, `safe_open-map-false` or
+`c` (the C ABI through ctypes, with C_LIBRARY).
 """
 
 from __future__ import annotations
@@ -84,15 +85,17 @@ def tensors(door: str, checkpoint: str) -> Iterator[Tuple[str, bytes]]:
 
     if door in ("load_file", "load_file-map-false"):
         options = {"map": False} if door.endswith("false") else {}
-        with st.stage(checkpoint, **options) as loaded:
+        for name, tensor in st.load_file(checkpoint, **options).items():
+            yield name, torch_bytes(tensor)
+    elif door == "stage":
+        with st.stage(checkpoint) as loaded:
             for name, tensor in loaded:
                 yield name, torch_bytes(tensor)
     elif door == "numpy":
         import safetensors_staging.numpy as stn
 
-        with stn.stage(checkpoint, unsupported_dtypes="uint8") as loaded:
-            for name, array in loaded:
-                yield name, array.tobytes()
+        for name, array in stn.load_file(checkpoint, unsupported_dtypes="uint8").items():
+            yield name, array.tobytes()
     elif door in ("safe_open", "safe_open-map-false"):
         options = {"map": False} if door.endswith("false") else {}
         with st.safe_open(checkpoint, framework="pt", **options) as handle:

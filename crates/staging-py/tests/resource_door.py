@@ -3,12 +3,15 @@
 
     python resource_door.py DOOR REFUSAL CHECKPOINT [C_LIBRARY]
 
-DOOR is `python` (`load_file`), `safe_open` or `c` (the C ABI through ctypes, with C_LIBRARY);
-each asks for 64 I/O threads and reads into memory of its own (`map=false`), which is what
-starts them. REFUSAL is how threads are refused, set up once everything is imported: `nproc`,
-the limit on processes and threads (`RLIMIT_NPROC` of 1; as root, which it does not bind, the
-process becomes `nobody` first), or `address-space`, an address space with no room for the
-threads' stacks (what an exhausted map count does too).
+DOOR is `python` (`load_file`), `safe_open` (every tensor, in order: the handle reads ahead
+on a thread of its own) or `c` (the C ABI through ctypes, with C_LIBRARY); each asks for 64
+I/O threads and reads into memory of its own (`map=false`), which is what starts them; or
+`url` (`load_file` of an `http://` URL, whose I/O runtime starts threads before any request).
+REFUSAL is what is refused, set up once everything is imported: `nproc`, threads by the limit
+on processes and threads (`RLIMIT_NPROC` of 1; as root, which it does not bind, the process
+becomes `nobody` first); `address-space`, threads by an address space with no room for their
+stacks (what an exhausted map count does too); or `nofile`, descriptors (`RLIMIT_NOFILE` at
+the number open now).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ NOBODY = 65534
 
 
 def refuse_threads(how: str) -> None:
+    if how == "nofile":
+        open_now = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_now, open_now))
+        return
     if how == "nproc":
         resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
         if os.geteuid() == 0:
@@ -77,9 +84,12 @@ def main() -> None:
     try:
         if door == "python":
             st.load_file(checkpoint, map=False, threads=64)
+        elif door == "url":
+            st.load_file("http://127.0.0.1:9/model.safetensors")
         else:
             with st.safe_open(checkpoint, framework="np", map=False, threads=64) as handle:
-                handle.get_tensor(handle.keys()[0])
+                for name in handle.offset_keys():
+                    handle.get_tensor(name)
     except Exception as error:
         print(
             json.dumps(

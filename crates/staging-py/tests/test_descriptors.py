@@ -45,7 +45,15 @@ def under_the_limit(command: List[str]) -> str:
 
 @pytest.mark.parametrize(
     "door",
-    ["load_file", "load_file-map-false", "numpy", "safe_open", "safe_open-map-false", "c"],
+    [
+        "load_file",
+        "load_file-map-false",
+        "stage",
+        "numpy",
+        "safe_open",
+        "safe_open-map-false",
+        "c",
+    ],
 )
 def test_every_door_loads_more_shards_than_the_descriptor_limit(
     many_shards: Tuple[Path, Dict[str, str]], other_doors: Tuple[Path, Path], door: str

@@ -100,12 +100,3 @@ def test_a_handle_after_each_event(
         event: outcome(tmp_path, library, framework, mapping, "safe_open", event) for event in want
     }
     assert got == want
-
-
-def test_our_defaults_are_safetensors_own() -> None:
-    for framework in ("pt", "np", "flax"):
-        assert (
-            LOADED[("staging", framework, "default")]
-            == LOADED[("safetensors", framework, "default")]
-        )
-    assert OPENED[("staging", "pt", "default")]["rename"] == KEPT

@@ -427,3 +427,15 @@ def test_tied_weights_whose_copies_differ_keep_what_load_state_dict_keeps(
     shared = torch.full((4, 4), 7.0)
     load_into({"b.weight": shared, "a.weight": shared}, path)
     assert torch.equal(shared, copies["a.weight"])
+
+
+def test_a_model_made_in_inference_mode_reloads_without_a_version_to_bump(tmp_path: Path) -> None:
+    # Inference tensors have no version counter (torch before 2.5 raises when asked to bump
+    # one): they are written and passed over.
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, path)
+    with torch.inference_mode():
+        model = torch.nn.Linear(4, 4)
+    assert model.weight.is_inference()
+    load_into(model, path)
+    assert torch.equal(model.weight, torch.ones(4, 4)) and torch.equal(model.bias, torch.ones(4))

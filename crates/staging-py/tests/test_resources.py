@@ -29,7 +29,8 @@ HINT = "the system refused another thread"
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint another user may read (the child runs as `nobody`)."""
     directory = tmp_path_factory.mktemp("resources")
-    write_safetensors(directory / "model.safetensors", [("w", "F32", (64, 64))])
+    # Two tensors: a handle reading them in order reads the second ahead, on a thread.
+    write_safetensors(directory / "model.safetensors", [("v", "F32", (8,)), ("w", "F32", (64, 64))])
     for path in (directory, directory / "model.safetensors"):
         os.chmod(path, 0o755)
     for parent in directory.parents:
@@ -69,6 +70,21 @@ def test_python_raises_a_resource_error_naming_the_limit(shared: Path, door: str
     assert said["kind"] == "resource" and said["errno"] == errno.EAGAIN
     assert said["message"].startswith("cannot start 64 I/O threads: resource temporarily")
     assert HINT in said["message"]
+
+
+def test_a_url_whose_runtime_cannot_start_raises_a_resource_error(shared: Path) -> None:
+    # The remote I/O runtime's threads: tokio panics when the system refuses one; said as
+    # the resource error it is.
+    said = python_says("url", shared, "nproc")
+    assert said["class"] == "ResourceError" and said["errno"] == errno.EAGAIN, said
+    assert said["message"].startswith("cannot start the I/O runtime's 2 threads")
+
+
+@pytest.mark.parametrize("door", ["python", "safe_open"])
+def test_no_descriptor_left_is_a_resource_error(shared: Path, door: str) -> None:
+    said = python_says(door, shared, "nofile")
+    assert said["class"] == "ResourceError" and said["errno"] == errno.EMFILE, said
+    assert "too many open files" in said["message"]
 
 
 @pytest.mark.parametrize("by", ["nproc", "address-space"])

@@ -208,6 +208,10 @@ impl<R: Reader> Reader for Counted<'_, R> {
         self.inner.open(path)
     }
 
+    fn reopen(&self, path: &std::path::Path) -> std::result::Result<R::File, ReadError> {
+        self.inner.reopen(path)
+    }
+
     fn read_at(
         &self,
         file: &R::File,

@@ -232,11 +232,19 @@ where
     fn ensure_open(&mut self, meta: &TensorMeta) -> Result<()> {
         if self.open.as_ref().map(|(index, _)| *index) != Some(meta.file_index) {
             self.open = None;
-            let file = self.reader.open(&meta.file).map_err(|source| Error::Open {
+            let opened = |file| Error::Open {
                 file: meta.file.to_path_buf(),
-                source,
-            })?;
+                source: file,
+            };
+            let file = self.reader.open(&meta.file).map_err(opened)?;
             self.open = Some((meta.file_index, file));
+            if self.verify_unchanged(meta).is_err() {
+                // A reader that keeps its files may have kept this path's from an older header
+                // (the path read again since, naming another file now): opened anew once.
+                self.open = None;
+                let file = self.reader.reopen(&meta.file).map_err(opened)?;
+                self.open = Some((meta.file_index, file));
+            }
         }
         self.verify_unchanged(meta)
     }

@@ -28,8 +28,9 @@ def written_in_place(tensors: Iterable[Any]) -> None:
     """Tells autograd that the library wrote these tensors' memory, as torch's own in-place
     ops do (`copy_` under `no_grad`): each one's version counter is bumped, so a `backward()`
     that saved the old values raises instead of silently using the new ones. Anything not a
-    torch tensor (a NumPy array, another DLPack array) has no version and is passed over;
-    tensors made under `torch.inference_mode()` have none either and torch passes them over.
+    torch tensor (a NumPy array, another DLPack array) has no version and is passed over, as
+    are tensors made under `torch.inference_mode()` (which have none: torch before 2.5 raises
+    when asked to bump one).
     """
     import sys
 
@@ -37,7 +38,7 @@ def written_in_place(tensors: Iterable[Any]) -> None:
     if torch is None:
         return  # no torch tensor can exist in a process that never imported torch
     for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
+        if isinstance(tensor, torch.Tensor) and not tensor.is_inference():
             torch.autograd.graph.increment_version(tensor)
 
 

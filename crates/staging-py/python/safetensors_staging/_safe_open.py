@@ -225,7 +225,13 @@ class safe_open:
                             2,
                             thread_name_prefix="safe_open-read-ahead",
                         )
-                    self._ahead = (upcoming, self._ahead_thread.submit(self._reader.read, upcoming))
+                    try:
+                        read = self._ahead_thread.submit(self._reader.read, upcoming)
+                        self._ahead = (upcoming, read)
+                    except RuntimeError:
+                        # No thread for it ("can't start new thread": a limit on threads):
+                        # nothing is read ahead; the reads themselves say what they lack.
+                        pass
         return pending
 
     def get_slice(self, name: str) -> safe_slice:
