@@ -6,6 +6,7 @@
 //! it again) and start its own thread pool.
 
 use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,11 +20,35 @@ type AnyFile = Arc<dyn Any + Send + Sync>;
 
 /// At most `capacity` values by path, the least recently used dropped first when one more is
 /// kept: what bounds the files (descriptors, mappings) a reader or a load keeps, whatever the
-/// number of files it reads.
+/// number of files it reads. Finding a value costs a hash lookup, keeping one a log.
 pub struct Recent<V> {
     capacity: usize,
-    /// Most recently used last.
-    entries: Mutex<Vec<(PathBuf, V)>>,
+    entries: Mutex<Entries<V>>,
+}
+
+/// The values by path, each with when it was last used; and the paths by when.
+struct Entries<V> {
+    by_path: HashMap<PathBuf, (V, u64)>,
+    by_use: BTreeMap<u64, PathBuf>,
+    clock: u64,
+}
+
+impl<V> Entries<V> {
+    fn touch(&mut self, path: &Path) {
+        self.clock += 1;
+        let clock = self.clock;
+        if let Some((_, used)) = self.by_path.get_mut(path) {
+            self.by_use.remove(used);
+            *used = clock;
+            self.by_use.insert(clock, path.to_path_buf());
+        }
+    }
+
+    fn remove(&mut self, path: &Path) {
+        if let Some((_, used)) = self.by_path.remove(path) {
+            self.by_use.remove(&used);
+        }
+    }
 }
 
 impl<V: Clone> Recent<V> {
@@ -31,13 +56,17 @@ impl<V: Clone> Recent<V> {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
-            entries: Mutex::new(Vec::new()),
+            entries: Mutex::new(Entries {
+                by_path: HashMap::new(),
+                by_use: BTreeMap::new(),
+                clock: 0,
+            }),
         }
     }
 
     /// How many are kept.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().by_path.len()
     }
 
     /// Whether none is kept.
@@ -47,7 +76,9 @@ impl<V: Clone> Recent<V> {
 
     /// Drops every value (their other holders keep theirs).
     pub fn clear(&self) {
-        self.lock().clear();
+        let mut entries = self.lock();
+        entries.by_path.clear();
+        entries.by_use.clear();
     }
 
     /// The value kept for `path` (now the most recently used), if `found` takes it (a value
@@ -61,28 +92,30 @@ impl<V: Clone> Recent<V> {
         open: impl FnOnce() -> std::result::Result<Option<(V, T)>, E>,
     ) -> std::result::Result<Option<T>, E> {
         let mut entries = self.lock();
-        let at = entries.iter().position(|(kept, _)| kept == path);
-        if let Some(at) = at
-            && let Some(taken) = found(&entries[at].1)
+        if let Some(taken) = entries
+            .by_path
+            .get(path)
+            .and_then(|(value, _)| found(value))
         {
-            let entry = entries.remove(at);
-            entries.push(entry);
+            entries.touch(path);
             return Ok(Some(taken));
         }
         let Some((value, taken)) = open()? else {
             return Ok(None);
         };
-        if let Some(at) = entries.iter().position(|(kept, _)| kept == path) {
-            entries.remove(at);
+        entries.remove(path);
+        while entries.by_path.len() >= self.capacity {
+            let Some((_, oldest)) = entries.by_use.pop_first() else {
+                break;
+            };
+            entries.by_path.remove(&oldest);
         }
-        if entries.len() >= self.capacity {
-            entries.remove(0);
-        }
-        entries.push((path.to_path_buf(), value));
+        entries.by_path.insert(path.to_path_buf(), (value, 0));
+        entries.touch(path);
         Ok(Some(taken))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(PathBuf, V)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries<V>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -93,6 +126,7 @@ impl<V> fmt::Debug for Recent<V> {
             .entries
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .by_path
             .len();
         f.debug_struct("Recent")
             .field("kept", &kept)
@@ -358,7 +392,7 @@ mod tests {
         );
         assert_eq!(files.len(), 1);
         drop((first, second));
-        assert_eq!(Arc::strong_count(&files.0.lock()[0].1), 1);
+        assert_eq!(Arc::strong_count(&files.0.lock().by_path[&path].0), 1);
         files.clear();
         assert!(files.is_empty());
         let missing = a.open(&dir.path().join("missing"));
