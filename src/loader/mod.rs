@@ -48,8 +48,10 @@ struct Setup<'d> {
     destination: AnyDestination<'d>,
 }
 
-impl<'d> Setup<'d> {
-    fn start<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Box<dyn ErasedLoad + 'd>>
+impl<'d> prepared::OnReader<'d> for Setup<'d> {
+    type Output = Box<dyn ErasedLoad + 'd>;
+
+    fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
     where
         R: Reader + 'd,
         R::File: 'static,
@@ -62,7 +64,9 @@ impl<'d> Setup<'d> {
             None => self.start_on(reader, allocator, backend),
         }
     }
+}
 
+impl<'d> Setup<'d> {
     fn start_on<R, A>(
         self,
         reader: R,

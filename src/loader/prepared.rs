@@ -538,21 +538,6 @@ pub(super) trait OnReader<'d> {
         A::Buffer: Sync + 'static;
 }
 
-impl<'d> OnReader<'d> for Setup<'d> {
-    type Output = Box<dyn super::ErasedLoad + 'd>;
-
-    fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
-    where
-        R: Reader + 'd,
-        R::File: 'static,
-        R::Space: KnownSpace,
-        A: DeviceAllocator<Space = R::Space> + 'static,
-        A::Buffer: Sync + 'static,
-    {
-        self.start(reader, allocator, backend)
-    }
-}
-
 /// Opens files into the files a reader keeps ([`OpenFiles`]), each checked against the identity
 /// its header was read with: a reader's handle is bound to the files as they were when it read
 /// their headers.
