@@ -18,20 +18,20 @@ use safetensors_staging::{Error, HostOptions, Load, Loader, RemoteOptions};
 const MIB: usize = 1 << 20;
 
 /// Each tensor handed out: name and bytes.
-type Loaded = Vec<(String, Vec<u8>)>;
-const REPO: &str = "org/tiny";
+pub(super) type Loaded = Vec<(String, Vec<u8>)>;
+pub(super) const REPO: &str = "org/tiny";
 
 /// A fake Hub serving one sharded model: index, two shards, config files and a weight of
 /// another format that a load must not fetch.
-struct Fixture {
-    hub: FakeHub,
-    files: Vec<(String, Vec<u8>)>,
-    contents: Contents,
-    commit: String,
-    cache: tempfile::TempDir,
+pub(super) struct Fixture {
+    pub(super) hub: FakeHub,
+    pub(super) files: Vec<(String, Vec<u8>)>,
+    pub(super) contents: Contents,
+    pub(super) commit: String,
+    pub(super) cache: tempfile::TempDir,
 }
 
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let sharded = write_sharded(
         dir.path(),
@@ -77,7 +77,7 @@ fn fixture() -> Fixture {
 }
 
 impl Fixture {
-    fn options(&self) -> RemoteOptions {
+    pub(super) fn options(&self) -> RemoteOptions {
         let mut options = RemoteOptions::default();
         options.retry_backoff = std::time::Duration::from_millis(5);
         options.max_retries = 3;
@@ -88,13 +88,13 @@ impl Fixture {
         options
     }
 
-    fn loader(&self, options: RemoteOptions) -> Loader<'static> {
+    pub(super) fn loader(&self, options: RemoteOptions) -> Loader<'static> {
         Loader::new()
             .backend(safetensors_staging::Backend::Host(HostOptions::default()))
             .remote(options)
     }
 
-    fn load(
+    pub(super) fn load(
         &self,
         path: &str,
         options: RemoteOptions,
@@ -108,16 +108,16 @@ impl Fixture {
         }
     }
 
-    fn repo_dir(&self) -> PathBuf {
+    pub(super) fn repo_dir(&self) -> PathBuf {
         self.cache.path().join("models--org--tiny")
     }
 
-    fn bytes_of(&self, name: &str) -> &[u8] {
+    pub(super) fn bytes_of(&self, name: &str) -> &[u8] {
         &self.files.iter().find(|(n, _)| n == name).unwrap().1
     }
 }
 
-fn drain(load: &mut Load<'_>) -> (Loaded, Option<Error>) {
+pub(super) fn drain(load: &mut Load<'_>) -> (Loaded, Option<Error>) {
     let mut out = Vec::new();
     for tensor in load.by_ref() {
         match tensor {
@@ -128,7 +128,7 @@ fn drain(load: &mut Load<'_>) -> (Loaded, Option<Error>) {
     (out, None)
 }
 
-fn assert_exact(loaded: &[(String, Vec<u8>)], contents: &Contents) {
+pub(super) fn assert_exact(loaded: &[(String, Vec<u8>)], contents: &Contents) {
     assert_eq!(loaded.len(), contents.len());
     for (name, bytes) in loaded {
         assert!(bytes == &contents[name], "{name}: bytes differ");
@@ -136,7 +136,7 @@ fn assert_exact(loaded: &[(String, Vec<u8>)], contents: &Contents) {
 }
 
 /// Every file under `dir`, relative, with what it is: `L target` for a link, `F` for a file.
-fn tree(dir: &Path) -> BTreeSet<String> {
+pub(super) fn tree(dir: &Path) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(at) = stack.pop() {
@@ -164,7 +164,7 @@ fn tree(dir: &Path) -> BTreeSet<String> {
     out
 }
 
-fn cdn_requests(log: &[HubLogged]) -> Vec<&HubLogged> {
+pub(super) fn cdn_requests(log: &[HubLogged]) -> Vec<&HubLogged> {
     log.iter().filter(|l| l.server == Server::Cdn).collect()
 }
 

@@ -22,6 +22,8 @@ mod file_changes;
 mod hipfile;
 #[cfg(feature = "remote")]
 mod hub;
+#[cfg(feature = "remote")]
+mod hub_deploy;
 mod limits;
 mod load_into;
 mod loader;

@@ -90,6 +90,13 @@ pub struct HubFaults {
     pub truncate_first: bool,
     /// Paths listed by the tree API but answered 404 `EntryNotFound` by `resolve`.
     pub missing: HashSet<String>,
+    /// An outage: every request to the Hub's socket (the API and `resolve`) answers this
+    /// status (500, 503 or 504: the Hub down; 429: a rate limit), the CDN still answering.
+    pub outage: Option<u16>,
+    /// A second hop: the CDN answers a `GET` of a signed URL with a 302 to the same URL on
+    /// this host (`localhost`: the same socket by another name), where it then serves it, as
+    /// a storage service that sends a client on to another of its hosts.
+    pub cdn_hop: Option<String>,
 }
 
 impl Default for HubFaults {
@@ -103,6 +110,8 @@ impl Default for HubFaults {
             fail_first: false,
             truncate_first: false,
             missing: HashSet::new(),
+            outage: None,
+            cdn_hop: None,
         }
     }
 }
@@ -302,6 +311,11 @@ struct State {
     /// (repo, path) whose first URL was issued (`expire_once`).
     issued: HashSet<(String, String)>,
     log: Vec<HubLogged>,
+    /// The path the Hub is served under (`/api/hf`: a mirror's), empty for none.
+    prefix: String,
+    /// Old repo id -> new: a renamed repository, whose old name the Hub answers with a 307 to
+    /// the same request under the new name (a relative `Location`).
+    renamed: HashMap<String, String>,
 }
 
 impl State {
@@ -457,9 +471,28 @@ impl FakeHub {
         Ok(Self { shared, threads })
     }
 
-    /// The Hub's URL, `http://127.0.0.1:PORT` (what `HF_ENDPOINT` is set to).
+    /// The Hub's URL, `http://127.0.0.1:PORT` and its path prefix if one is set (what
+    /// `HF_ENDPOINT` is set to).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.shared.hub)
+        format!("http://{}{}", self.shared.hub, self.shared.state().prefix)
+    }
+
+    /// Serves the Hub under `prefix` (`/api/huggingfaceml/hf`, as an Artifactory or Nexus
+    /// mirror is addressed): a request whose path does not start with it is answered 404.
+    /// `""` serves it at the root again.
+    pub fn set_prefix(&self, prefix: &str) {
+        self.shared.state().prefix = prefix.trim_end_matches('/').to_owned();
+    }
+
+    /// Renames `old` to `new` (registered under `new` from now on): requests naming `old` are
+    /// answered 307 to the same request naming `new`, with a relative `Location`, as the Hub
+    /// answers a renamed repository.
+    pub fn rename(&self, old: &str, new: &str) {
+        let mut state = self.shared.state();
+        if let Some(repo) = state.repos.remove(old) {
+            state.repos.insert(new.to_owned(), repo);
+        }
+        state.renamed.insert(old.to_owned(), new.to_owned());
     }
 
     /// The CDN's URL, `http://127.0.0.1:PORT` (another port: another host).
@@ -850,6 +883,7 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         206 => "Partial Content",
         302 => "Found",
+        307 => "Temporary Redirect",
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
@@ -930,12 +964,32 @@ fn route_hub(shared: &Shared, state: &mut State, request: &Request) -> Response 
     if request.method != "GET" && request.method != "HEAD" {
         return Response::new(405);
     }
-    let segments: Vec<String> = request
-        .path
+    if let Some(status) = state.faults.outage {
+        let (code, message) = match status {
+            429 => ("RateLimited", "You have been rate-limited"),
+            _ => ("ServiceUnavailable", "The service is unavailable"),
+        };
+        return Response::hub_error(status, code, message);
+    }
+    let Some(path) = request.path.strip_prefix(state.prefix.as_str()) else {
+        return Response::hub_error(404, "NotFound", "Not Found");
+    };
+    if !state.prefix.is_empty() && !path.is_empty() && !path.starts_with('/') {
+        return Response::hub_error(404, "NotFound", "Not Found");
+    }
+    let segments: Vec<String> = path
         .trim_start_matches('/')
         .split('/')
         .map(decode_segment)
         .collect();
+    if let Some(moved) = renamed(state, &segments) {
+        let query = request
+            .query
+            .as_ref()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        return Response::new(307).header("Location", format!("{}{moved}{query}", state.prefix));
+    }
     if let Some(rest) = segments.strip_prefix(&["api".to_owned(), "models".to_owned()]) {
         return match split_repo(state, rest, &["revision", "tree"]) {
             Some((repo_id, "revision", [rev])) => api(state, request, &repo_id, rev, None),
@@ -955,6 +1009,27 @@ fn route_hub(shared: &Shared, state: &mut State, request: &Request) -> Response 
         }
         _ => Response::hub_error(404, "NotFound", "Not Found"),
     }
+}
+
+/// The path `segments` (decoded) name under a repository's new name, if they name a renamed
+/// one (`/api/models/{old}/...` or `/{old}/resolve/...`), encoded as the Hub writes a path.
+fn renamed(state: &State, segments: &[String]) -> Option<String> {
+    let (api, rest) = match segments {
+        [a, m, rest @ ..] if a == "api" && m == "models" => (true, rest),
+        rest => (false, rest),
+    };
+    for n in [2, 1] {
+        let (Some(id), Some(tail)) = (rest.get(..n), rest.get(n..)) else {
+            continue;
+        };
+        if let Some(new) = state.renamed.get(&id.join("/")) {
+            let encode = |s: &String| crate::http::percent_encode_segment(s);
+            let tail: Vec<String> = tail.iter().map(encode).collect();
+            let head = if api { "/api/models/" } else { "/" };
+            return Some(format!("{head}{new}/{}", tail.join("/")));
+        }
+    }
+    None
 }
 
 /// The repo if it exists and the request may see it.
@@ -1188,6 +1263,15 @@ fn route_cdn(shared: &Shared, state: &mut State, request: &Request) -> Response 
     };
     if unix_now() >= expires {
         return Response::s3_error(403, "AccessDenied", "Request has expired");
+    }
+    if let Some(host) = state.faults.cdn_hop.as_deref()
+        && query_param(query, "hop").is_none()
+    {
+        let port = shared.cdn.port();
+        return Response::new(302).header(
+            "Location",
+            format!("http://{host}:{port}{}?{query}&hop=1", request.path),
+        );
     }
     let sha = request.path.strip_prefix("/repos/").unwrap_or("");
     if !state.blobs.contains_key(sha) {

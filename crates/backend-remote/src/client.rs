@@ -43,6 +43,18 @@ pub(crate) struct Redirects {
     allowed: Vec<String>,
     /// `URL -> host[:port]` for each redirect followed to another host.
     followed: Mutex<BTreeSet<String>>,
+    /// Whether the Hugging Face Hub's storage hosts are allowed (a Hub load's redirects).
+    hub_storage: bool,
+}
+
+/// Whether `host` is one of the Hugging Face Hub's own: `huggingface.co`, `hf.co` and their
+/// subdomains, where the Hub keeps its files (`cdn-lfs.hf.co`, `cdn-lfs-us-1.hf.co`,
+/// `cdn-lfs.huggingface.co`, `cas-bridge.xethub.hf.co`, `transfer.xethub.hf.co`, as of
+/// 2026-12).
+pub(crate) fn hub_storage_host(host: &str) -> bool {
+    ["huggingface.co", "hf.co"]
+        .iter()
+        .any(|domain| host == *domain || host.ends_with(&format!(".{domain}")))
 }
 
 /// Whether `host` is one of the storage service's own endpoints for a store of `scheme`: S3's
@@ -84,6 +96,16 @@ impl Redirects {
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
             followed: Mutex::default(),
+            hub_storage: false,
+        }
+    }
+
+    /// The redirects of a Hub load: besides `allowed`, the Hub's own storage hosts
+    /// ([`hub_storage_host`]).
+    pub(crate) fn for_hub(allowed: &[String]) -> Self {
+        Self {
+            hub_storage: true,
+            ..Self::new(Scheme::Http, allowed)
         }
     }
 
@@ -95,15 +117,17 @@ impl Redirects {
             .clear();
     }
 
-    /// Whether a request for `from` may follow a redirect to `to`; `Err` says why not.
-    fn decide(&self, from: &url::Url, to: &url::Url) -> Result<(), String> {
+    /// Whether a request for `from` may follow a redirect to `to` (recorded when it goes to
+    /// another host); `Err` says why not.
+    pub(crate) fn decide(&self, from: &url::Url, to: &url::Url) -> Result<(), String> {
         let from_host = from.host_str().unwrap_or("").to_ascii_lowercase();
         let to_host = to.host_str().unwrap_or("").to_ascii_lowercase();
         if from_host == to_host {
             return Ok(());
         }
-        let same_cloud =
-            storage_endpoint(self.scheme, &from_host) && storage_endpoint(self.scheme, &to_host);
+        let same_cloud = (storage_endpoint(self.scheme, &from_host)
+            && storage_endpoint(self.scheme, &to_host))
+            || (self.hub_storage && hub_storage_host(&to_host));
         let allowed = self
             .allowed
             .iter()

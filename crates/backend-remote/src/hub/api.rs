@@ -8,12 +8,14 @@
 //! the Hub's own host only, never to the CDN.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 
 use super::HubPath;
+use crate::client::Redirects;
 use crate::fetch::transport_failure;
 use crate::location::redacted;
 
@@ -51,6 +53,8 @@ pub(crate) struct Api {
     pub(crate) endpoint: url::Url,
     /// Sent as `Authorization: Bearer` to the endpoint's host only.
     token: Option<HeaderValue>,
+    /// The redirects followed to other hosts (for the report), and which are allowed.
+    pub(crate) redirects: Arc<Redirects>,
 }
 
 /// A failed request to the Hub, in words, of the closest kind.
@@ -58,8 +62,9 @@ pub(crate) fn hub_error(kind: io::ErrorKind, message: impl Into<String>) -> io::
     io::Error::new(kind, message.into())
 }
 
-/// A request that got no answer from the Hub (no connection, a timeout): the one failure after
-/// which a model already in the cache is loaded from it, as `huggingface_hub` does.
+/// A request the Hub could not serve: no answer (no connection, a timeout), or the Hub down
+/// or rate-limiting (5xx, 429, after the retries): the failures after which a model already in
+/// the cache is loaded from it, as `huggingface_hub` does.
 #[derive(Debug)]
 pub(crate) struct NoAnswer(String);
 
@@ -71,8 +76,8 @@ impl std::fmt::Display for NoAnswer {
 
 impl std::error::Error for NoAnswer {}
 
-/// Whether `e` is a request that got no answer.
-pub(crate) fn no_answer(e: &io::Error) -> bool {
+/// Whether `e` is a request the Hub could not serve ([`NoAnswer`]).
+pub(crate) fn unavailable(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<NoAnswer>())
 }
 
@@ -150,6 +155,9 @@ pub(crate) fn status_error(
                 file.map_or_else(|| format!("revision {revision}"), |f| format!("file {f}"))
             ),
         ),
+        _ if transient(status) => io::Error::other(NoAnswer(format!(
+            "{repo}: the Hub answered {status}{message}"
+        ))),
         _ => hub_error(
             K::Other,
             format!("{repo}: the Hub answered {status}{message}"),
@@ -199,6 +207,7 @@ impl Api {
         client: reqwest::Client,
         endpoint: url::Url,
         token: Option<String>,
+        redirects: Arc<Redirects>,
     ) -> io::Result<Self> {
         let token = token
             .map(|t| {
@@ -216,6 +225,32 @@ impl Api {
             client,
             endpoint,
             token,
+            redirects,
+        })
+    }
+
+    /// Follows a redirect from `from` to `to`: from the Hub's host anywhere (the Hub sending a
+    /// file to its storage, followed by design and reported), from elsewhere to another host
+    /// only where allowed ([`Redirects::decide`]: the Hub's storage hosts, `allow_redirect`),
+    /// reported too.
+    pub(crate) fn follow(
+        &self,
+        from: &url::Url,
+        to: &url::Url,
+        file: Option<&str>,
+    ) -> io::Result<()> {
+        if self.on_hub(from) {
+            self.redirects.record(from, to);
+            return Ok(());
+        }
+        self.redirects.decide(from, to).map_err(|why| {
+            hub_error(
+                io::ErrorKind::PermissionDenied,
+                match file {
+                    Some(file) => format!("{file}: {why}"),
+                    None => why,
+                },
+            )
         })
     }
 
@@ -286,6 +321,10 @@ impl Api {
 
     /// A `GET` of `url` that the Hub answered with success, or its error in words (about
     /// `file`, when it is a file's).
+    ///
+    /// A redirect on the Hub's host is followed (a renamed repository: the Hub answers its old
+    /// name with a 307 to the new, a relative `Location`), at most [`MAX_HOPS`]; one to another
+    /// host (the storage's signed URL of a small file) too, the token staying on the Hub.
     pub(crate) async fn get_ok(
         &self,
         url: &url::Url,
@@ -294,7 +333,21 @@ impl Api {
         retries: usize,
         backoff: Duration,
     ) -> io::Result<reqwest::Response> {
-        let response = self.send(Method::GET, url, retries, backoff).await?;
+        let mut at = url.clone();
+        let mut hops = 0;
+        let response = loop {
+            let response = self.send(Method::GET, &at, retries, backoff).await?;
+            if !response.status().is_redirection() {
+                break response;
+            }
+            hops += 1;
+            if hops > MAX_HOPS {
+                return Err(redirect_loop(url));
+            }
+            let target = redirect_target(&at, response.headers())?;
+            self.follow(&at, &target, file)?;
+            at = target;
+        };
         let status = response.status();
         if !status.is_success() {
             return Err(status_error(
@@ -432,7 +485,9 @@ impl Api {
             let response = self.send(Method::HEAD, &at, retries, backoff).await?;
             let status = response.status();
             if status.is_redirection() {
-                at = redirect_target(&at, response.headers())?;
+                let target = redirect_target(&at, response.headers())?;
+                self.follow(&at, &target, Some(file))?;
+                at = target;
                 continue;
             }
             if status.is_success() {

@@ -111,17 +111,21 @@ impl RepoCache {
         let path = self.repo.join("refs").join(revision);
         let parent = path.parent().unwrap_or(&self.repo).to_path_buf();
         std::fs::create_dir_all(&parent).map_err(|e| cache_error(&parent, &e))?;
-        let tmp = parent.join(format!(
-            "{}.{}.tmp",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("ref"),
-            unique()
-        ));
-        std::fs::write(&tmp, commit)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                cache_error(&path, &e)
-            })
+        // A temporary file of a random name, created exclusively: processes that share the
+        // cache (containers, each its own process 1) never write the same one.
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("ref");
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".tmp")
+            // The umask's mode, as `huggingface_hub` writes a ref (0644 under umask 022).
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .tempfile_in(&parent)
+            .map_err(|e| cache_error(&parent, &e))?;
+        tmp.write_all(commit.as_bytes())
+            .map_err(|e| cache_error(tmp.path(), &e))?;
+        tmp.persist(&path)
+            .map_err(|e| cache_error(&path, &e.error))?;
+        Ok(())
     }
 
     /// `snapshots/<commit>/<path>` -> `../../blobs/<blob>` (relative, one `../` more per folder
@@ -262,15 +266,22 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// 8 hex digits unique enough for a temporary name: the process id and a counter.
+/// 8 hex digits for a temporary name that processes sharing the cache do not repeat (each
+/// container may be its own process 1): the time in nanoseconds, the process id and a counter,
+/// mixed. The file is created exclusively (`create_new`) under the blob's lock anyway.
 fn unique() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{:08x}",
-        std::process::id().rotate_left(12) ^ n.wrapping_mul(0x9e37_79b9)
-    )
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    // `RandomState` is seeded from the system's randomness once per process.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(nanos);
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    format!("{:08x}", hasher.finish() as u32)
 }
 
 /// `<blob>.<8 hex>.incomplete`, as `huggingface_hub` 2.x names a blob being written.
@@ -571,17 +582,24 @@ impl HubCache {
                 return Err(e);
             }
         }
-        let Phase::Writing { tmp, .. } = std::mem::replace(&mut state.phase, Phase::Done) else {
+        let Phase::Writing {
+            tmp, _lock: lock, ..
+        } = std::mem::replace(&mut state.phase, Phase::Done)
+        else {
             return Ok(());
         };
-        // The lock is released here (its file closed), after the rename.
+        // The lock is held until the blob is in place: another process that takes it next
+        // finds the blob there, and never writes it again or sees it half there.
         let target = self.dirs.blob(blob.file.blob());
+        #[cfg(test)]
+        tests::before_rename(&self.dirs, blob.file.blob());
         if let Err(e) = std::fs::rename(&tmp, &target) {
             let _ = std::fs::remove_file(&tmp);
             let e = cache_error(&target, &e);
             state.phase = Phase::Failed(e.to_string());
             return Err(e);
         }
+        drop(lock);
         drop(state);
         self.dirs.link(&self.commit, &blob.file)
     }
@@ -616,6 +634,61 @@ impl Drop for HubCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Whether the blob's lock was free just before its rename, when a test asks.
+        static LOCK_FREE_AT_RENAME: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Called by `settle` just before a blob's rename: notes whether its lock could be taken
+    /// (as another process would try to).
+    pub(super) fn before_rename(dirs: &RepoCache, blob: &str) {
+        // `flock` locks belong to the open file: another descriptor is another taker.
+        let free = dirs.try_lock(blob).is_ok_and(|taken| taken.is_some());
+        LOCK_FREE_AT_RENAME.with(|cell| cell.set(Some(free)));
+    }
+
+    #[test]
+    fn the_blob_lock_is_held_until_the_blob_is_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = RepoCache::new(dir.path(), "models--org--name");
+        dirs.prepare().unwrap();
+        let bytes = vec![3u8; 4096];
+        let file = tree_file("model.safetensors", &bytes, true);
+        let cache = HubCache::new(
+            dirs.clone(),
+            COMMIT.into(),
+            HashMap::from([("k".to_owned(), file.clone())]),
+        );
+        cache.received("k", 0, &bytes).unwrap();
+        cache.settle("k").unwrap();
+        assert_eq!(LOCK_FREE_AT_RENAME.with(std::cell::Cell::get), Some(false));
+        // And free once it is.
+        assert!(dirs.try_lock(file.blob()).unwrap().is_some());
+        assert_eq!(std::fs::read(dirs.blob(file.blob())).unwrap(), bytes);
+    }
+
+    #[test]
+    fn a_ref_is_written_whole_through_a_temporary_file_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = RepoCache::new(dir.path(), "models--org--name");
+        // What a process of the same id elsewhere (another container) left mid-write, under
+        // the names the temporary files used to have: never written over, nor in the way.
+        let refs = dirs.repo.join("refs");
+        std::fs::create_dir_all(&refs).unwrap();
+        std::fs::write(refs.join(format!("main.{}.tmp", unique())), "x").unwrap();
+        dirs.write_ref("main", COMMIT).unwrap();
+        assert_eq!(dirs.read_ref("main").as_deref(), Some(COMMIT));
+        let names: Vec<String> = std::fs::read_dir(&refs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names.len(),
+            2,
+            "{names:?}: the ref and the stranger's file, no temporary"
+        );
+    }
 
     #[test]
     fn covered_ranges_merge() {

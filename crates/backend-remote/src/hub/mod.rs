@@ -276,7 +276,11 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
     let endpoint = endpoint(options.hub_endpoint.as_deref()).map_err(&invalid)?;
     let client = hub_client(options).map_err(|e| error_at(&what, e))?;
     let token = options.hub_token.clone().or_else(token);
-    let api = Api::new(client, endpoint.clone(), token).map_err(|e| error_at(&what, e))?;
+    // Each redirect to another host (a file's to the storage CDN, followed by design) is in
+    // the report; onwards from there, only to hosts allowed.
+    let redirects = Arc::new(crate::client::Redirects::for_hub(&options.allow_redirects));
+    let api = Api::new(client, endpoint.clone(), token, Arc::clone(&redirects))
+        .map_err(|e| error_at(&what, e))?;
     // The store's runtime (and its interrupt) serves the API's requests too.
     let root = format!(
         "{}://{}",
@@ -290,24 +294,32 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         )
     })?;
     let (retries, backoff) = (options.max_retries, options.retry_backoff);
+    // The Hub cannot serve (no answer, down, rate-limiting): a snapshot in the cache that holds
+    // the weights serves, as `huggingface_hub`'s own fallback does (`HF_HUB_OFFLINE` asks
+    // first); else the Hub's answer is the error.
+    let from_cache = |commit: Option<&str>, e: io::Error| {
+        if options.hub_cache
+            && api::unavailable(&e)
+            && let Some(opened) = cached_snapshot(&what, &dirs, commit)
+        {
+            return Ok(opened);
+        }
+        Err(error_at(&what, e))
+    };
     let commit = match runtime.block_on(
         options.interrupt.as_ref(),
         api.commit(&what, retries, backoff),
     ) {
         Ok(commit) => commit,
-        // The Hub cannot be reached: a snapshot in the cache serves, as `huggingface_hub`'s
-        // own fallback does (`HF_HUB_OFFLINE` asks first).
-        Err(e) if api::no_answer(&e) && options.hub_cache => {
-            return open_offline(&what, &dirs).map_err(|_| error_at(&what, e));
-        }
-        Err(e) => return Err(error_at(&what, e)),
+        Err(e) => return from_cache(None, e),
     };
-    let tree = runtime
-        .block_on(
-            options.interrupt.as_ref(),
-            api.tree(&what, &commit, retries, backoff),
-        )
-        .map_err(|e| error_at(&what, e))?;
+    let tree = match runtime.block_on(
+        options.interrupt.as_ref(),
+        api.tree(&what, &commit, retries, backoff),
+    ) {
+        Ok(tree) => tree,
+        Err(e) => return from_cache(Some(&commit), e),
+    };
     let (index, weights) = choose(&tree, &what)
         .map_err(|why| error_at(&what, io::Error::new(io::ErrorKind::NotFound, why)))?;
     let by_path: HashMap<&str, &TreeFile> = tree.iter().map(|f| (f.path.as_str(), f)).collect();
@@ -326,8 +338,9 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
                 .get(index.as_str())
                 .copied()
                 .ok_or_else(|| invalid(format!("{} lists no {index}", what.repo)))?;
-            // From the cache when it has it (a warm start asks nothing more of the Hub).
-            let cached = std::fs::read(dirs.snapshot(&commit).join(index))
+            // From the cache when it has it, under this commit or any other (its blob is
+            // named by its content): a warm start asks nothing more of the Hub.
+            let cached = std::fs::read(dirs.blob(file.blob()))
                 .ok()
                 .filter(|bytes| options.hub_cache && cache::check_whole(file, bytes).is_ok());
             let bytes = match cached {
@@ -348,44 +361,90 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
     };
     let snapshot = dirs.snapshot(&commit);
     let local_path = snapshot.join(what.path.as_deref().unwrap_or(""));
-    let in_cache = |f: &TreeFile| snapshot.join(&f.path).is_file() && dirs.blob(f.blob()).is_file();
-    let all_weights_cached = weight_names
+    // A file's blob is in the cache when a file of its name and size is there: it was checked
+    // when it was committed (LFS: named by its SHA-256), whichever commit it was read at, as
+    // `huggingface_hub` takes it.
+    let blob_cached = |f: &TreeFile| {
+        std::fs::metadata(dirs.blob(f.blob())).is_ok_and(|m| m.is_file() && m.len() == f.size)
+    };
+    let linked = |f: &TreeFile| blob_cached(f) && snapshot.join(&f.path).is_file();
+    let weight_files: Vec<&TreeFile> = weight_names
         .iter()
-        .all(|name| by_path.get(name.as_str()).is_some_and(|f| in_cache(f)));
+        .filter_map(|name| by_path.get(name.as_str()).copied())
+        .collect();
+    let all_weights_cached =
+        weight_files.len() == weight_names.len() && weight_files.iter().all(|f| blob_cached(f));
+    if options.hub_cache && all_weights_cached {
+        // A local load of the snapshot. What it lacks (this commit's links, a small file) is
+        // made as far as the cache lets it, and nothing fails for it: a read-only cache (a
+        // mounted model volume, with no `.locks/`) that holds the model loads as it is.
+        let complete = weight_files.iter().chain(&small).all(|f| linked(f))
+            && dirs.read_ref(what.revision_or_main()).as_deref() == Some(commit.as_str());
+        if !complete {
+            let _ = dirs.prepare();
+            let _ = dirs.write_ref(what.revision_or_main(), &commit);
+            for file in weight_files.iter().chain(&small) {
+                if linked(file) {
+                    continue;
+                }
+                if blob_cached(file) {
+                    let _ = dirs.link(&commit, file);
+                    continue;
+                }
+                let bytes = match index_bytes
+                    .as_ref()
+                    .filter(|_| Some(&file.path) == index.as_ref())
+                {
+                    Some(bytes) => Ok(bytes.clone()),
+                    None => runtime.block_on(
+                        options.interrupt.as_ref(),
+                        fetch_whole(&api, &what, &commit, file, retries, backoff),
+                    ),
+                };
+                // A small file that cannot be fetched now (one `huggingface_hub` never
+                // fetched, such as the README, with the network gone) does not stop the load.
+                if let Ok(bytes) = bytes {
+                    let _ = dirs.put_whole(&commit, file, &bytes);
+                }
+            }
+        }
+        return Ok(Opened::Cached {
+            path: cached_target(&local_path, &snapshot, &index, &weights),
+            commit,
+        });
+    }
     if options.hub_cache {
         dirs.prepare().map_err(|e| error_at(&what, e))?;
         dirs.write_ref(what.revision_or_main(), &commit)
             .map_err(|e| error_at(&what, e))?;
         for file in &small {
-            if in_cache(file) {
+            if linked(file) {
                 continue;
             }
-            let fetched = match index_bytes
-                .as_ref()
-                .filter(|_| Some(&file.path) == index.as_ref())
-            {
-                Some(bytes) => dirs.put_whole(&commit, file, bytes),
-                None => runtime
-                    .block_on(
-                        options.interrupt.as_ref(),
-                        fetch_whole(&api, &what, &commit, file, retries, backoff),
-                    )
-                    .and_then(|bytes| dirs.put_whole(&commit, file, &bytes)),
+            let fetched = if blob_cached(file) {
+                dirs.link(&commit, file)
+            } else {
+                match index_bytes
+                    .as_ref()
+                    .filter(|_| Some(&file.path) == index.as_ref())
+                {
+                    Some(bytes) => dirs.put_whole(&commit, file, bytes),
+                    None => runtime
+                        .block_on(
+                            options.interrupt.as_ref(),
+                            fetch_whole(&api, &what, &commit, file, retries, backoff),
+                        )
+                        .and_then(|bytes| dirs.put_whole(&commit, file, &bytes)),
+                }
             };
-            match fetched {
-                Ok(()) => {}
-                // With every weight in the cache the load is a local one: a small file that
-                // cannot be fetched now (a file `huggingface_hub` never fetched, such as the
-                // README, with the network gone) does not stop it.
-                Err(_) if all_weights_cached && Some(&file.path) != index.as_ref() => {}
-                Err(e) => return Err(error_at(&what, e)),
-            }
+            fetched.map_err(|e| error_at(&what, e))?;
         }
-        if all_weights_cached {
-            return Ok(Opened::Cached {
-                path: cached_target(&local_path, &snapshot, &index, &weights),
-                commit,
-            });
+        // Weights already in the cache (read at another commit, or by an earlier load that
+        // stopped) are linked, and read from the cache, not the network.
+        for file in &weight_files {
+            if blob_cached(file) && !linked(file) {
+                dirs.link(&commit, file).map_err(|e| error_at(&what, e))?;
+            }
         }
     }
     // The Remote's keys: each file's resolve path under the endpoint.
@@ -394,6 +453,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         url.path().trim_start_matches('/').to_owned()
     };
     let mut files = HashMap::new();
+    let mut local = HashMap::new();
     for name in weight_names.iter().chain(index.iter()) {
         let file = by_path.get(name.as_str()).copied().ok_or_else(|| {
             error_at(
@@ -410,19 +470,23 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         let decoded = percent_encoding::percent_decode_str(&key_of(name))
             .decode_utf8_lossy()
             .into_owned();
+        // What is at hand is not asked of the Hub again: a blob in the cache, the index read.
+        if options.hub_cache && blob_cached(file) {
+            local.insert(decoded.clone(), store::Local::Blob(dirs.blob(file.blob())));
+        } else if Some(name) == index.as_ref()
+            && let Some(bytes) = &index_bytes
+        {
+            local.insert(decoded.clone(), store::Local::Bytes(bytes.clone().into()));
+        }
         files.insert(decoded, file.clone());
     }
-    // Each file's redirect to the storage CDN, followed by design, is in the report.
-    let redirects = Arc::new(crate::client::Redirects::new(
-        crate::Scheme::Http,
-        &options.allow_redirects,
-    ));
     let store = store::HubStore::new(
         api.clone(),
         what.clone(),
+        commit.clone(),
         files.clone(),
+        local,
         (retries, backoff),
-        Arc::clone(&redirects),
     );
     let remote = Remote::for_hub(
         Path::new(&root),
@@ -465,6 +529,45 @@ fn cached_target(
         (None, [one]) => snapshot.join(one),
         _ => local_path.to_path_buf(),
     }
+}
+
+/// The snapshot of `commit` (else of the commit the cache's `refs/<revision>`, or the revision
+/// given as a commit, names), when it holds the weights a load of `what` reads: the index and
+/// every shard it names, else a `.safetensors` file where the path asked for is.
+fn cached_snapshot(what: &HubPath, dirs: &RepoCache, commit: Option<&str>) -> Option<Opened> {
+    let Ok(Opened::Cached { path, commit }) = (match commit {
+        Some(commit) => Ok(Opened::Cached {
+            path: dirs
+                .snapshot(commit)
+                .join(what.path.as_deref().unwrap_or("")),
+            commit: commit.to_owned(),
+        }),
+        None => open_offline(what, dirs),
+    }) else {
+        return None;
+    };
+    let index = if path.is_dir() {
+        path.join("model.safetensors.index.json")
+    } else {
+        path.clone()
+    };
+    let holds = if index.is_file() && index.extension().is_some_and(|e| e == "json") {
+        std::fs::read(&index).ok().is_some_and(|bytes| {
+            let name = index.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let dir = index.parent().unwrap_or(&path);
+            shards_of(&bytes, name)
+                .is_ok_and(|shards| shards.iter().all(|shard| dir.join(shard).is_file()))
+        })
+    } else if path.is_dir() {
+        std::fs::read_dir(&path).ok().is_some_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name().to_string_lossy().ends_with(".safetensors") && e.path().is_file()
+            })
+        })
+    } else {
+        path.is_file()
+    };
+    holds.then_some(Opened::Cached { path, commit })
 }
 
 /// With `HF_HUB_OFFLINE`: the snapshot the cache's `refs/<revision>` (or the commit given)

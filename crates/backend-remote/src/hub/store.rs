@@ -32,7 +32,6 @@ use super::HubPath;
 use super::api::{
     Api, MAX_HOPS, Resolved, TreeFile, redirect_loop, redirect_target, status_error, transient,
 };
-use crate::client::Redirects;
 
 /// Signed URLs asked for again in a row for one request, at most.
 const RERESOLVE: usize = 3;
@@ -63,37 +62,51 @@ pub(crate) struct HubStore {
     inner: Arc<Shared>,
 }
 
+/// A file's bytes at hand, served without asking the Hub.
+#[derive(Debug, Clone)]
+pub(crate) enum Local {
+    /// Its blob in the Hugging Face cache (complete: its size the listing's, checked when it
+    /// was committed).
+    Blob(std::path::PathBuf),
+    /// Read already (the index, read to learn the shards).
+    Bytes(Bytes),
+}
+
 #[derive(Debug)]
 struct Shared {
     api: Api,
     what: HubPath,
+    /// The commit the files are read at.
+    commit: String,
     /// By key.
     files: HashMap<String, TreeFile>,
+    /// The files at hand, by key.
+    local: HashMap<String, Local>,
     /// Where each file's bytes come from, once asked (by key).
     resolved: Mutex<HashMap<String, Resolved>>,
     retries: usize,
     backoff: Duration,
-    /// Where each file's `resolve` redirected (for the report).
-    redirects: Arc<Redirects>,
 }
 
 impl HubStore {
     pub(crate) fn new(
         api: Api,
         what: HubPath,
+        commit: String,
         files: HashMap<String, TreeFile>,
+        local: HashMap<String, Local>,
         (retries, backoff): (usize, Duration),
-        redirects: Arc<Redirects>,
     ) -> Self {
         Self {
             inner: Arc::new(Shared {
                 api,
                 what,
+                commit,
                 files,
+                local,
                 resolved: Mutex::new(HashMap::new()),
                 retries,
                 backoff,
-                redirects,
             }),
         }
     }
@@ -143,12 +156,15 @@ impl Shared {
                 return Ok(resolved.clone());
             }
         }
-        let url = self.api.url(&[key.as_ref()]);
+        // The file's `resolve` URL under the endpoint (whatever path a mirror's endpoint has:
+        // the key is that URL's whole path, the endpoint's included).
+        let url = self
+            .api
+            .url(&[&self.what.repo, "resolve", &self.commit, &file.path]);
         let resolved = self
             .api
             .resolve(&url, &self.what, &file.path, self.retries, self.backoff)
             .await?;
-        self.redirects.record(&url, &resolved.url);
         self.resolved
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -195,7 +211,9 @@ impl Shared {
                     if hops > MAX_HOPS {
                         return Err(redirect_loop(&source.url));
                     }
-                    url = redirect_target(&url, response.headers())?;
+                    let target = redirect_target(&url, response.headers())?;
+                    self.api.follow(&url, &target, Some(&file.path))?;
+                    url = target;
                     continue;
                 }
                 break Some(response);
@@ -372,6 +390,49 @@ impl Body {
     }
 }
 
+/// `range` of a file at hand.
+async fn read_local(local: &Local, range: &Range<u64>, file: &TreeFile) -> io::Result<Bytes> {
+    let (Ok(start), Ok(end)) = (usize::try_from(range.start), usize::try_from(range.end)) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a range past memory",
+        ));
+    };
+    match local {
+        Local::Bytes(bytes) => bytes
+            .get(start..end)
+            .map(|_| bytes.slice(start..end))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: bytes {range:?} are past what was read", file.path),
+                )
+            }),
+        Local::Blob(path) => {
+            let path = path.clone();
+            let name = file.path.clone();
+            tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::FileExt;
+                let blob = std::fs::File::open(&path)?;
+                let mut out = vec![0u8; end - start];
+                blob.read_exact_at(&mut out, start as u64).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{name}: its blob in the Hugging Face cache, {}: {}",
+                            path.display(),
+                            staging_core::io_words(&e)
+                        ),
+                    )
+                })?;
+                Ok(Bytes::from(out))
+            })
+            .await
+            .map_err(|e| io::Error::other(format!("reading a cached blob: {e}")))?
+        }
+    }
+}
+
 fn not_supported(what: &str) -> object_store::Error {
     object_store::Error::NotSupported {
         source: format!("the Hugging Face Hub is read here, not written ({what})").into(),
@@ -428,6 +489,9 @@ impl ObjectStore for HubStore {
         }
         let stream = if options.head || range.is_empty() {
             futures::stream::empty().boxed()
+        } else if let Some(local) = shared.local.get(location.as_ref()) {
+            let bytes = read_local(local, &range, file).await.map_err(failure)?;
+            futures::stream::once(async move { Ok(bytes) }).boxed()
         } else {
             let body = Body {
                 shared: Arc::clone(shared),
