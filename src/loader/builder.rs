@@ -202,7 +202,7 @@ impl<'d> Loader<'d> {
                 #[cfg(feature = "remote")]
                 &self.remote_options(),
             )?;
-            if let Some((source, found)) = found {
+            if let Some((source, found, _)) = found {
                 return source.read_headers(&found);
             }
         }
@@ -345,6 +345,7 @@ impl<'d> Loader<'d> {
             map,
             remote_fs: std::collections::HashMap::new(),
             threads: Vec::new(),
+            hub: None,
         })
     }
 

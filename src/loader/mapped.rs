@@ -697,6 +697,7 @@ fn mapped_report(checkpoint: &Checkpoint) -> LoadReport {
         peak_host_bytes: 0,
         read_requests: 0,
         bytes_read: 0,
+        hub: None,
     }
 }
 

@@ -153,6 +153,8 @@ pub struct Load<'d> {
     inner: Box<dyn ErasedLoad + 'd>,
     passed_over: Vec<String>,
     mode_reason: Option<String>,
+    /// What a Hub path opened to, when the checkpoint is one.
+    hub: Option<source::HubFacts>,
     #[cfg(feature = "mock")]
     ledger: Option<backend_mock::Ledger>,
 }
@@ -174,6 +176,7 @@ impl Load<'_> {
         let mut report = self.inner.report();
         report.passed_over.clone_from(&self.passed_over);
         report.mode_reason.clone_from(&self.mode_reason);
+        report.hub = self.hub.as_ref().map(|hub| hub.report(report.bytes_read));
         report
     }
 

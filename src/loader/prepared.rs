@@ -15,7 +15,7 @@ use staging_core::{
 #[cfg(doc)]
 use super::Loader;
 use super::mapped::{MapCache, MapDecision, MappedLoad};
-use super::source::{Source, is_hub};
+use super::source::{HubFacts, Source, is_hub};
 use super::{Load, Setup};
 use crate::backend::{Chosen, Opened};
 use crate::error::Result;
@@ -78,6 +78,8 @@ pub struct Prepared<'d> {
     pub(super) remote_fs: std::collections::HashMap<Arc<Path>, bool>,
     /// The I/O threads of every load, by how many there are (a URL's loads use more).
     pub(super) threads: Vec<IoThreads>,
+    /// What the Hub path opened last opened to (its loads' reports carry it).
+    pub(super) hub: Option<HubFacts>,
 }
 
 impl fmt::Debug for Prepared<'_> {
@@ -101,6 +103,14 @@ impl<'d> Prepared<'d> {
             #[cfg(feature = "mock")]
             Opened::Mock { .. } => "mock",
         }
+    }
+
+    /// What the Hugging Face Hub path opened last (by [`open`](Self::open) or
+    /// [`read_headers`](Self::read_headers)) opened to, as a load's report gives it
+    /// (`LoadReport::hub`), before any tensor is read: the commit the revision named, the files
+    /// and the snapshot. `None` when the checkpoint opened last is not a Hub path.
+    pub fn hub_report(&self) -> Option<staging_core::HubReport> {
+        self.hub.as_ref().map(|hub| hub.report(0))
     }
 
     /// Each backend `auto` passed over, with why (`"cufile: no CUDA driver: ..."`).
@@ -136,6 +146,7 @@ impl<'d> Prepared<'d> {
     {
         let files: Vec<P> = files.into_iter().collect();
         refuse_hub_among(&files)?;
+        self.hub = None;
         let source = match files.first() {
             Some(first) => self.source_of(first.as_ref(), Revalidate::Yes)?,
             None => Source::Local,
@@ -215,11 +226,17 @@ impl<'d> Prepared<'d> {
             #[cfg(feature = "remote")]
             &self.remote,
         )?;
+        // The facts of the model opened last go with the loads of what was read of it.
+        self.hub = None;
+        let Some((source, paths, facts)) = found else {
+            return Ok(None);
+        };
         #[cfg(feature = "remote")]
-        if let Some((Source::Remote(store), _)) = &found {
+        if let Source::Remote(store) = &source {
             self.store = Some(store.clone());
         }
-        Ok(found)
+        self.hub = Some(facts);
+        Ok(Some((source, paths)))
     }
 
     /// Where `path` is read from: a URL's store (the one already open when it holds `path`,
@@ -264,6 +281,7 @@ impl<'d> Prepared<'d> {
             return source.read_headers(&found);
         }
         refuse_hub_among(paths)?;
+        self.hub = None;
         match paths.first() {
             Some(first) => self
                 .source_of(first.as_ref(), Revalidate::Yes)?
@@ -476,6 +494,7 @@ impl<'d> Prepared<'d> {
                         inner: Box::new(mapped),
                         passed_over: self.chosen.passed_over.clone(),
                         mode_reason: self.chosen.mode_reason.clone(),
+                        hub: self.hub.clone(),
                         #[cfg(feature = "mock")]
                         ledger: None,
                     });
@@ -518,6 +537,7 @@ impl<'d> Prepared<'d> {
             inner,
             passed_over: self.chosen.passed_over.clone(),
             mode_reason: self.chosen.mode_reason.clone(),
+            hub: self.hub.clone(),
             #[cfg(feature = "mock")]
             ledger,
         })

@@ -16,6 +16,22 @@ pub(crate) fn is_hub(path: &Path) -> bool {
         .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("hf"))
 }
 
+/// What a Hub path opened to, for the load report's `hub`.
+#[cfg(feature = "remote")]
+pub(super) type HubFacts = backend_remote::hub::HubFacts;
+
+/// Without the `remote` feature no Hub path opens: no such facts exist.
+#[cfg(not(feature = "remote"))]
+#[derive(Debug, Clone)]
+pub(super) enum HubFacts {}
+
+#[cfg(not(feature = "remote"))]
+impl HubFacts {
+    pub(super) fn report(&self, _: u64) -> staging_core::HubReport {
+        match *self {}
+    }
+}
+
 /// Where a checkpoint's bytes come from.
 pub(super) enum Source {
     /// The local file system.
@@ -49,7 +65,7 @@ impl Source {
     pub(super) fn hub(
         path: &Path,
         #[cfg(feature = "remote")] options: &backend_remote::Options,
-    ) -> Result<Option<(Self, Vec<PathBuf>)>> {
+    ) -> Result<Option<(Self, Vec<PathBuf>, HubFacts)>> {
         if !is_hub(path) {
             return Ok(None);
         }
@@ -57,8 +73,13 @@ impl Source {
         {
             use backend_remote::hub::Opened;
             Ok(Some(match backend_remote::hub::open(path, options)? {
-                Opened::Cached { path, .. } => (Self::Local, vec![path]),
-                Opened::Streamed { remote, paths, .. } => (Self::Remote(remote), paths),
+                Opened::Cached { path, facts, .. } => (Self::Local, vec![path], facts),
+                Opened::Streamed {
+                    remote,
+                    paths,
+                    facts,
+                    ..
+                } => (Self::Remote(remote), paths, facts),
             }))
         }
         #[cfg(not(feature = "remote"))]

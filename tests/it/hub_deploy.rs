@@ -148,8 +148,15 @@ fn a_new_commit_that_leaves_the_weights_alone_downloads_no_weight_byte() {
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);
     assert_eq!(cdn_bytes(&f), 0, "{:#?}", f.hub.log());
-    // A local load of the new snapshot, every weight linked to the blob already there.
-    assert_eq!(load.unwrap().report().mode.as_str(), "posix");
+    // A local load of the new snapshot, every weight linked to the blob already there; the
+    // report says so: the new commit, the config alone downloaded and written.
+    let report = load.unwrap().report();
+    assert_eq!(report.mode.as_str(), "posix");
+    let hub = report.hub.unwrap();
+    assert_eq!((hub.commit.as_str(), hub.cached), (next.as_str(), true));
+    let config = br#"{"model_type":"tinier"}"#.len() as u64;
+    assert_eq!((hub.bytes_downloaded, hub.bytes_written), (config, config));
+    assert_eq!(hub.bytes_from_cache, report.bytes_read);
     assert_eq!(
         std::fs::read_to_string(f.repo_dir().join("refs/main")).unwrap(),
         next
@@ -184,19 +191,65 @@ fn a_new_commit_changing_one_shard_downloads_that_shard_alone() {
     bytes[last] ^= 0xFF;
     let next = commit(&f, &changed(&f, &[(shard, bytes.clone())]));
     f.hub.clear_log();
-    let (loaded, error, _) = f.load("hf://org/tiny", f.options());
+    let (loaded, error, load) = f.load("hf://org/tiny", f.options());
     assert!(error.is_none(), "{error:?}");
     assert_eq!(loaded.len(), f.contents.len());
     assert_eq!(cdn_bytes(&f), bytes.len() as u64, "{:#?}", f.hub.log());
+    // The report: the changed shard downloaded and written, the other and the index read
+    // from the cache.
+    let hub = load.unwrap().report().hub.unwrap();
+    assert_eq!((hub.commit.as_str(), hub.cached), (next.as_str(), false));
+    let changed_len = bytes.len() as u64;
+    assert_eq!(
+        (hub.bytes_downloaded, hub.bytes_written),
+        (changed_len, changed_len)
+    );
+    let untouched = f.bytes_of("model-00001-of-00002.safetensors").len()
+        + f.bytes_of("model.safetensors.index.json").len();
+    assert_eq!(hub.bytes_from_cache, untouched as u64);
     let cached = f.repo_dir().join("snapshots").join(&next).join(shard);
     assert_eq!(std::fs::read(cached).unwrap(), bytes);
 }
 
 #[test]
-fn a_cold_load_asks_for_the_index_once() {
+fn a_cold_load_asks_for_the_index_once_and_reports_what_it_read() {
     let f = fixture();
-    let (_, error, _) = f.load("hf://org/tiny", f.options());
+    let (_, error, load) = f.load("hf://org/tiny", f.options());
     assert!(error.is_none(), "{error:?}");
+    let hub = load.unwrap().report().hub.unwrap();
+    assert_eq!(
+        (
+            hub.repo.as_str(),
+            hub.revision.as_str(),
+            hub.commit.as_str()
+        ),
+        (REPO, "main", f.commit.as_str())
+    );
+    assert_eq!(
+        hub.files,
+        [
+            "model.safetensors.index.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors"
+        ]
+    );
+    assert_eq!(
+        hub.snapshot.as_deref(),
+        Some(f.repo_dir().join("snapshots").join(&f.commit).as_path())
+    );
+    // Every file fetched came over the network and went into the cache once: the small files
+    // and the weights (not the other format's).
+    let fetched: u64 = f
+        .files
+        .iter()
+        .filter(|(name, _)| name != "pytorch_model.bin")
+        .map(|(_, bytes)| bytes.len() as u64)
+        .sum();
+    assert_eq!(
+        (hub.bytes_downloaded, hub.bytes_written),
+        (fetched, fetched)
+    );
+    assert_eq!(hub.bytes_from_cache, 0);
     let gets = f
         .hub
         .log()

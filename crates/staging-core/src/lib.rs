@@ -75,7 +75,7 @@ pub use policy::{
     default_io_threads,
 };
 pub use report::{
-    Fallbacks, HeldMemory, JsonReport, LoadReport, PathCount, PathTotals, TensorRecord,
+    Fallbacks, HeldMemory, HubReport, JsonReport, LoadReport, PathCount, PathTotals, TensorRecord,
 };
 pub use stager::{
     DeviceTensor, HostTensor, MIN_STAGING_SIZE, StagedTensor, Stager, TakenBuffer, TensorData,

@@ -123,6 +123,39 @@ pub struct LoadReport {
     /// tensor counts its bytes, as a read served by the page cache does (one read request
     /// each).
     pub bytes_read: u64,
+    /// For a model read from the Hugging Face Hub (`hf://`): the commit the revision named,
+    /// the files read and where their bytes came from. `None` for any other source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub: Option<HubReport>,
+}
+
+/// What a load from the Hugging Face Hub read: the one answer to which commit, and which
+/// files, for every door (the transformers helper takes its config from that commit).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HubReport {
+    /// The repository (`org/name`).
+    pub repo: String,
+    /// The revision asked for (`main`, a tag, a commit).
+    pub revision: String,
+    /// The commit it named when the load opened (40 hex digits).
+    pub commit: String,
+    /// The path inside the repository asked for (`""`: its root).
+    pub path: String,
+    /// The snapshot in the Hugging Face cache the files are in (`snapshots/<commit>`; `None`
+    /// with the cache off).
+    pub snapshot: Option<std::path::PathBuf>,
+    /// Whether the load read the snapshot alone (every weight was in the cache).
+    pub cached: bool,
+    /// The files read, as paths in the repository: the index (if any) and the weights.
+    pub files: Vec<String>,
+    /// Bytes received from the Hub (and its storage) since the model was opened: the small
+    /// files fetched and the weights streamed.
+    pub bytes_downloaded: u64,
+    /// Bytes of the weights read from blobs in the cache (already there: another commit's, an
+    /// earlier load's).
+    pub bytes_from_cache: u64,
+    /// Bytes written into the cache's blobs (files committed whole, after their check).
+    pub bytes_written: u64,
 }
 
 impl LoadReport {
@@ -160,6 +193,15 @@ impl LoadReport {
             if !self.redirects.contains(redirect) {
                 self.redirects.push(redirect.clone());
             }
+        }
+        // The Hub's counts run from the model's opening: the later load's are the total, and
+        // a snapshot read alone counts every byte read.
+        if let Some(theirs) = &other.hub {
+            let mut hub = theirs.clone();
+            if hub.cached {
+                hub.bytes_from_cache = self.bytes_read;
+            }
+            self.hub = Some(hub);
         }
     }
 }

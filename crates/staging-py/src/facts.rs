@@ -49,6 +49,14 @@ pub(crate) fn is_url(path: PathBuf) -> bool {
     safetensors_staging::is_url(&path)
 }
 
+/// `_is_repo_id(name)`: whether `name` is a Hugging Face Hub repository id (`org/name` or
+/// `name`) by the library's rules, which are `huggingface_hub`'s.
+#[pyfunction]
+#[pyo3(name = "_is_repo_id")]
+pub(crate) fn is_repo_id(name: &str) -> bool {
+    backend_remote::hub::is_repo_id(name)
+}
+
 /// `_url_store(path)`: the kind of store the remote backend reads the URL `path` from (`"s3"`,
 /// `"gcs"`, `"azure"`, `"http"`), or `None` when `path` is not a URL or is one of a scheme it
 /// does not read.
@@ -187,6 +195,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<DtypeFacts>()?;
     module.add_function(wrap_pyfunction!(select, module)?)?;
     module.add_function(wrap_pyfunction!(is_url, module)?)?;
+    module.add_function(wrap_pyfunction!(is_repo_id, module)?)?;
     module.add_function(wrap_pyfunction!(url_store, module)?)?;
     module.add_function(wrap_pyfunction!(redacted, module)?)?;
     module.add_function(wrap_pyfunction!(device, module)?)?;

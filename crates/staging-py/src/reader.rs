@@ -29,6 +29,8 @@ pub(crate) struct PyReader {
     maps: bool,
     /// Whether mappings were asked for (`map=true`), not left to `auto`.
     map_asked: bool,
+    /// What a Hub path opened to (the report's `hub` before any read).
+    hub: Option<staging_core::HubReport>,
     device_index: i32,
     /// Its reads, for Ctrl-C (a SIGINT interrupts the reads running when it arrives), and
     /// whether it was closed (which interrupts reads of URLs still waiting on the network).
@@ -81,6 +83,7 @@ pub(crate) fn reader(
     drop(call);
     Ok(PyReader {
         backend: prepared.backend_name(),
+        hub: prepared.hub_report(),
         maps,
         map_asked,
         prepared: Mutex::new(Some(prepared)),
@@ -244,13 +247,19 @@ impl PyReader {
     fn report_json(&self, py: Python<'_>) -> PyResult<String> {
         py.detach(|| match &*locked(&self.report) {
             Some(report) => serde_json::to_string(report),
-            None => serde_json::to_string(&serde_json::json!({
-                "backend": self.backend,
-                "tensors": 0,
-                "bytes": 0,
-                "read_requests": 0,
-                "bytes_read": 0,
-            })),
+            None => {
+                let mut empty = serde_json::json!({
+                    "backend": self.backend,
+                    "tensors": 0,
+                    "bytes": 0,
+                    "read_requests": 0,
+                    "bytes_read": 0,
+                });
+                if let Some(hub) = &self.hub {
+                    empty["hub"] = serde_json::to_value(hub)?;
+                }
+                serde_json::to_string(&empty)
+            }
         })
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
     }

@@ -572,6 +572,36 @@ def test_tensors_go_to_sglangs_device(
     assert asked[-1] == "cuda:1"
 
 
+def test_a_hub_model_s_weights_are_read_at_the_commit_of_its_config(
+    sglang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where SGLang's config says which commit it was read at (`_commit_hash`), the model's
+    weights stream from that commit, not from whatever its revision names by then."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.sglang as plugin
+
+    asked: List[Any] = []
+
+    def stream(source: Any, *rest: Any) -> Any:
+        asked.append(source)
+        raise StopAtDevice
+
+    monkeypatch.setattr(engines, "stream", stream)
+    commit = "89abcdef0123456789abcdef0123456789abcdef"
+    config = ModelConfig("org/tiny", hf_config=SimpleNamespace(_commit_hash=commit.upper()))
+    config.model_class = Reader
+    loader = plugin.StagingModelLoader(LoadConfig(load_format=plugin.StagingModelLoader))
+    with pytest.raises(StopAtDevice):
+        loader.load_model(model_config=config, device_config=SimpleNamespace(device="cpu"))
+    assert asked == [f"hf://org/tiny@{commit}"]
+    with pytest.raises(StopAtDevice):
+        list(loader._get_weights_iterator(DefaultModelLoader.Source("org/other", None)))
+    assert asked[-1] == "hf://org/other@main", "another model: its own revision"
+
+
 # The SGLang symbols the plugin uses, with the parameters it passes (`*name`: by keyword).
 _LOADER = "sglang.srt.model_loader.loader"
 USED = [

@@ -1039,3 +1039,40 @@ def test_standins_have_the_real_signatures() -> None:
     )
     real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert json.loads(real.stdout.strip().splitlines()[-1]) == STATE, real.stderr[-2000:]
+
+
+def test_a_hub_model_s_weights_are_read_at_the_commit_of_its_config(
+    vllm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the engine's config says which commit it was read at (`transformers`' record of
+    it, `_commit_hash`), the weights are read at that commit, not at whatever the revision
+    names by the time they are: config and weights of one commit."""
+    from vllm.config.load import LoadConfig
+
+    import safetensors_staging._engines as engines
+    import safetensors_staging.vllm as plugin
+
+    checkpoint(tmp_path / "model")
+    asked: List[Any] = []
+
+    def stream(source: Any, device: str, options: Dict[str, Any], *rest: Any) -> Any:
+        asked.append(source)
+        return engines_stream(str(tmp_path / "model"), device, options, *rest)
+
+    engines_stream = engines.stream
+    monkeypatch.setattr(engines, "stream", stream)
+    loader = plugin.StagingModelLoader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"})
+    )
+    config = ModelConfig("org/tiny")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    config.hf_config = type("HfConfig", (), {"_commit_hash": commit})()
+    loader.download_model(config)
+    dict(loader.get_all_weights(config, Model()))
+    assert asked == [f"hf://org/tiny@{commit}"]
+    # Without a recorded commit, the revision asked for.
+    other = plugin.StagingModelLoader(
+        LoadConfig(load_format="staging", model_loader_extra_config={"backend": "host"})
+    )
+    dict(other.get_all_weights(ModelConfig("org/tiny"), Model()))
+    assert asked[-1] == "hf://org/tiny@main"

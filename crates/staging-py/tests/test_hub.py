@@ -762,3 +762,79 @@ def test_a_load_that_failed_before_any_file_leaves_no_snapshot(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(st.PathNotFoundError, match="HF_HUB_OFFLINE is set"):
         stt.load_file("hf://org/gated")
+
+
+# -- one source for each Hub fact: the library's --
+
+
+def noted_bert(hub: FakeHub, berts: Tuple[Path, Path], repo: str) -> Tuple[str, str]:
+    """`repo` with two commits of the two BERTs, each config noting which (`"note"`, a key
+    `transformers` keeps as it is): the first tagged `v1`, the second `main`."""
+    commits = []
+    for source, note in zip(berts, ("v1", "main")):
+        files = files_of(source)
+        config = json.loads(files["config.json"])
+        config["note"] = note
+        files["config.json"] = json.dumps(config).encode()
+        if not commits:
+            commits.append(hub.add_repo(repo, files, revisions={"main": None, "v1": None}))
+        else:
+            commits.append(hub.add_commit(repo, files))
+    return commits[0], commits[1]
+
+
+def test_the_config_comes_from_the_commit_the_weights_are_read_at(
+    hub: FakeHub, berts: Tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`refs/main` moving between the load's open and the config's read (another process
+    fetching the next commit) gives the config of the commit the weights are read at: the
+    load report's, not what the ref names a moment later."""
+    from transformers import AutoModel
+
+    import safetensors_staging.transformers as helper
+
+    v1, main = noted_bert(hub, berts, "org/noted")
+    # The cache holds both snapshots; the load resolves `main`.
+    assert helper.from_pretrained("org/noted", revision="v1").config.note == "v1"
+    assert helper.from_pretrained("org/noted").config.note == "main"
+    refs = hub.cache / "models--org--noted" / "refs" / "main"
+    real = helper.safe_open
+
+    class MovesTheRef(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            refs.write_text(v1)  # another process moved `main` meanwhile
+
+    monkeypatch.setattr(helper, "safe_open", MovesTheRef)
+    got = helper.from_pretrained("org/noted")
+    assert got.config.note == "main"
+    assert_same_state(state_of(got), state_of(AutoModel.from_pretrained(berts[1])))
+
+
+def test_cache_zero_means_what_the_library_says_it_means(
+    hub: FakeHub, berts: Tuple[Path, Path], tmp_path: Path
+) -> None:
+    # `cache=0` is false to the library (nothing written): the helper takes the config from
+    # transformers at the commit the weights were read at, not from a snapshot it assumed.
+    v1, _ = noted_bert(hub, berts, "org/noted0")
+    cache = tmp_path / "child" / "hub"
+    cache.parent.mkdir()
+    code = (
+        "from safetensors_staging.transformers import from_pretrained\n"
+        "m = from_pretrained('org/noted0', revision='v1', cache=0)\n"
+        "print(m.config.note)"
+    )
+    assert run_child(hub, cache, code) == "v1"
+    snapshot = cache / "models--org--noted0" / "snapshots" / v1
+    assert sorted(files_of(snapshot)) == ["config.json"], "no weight written"
+
+
+def test_a_repository_id_is_what_the_library_says_it_is() -> None:
+    import safetensors_staging._engines as engines
+    from safetensors_staging import _native
+
+    names = ["org/name", "name", "org/name.git", "org/na--me", "-org/name", "a" * 97, "o/n/x"]
+    assert [engines.is_repo_id(n) for n in names] == [_native._is_repo_id(n) for n in names]
+    assert [_native._is_repo_id(n) for n in names] == [True, True] + [False] * 5
+    with pytest.raises(st.StagingError, match="org/name.git"):
+        stt.load_file("hf://org/name.git")

@@ -198,10 +198,12 @@ impl RepoCache {
 
     /// Writes a whole small file (`config.json`, the tokenizer) into its blob and links it,
     /// checked against the size (and for an LFS file the SHA-256) the Hub lists. Nothing is
-    /// written when the blob is already there or another process is writing it.
-    pub(crate) fn put_whole(&self, commit: &str, file: &TreeFile, bytes: &[u8]) -> io::Result<()> {
+    /// written when the blob is already there or another process is writing it. Returns the
+    /// bytes written into the blob (0 when it was not written here).
+    pub(crate) fn put_whole(&self, commit: &str, file: &TreeFile, bytes: &[u8]) -> io::Result<u64> {
         check_whole(file, bytes)?;
         let blob = self.blob(file.blob());
+        let mut wrote = 0;
         if !blob.exists() {
             if let Some(_lock) = self.try_lock(file.blob())? {
                 if !blob.exists() {
@@ -216,13 +218,14 @@ impl RepoCache {
                         let _ = std::fs::remove_file(&tmp);
                         return Err(cache_error(&blob, &e));
                     }
+                    wrote = bytes.len() as u64;
                 }
             } else {
                 // Another process writes it: the link waits for its blob.
-                return Ok(());
+                return Ok(0);
             }
         }
-        self.link(commit, file)
+        self.link(commit, file).map(|()| wrote)
     }
 }
 
@@ -412,16 +415,24 @@ impl Blob {
 pub(crate) struct HubCache {
     dirs: RepoCache,
     commit: String,
+    /// Bytes committed are counted here.
+    counters: Arc<super::Counters>,
     /// The files the store serves, by object key.
     files: HashMap<String, TreeFile>,
     blobs: Mutex<HashMap<String, Arc<Blob>>>,
 }
 
 impl HubCache {
-    pub(crate) fn new(dirs: RepoCache, commit: String, files: HashMap<String, TreeFile>) -> Self {
+    pub(crate) fn new(
+        dirs: RepoCache,
+        commit: String,
+        files: HashMap<String, TreeFile>,
+        counters: Arc<super::Counters>,
+    ) -> Self {
         Self {
             dirs,
             commit,
+            counters,
             files,
             blobs: Mutex::new(HashMap::new()),
         }
@@ -601,6 +612,7 @@ impl HubCache {
         }
         drop(lock);
         drop(state);
+        super::Counters::add(&self.counters.written, size);
         self.dirs.link(&self.commit, &blob.file)
     }
 
@@ -659,6 +671,7 @@ mod tests {
             dirs.clone(),
             COMMIT.into(),
             HashMap::from([("k".to_owned(), file.clone())]),
+            Arc::default(),
         );
         cache.received("k", 0, &bytes).unwrap();
         cache.settle("k").unwrap();
@@ -731,6 +744,7 @@ mod tests {
             dirs.clone(),
             COMMIT.into(),
             HashMap::from([("k".to_owned(), file.clone())]),
+            Arc::default(),
         );
         let half = bytes.len() / 2;
         cache.received("k", half as u64, &bytes[half..]).unwrap();
@@ -765,6 +779,7 @@ mod tests {
             dirs.clone(),
             COMMIT.into(),
             HashMap::from([("k".to_owned(), file.clone())]),
+            Arc::default(),
         );
         let mut wrong = bytes.clone();
         wrong[500] ^= 0xff;
@@ -801,6 +816,7 @@ mod tests {
             dirs.clone(),
             COMMIT.into(),
             HashMap::from([("a".to_owned(), file), ("b".to_owned(), held)]),
+            Arc::default(),
         );
         cache.received("a", 0, &bytes[..50]).unwrap();
         cache.received("b", 0, &[2u8; 100]).unwrap();

@@ -39,6 +39,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use cache::HubCache;
 pub use path::{HubPath, is_hub, is_repo_id};
@@ -62,6 +63,8 @@ pub enum Opened {
         path: PathBuf,
         /// The commit the revision named.
         commit: String,
+        /// What the load reads, for its report.
+        facts: HubFacts,
     },
     /// Read through `remote` (its store is the Hub at `commit`).
     Streamed {
@@ -71,7 +74,67 @@ pub enum Opened {
         paths: Vec<PathBuf>,
         /// The commit the revision named.
         commit: String,
+        /// What the load reads, for its report.
+        facts: HubFacts,
     },
+}
+
+/// Bytes counted as a Hub model is opened and read.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Received from the Hub and its storage.
+    pub(crate) downloaded: AtomicU64,
+    /// Read from blobs already in the cache (by the store; a snapshot read alone counts its
+    /// load's bytes instead).
+    pub(crate) from_cache: AtomicU64,
+    /// Written into the cache's blobs.
+    pub(crate) written: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, bytes: u64) {
+        counter.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// What a Hub path opened to: the repository, the revision and the commit it named, the path
+/// inside, the snapshot in the cache, the files read, and the bytes counted since ([`report`]:
+/// the load report's `hub`).
+///
+/// [`report`]: HubFacts::report
+#[derive(Debug, Clone)]
+pub struct HubFacts {
+    repo: String,
+    revision: String,
+    commit: String,
+    path: String,
+    snapshot: Option<PathBuf>,
+    cached: bool,
+    files: Vec<String>,
+    counters: Arc<Counters>,
+}
+
+impl HubFacts {
+    /// The report's `hub` for a load that has read `bytes_read` bytes so far.
+    pub fn report(&self, bytes_read: u64) -> staging_core::HubReport {
+        let from_cache = if self.cached {
+            bytes_read
+        } else {
+            self.counters.from_cache.load(Ordering::Relaxed)
+        };
+        staging_core::HubReport {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            commit: self.commit.clone(),
+            path: self.path.clone(),
+            snapshot: self.snapshot.clone(),
+            cached: self.cached,
+            files: self.files.clone(),
+            bytes_downloaded: self.counters.downloaded.load(Ordering::Relaxed),
+            bytes_from_cache: from_cache,
+            bytes_written: self.counters.written.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The largest file fetched whole beside the weights (a tokenizer is tens of MB at most): a
@@ -267,11 +330,12 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         .clone()
         .unwrap_or_else(default_cache_dir);
     let dirs = RepoCache::new(&cache_root, &what.cache_folder());
+    let counters = Arc::new(Counters::default());
     let offline = options
         .hub_offline
         .unwrap_or_else(|| is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE")));
     if offline {
-        return open_offline(&what, &dirs);
+        return open_offline(&what, &dirs, counters);
     }
     let endpoint = endpoint(options.hub_endpoint.as_deref()).map_err(&invalid)?;
     let client = hub_client(options).map_err(|e| error_at(&what, e))?;
@@ -300,7 +364,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
     let from_cache = |commit: Option<&str>, e: io::Error| {
         if options.hub_cache
             && api::unavailable(&e)
-            && let Some(opened) = cached_snapshot(&what, &dirs, commit)
+            && let Some(opened) = cached_snapshot(&what, &dirs, commit, Arc::clone(&counters))
         {
             return Ok(opened);
         }
@@ -344,11 +408,14 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
                 .ok()
                 .filter(|bytes| options.hub_cache && cache::check_whole(file, bytes).is_ok());
             let bytes = match cached {
-                Some(bytes) => bytes,
+                Some(bytes) => {
+                    Counters::add(&counters.from_cache, bytes.len() as u64);
+                    bytes
+                }
                 None => runtime
                     .block_on(
                         options.interrupt.as_ref(),
-                        fetch_whole(&api, &what, &commit, file, retries, backoff),
+                        fetch_whole(&api, &what, &commit, file, (retries, backoff), &counters),
                     )
                     .map_err(|e| error_at(&what, e))?,
             };
@@ -398,19 +465,32 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
                     Some(bytes) => Ok(bytes.clone()),
                     None => runtime.block_on(
                         options.interrupt.as_ref(),
-                        fetch_whole(&api, &what, &commit, file, retries, backoff),
+                        fetch_whole(&api, &what, &commit, file, (retries, backoff), &counters),
                     ),
                 };
                 // A small file that cannot be fetched now (one `huggingface_hub` never
                 // fetched, such as the README, with the network gone) does not stop the load.
-                if let Ok(bytes) = bytes {
-                    let _ = dirs.put_whole(&commit, file, &bytes);
+                if let Ok(bytes) = bytes
+                    && let Ok(written) = dirs.put_whole(&commit, file, &bytes)
+                {
+                    Counters::add(&counters.written, written);
                 }
             }
         }
+        let facts = HubFacts {
+            repo: what.repo.clone(),
+            revision: what.revision_or_main().to_owned(),
+            commit: commit.clone(),
+            path: what.path.clone().unwrap_or_default(),
+            snapshot: Some(snapshot.clone()),
+            cached: true,
+            files: index.iter().chain(&weight_names).cloned().collect(),
+            counters,
+        };
         return Ok(Opened::Cached {
             path: cached_target(&local_path, &snapshot, &index, &weights),
             commit,
+            facts,
         });
     }
     if options.hub_cache {
@@ -422,7 +502,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
                 continue;
             }
             let fetched = if blob_cached(file) {
-                dirs.link(&commit, file)
+                dirs.link(&commit, file).map(|()| 0)
             } else {
                 match index_bytes
                     .as_ref()
@@ -432,12 +512,12 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
                     None => runtime
                         .block_on(
                             options.interrupt.as_ref(),
-                            fetch_whole(&api, &what, &commit, file, retries, backoff),
+                            fetch_whole(&api, &what, &commit, file, (retries, backoff), &counters),
                         )
                         .and_then(|bytes| dirs.put_whole(&commit, file, &bytes)),
                 }
             };
-            fetched.map_err(|e| error_at(&what, e))?;
+            Counters::add(&counters.written, fetched.map_err(|e| error_at(&what, e))?);
         }
         // Weights already in the cache (read at another commit, or by an earlier load that
         // stopped) are linked, and read from the cache, not the network.
@@ -470,13 +550,13 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         let decoded = percent_encoding::percent_decode_str(&key_of(name))
             .decode_utf8_lossy()
             .into_owned();
-        // What is at hand is not asked of the Hub again: a blob in the cache, the index read.
-        if options.hub_cache && blob_cached(file) {
-            local.insert(decoded.clone(), store::Local::Blob(dirs.blob(file.blob())));
-        } else if Some(name) == index.as_ref()
+        // What is at hand is not asked of the Hub again: the index read, a blob in the cache.
+        if Some(name) == index.as_ref()
             && let Some(bytes) = &index_bytes
         {
             local.insert(decoded.clone(), store::Local::Bytes(bytes.clone().into()));
+        } else if options.hub_cache && blob_cached(file) {
+            local.insert(decoded.clone(), store::Local::Blob(dirs.blob(file.blob())));
         }
         files.insert(decoded, file.clone());
     }
@@ -487,6 +567,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         files.clone(),
         local,
         (retries, backoff),
+        Arc::clone(&counters),
     );
     let remote = Remote::for_hub(
         Path::new(&root),
@@ -502,7 +583,12 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             .into_iter()
             .filter(|(_, f)| !is_weight(&f.path) || f.path.ends_with(".safetensors"))
             .collect();
-        remote.set_cache(HubCache::new(dirs, commit.clone(), cache_files));
+        remote.set_cache(HubCache::new(
+            dirs.clone(),
+            commit.clone(),
+            cache_files,
+            Arc::clone(&counters),
+        ));
     }
     let url_of =
         |name: &str| PathBuf::from(api.url(&[&what.repo, "resolve", &commit, name]).as_str());
@@ -510,10 +596,21 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         Some(index) => vec![url_of(index)],
         None => weights.iter().map(|w| url_of(w)).collect(),
     };
+    let facts = HubFacts {
+        repo: what.repo.clone(),
+        revision: what.revision_or_main().to_owned(),
+        commit: commit.clone(),
+        path: what.path.clone().unwrap_or_default(),
+        snapshot: options.hub_cache.then_some(snapshot),
+        cached: false,
+        files: index.iter().chain(&weight_names).cloned().collect(),
+        counters,
+    };
     Ok(Opened::Streamed {
         remote,
         paths,
         commit,
+        facts,
     })
 }
 
@@ -531,48 +628,98 @@ fn cached_target(
     }
 }
 
-/// The snapshot of `commit` (else of the commit the cache's `refs/<revision>`, or the revision
-/// given as a commit, names), when it holds the weights a load of `what` reads: the index and
-/// every shard it names, else a `.safetensors` file where the path asked for is.
-fn cached_snapshot(what: &HubPath, dirs: &RepoCache, commit: Option<&str>) -> Option<Opened> {
-    let Ok(Opened::Cached { path, commit }) = (match commit {
-        Some(commit) => Ok(Opened::Cached {
-            path: dirs
-                .snapshot(commit)
-                .join(what.path.as_deref().unwrap_or("")),
-            commit: commit.to_owned(),
-        }),
-        None => open_offline(what, dirs),
-    }) else {
-        return None;
+/// The weight files a local load of `path` (in the snapshot `snapshot`) reads, as paths in
+/// the repository: the index and every shard it names, else the `.safetensors` files of a
+/// folder in natural order, else the file. `None` when they are not all there.
+fn snapshot_files(snapshot: &Path, path: &Path) -> Option<Vec<String>> {
+    let in_repo = |p: &Path| {
+        p.strip_prefix(snapshot)
+            .ok()
+            .map(|rel| rel.to_string_lossy().into_owned())
     };
     let index = if path.is_dir() {
         path.join("model.safetensors.index.json")
     } else {
-        path.clone()
+        path.to_path_buf()
     };
-    let holds = if index.is_file() && index.extension().is_some_and(|e| e == "json") {
-        std::fs::read(&index).ok().is_some_and(|bytes| {
-            let name = index.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let dir = index.parent().unwrap_or(&path);
-            shards_of(&bytes, name)
-                .is_ok_and(|shards| shards.iter().all(|shard| dir.join(shard).is_file()))
-        })
-    } else if path.is_dir() {
-        std::fs::read_dir(&path).ok().is_some_and(|entries| {
-            entries.flatten().any(|e| {
-                e.file_name().to_string_lossy().ends_with(".safetensors") && e.path().is_file()
-            })
-        })
-    } else {
-        path.is_file()
+    if index.is_file() && index.extension().is_some_and(|e| e == "json") {
+        let bytes = std::fs::read(&index).ok()?;
+        let name = index.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let dir = index.parent().unwrap_or(path);
+        let shards = shards_of(&bytes, name).ok()?;
+        let mut files = vec![in_repo(&index)?];
+        for shard in shards {
+            let at = dir.join(&shard);
+            if !at.is_file() {
+                return None;
+            }
+            files.push(in_repo(&at)?);
+        }
+        return Some(files);
+    }
+    if path.is_dir() {
+        let mut found: Vec<String> = std::fs::read_dir(path)
+            .ok()?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+            .filter(|e| e.path().is_file())
+            .filter_map(|e| in_repo(&e.path()))
+            .collect();
+        found.sort_by(|a, b| staging_core::natural_cmp(a, b));
+        return (!found.is_empty()).then_some(found);
+    }
+    path.is_file()
+        .then(|| in_repo(path))
+        .flatten()
+        .map(|f| vec![f])
+}
+
+/// A local load of the snapshot of `commit` at the path `what` asks for, with its facts.
+fn local_load(what: &HubPath, dirs: &RepoCache, commit: String, counters: Arc<Counters>) -> Opened {
+    let snapshot = dirs.snapshot(&commit);
+    let path = snapshot.join(what.path.as_deref().unwrap_or(""));
+    let facts = HubFacts {
+        repo: what.repo.clone(),
+        revision: what.revision_or_main().to_owned(),
+        commit: commit.clone(),
+        path: what.path.clone().unwrap_or_default(),
+        files: snapshot_files(&snapshot, &path).unwrap_or_default(),
+        snapshot: Some(snapshot),
+        cached: true,
+        counters,
     };
-    holds.then_some(Opened::Cached { path, commit })
+    Opened::Cached {
+        path,
+        commit,
+        facts,
+    }
+}
+
+/// The snapshot of `commit` (else of the commit the cache's `refs/<revision>`, or the revision
+/// given as a commit, names), when it holds the weights a load of `what` reads.
+fn cached_snapshot(
+    what: &HubPath,
+    dirs: &RepoCache,
+    commit: Option<&str>,
+    counters: Arc<Counters>,
+) -> Option<Opened> {
+    let opened = match commit {
+        Some(commit) => local_load(what, dirs, commit.to_owned(), counters),
+        None => open_offline(what, dirs, counters).ok()?,
+    };
+    let Opened::Cached { path, commit, .. } = &opened else {
+        return None;
+    };
+    snapshot_files(&dirs.snapshot(commit), path).map(|_| opened)
 }
 
 /// With `HF_HUB_OFFLINE`: the snapshot the cache's `refs/<revision>` (or the commit given)
 /// names, with no request at all.
-fn open_offline(what: &HubPath, dirs: &RepoCache) -> Result<Opened, Error> {
+fn open_offline(
+    what: &HubPath,
+    dirs: &RepoCache,
+    counters: Arc<Counters>,
+) -> Result<Opened, Error> {
     let revision = what.revision_or_main();
     let commit = if is_commit(revision) {
         Some(revision.to_ascii_lowercase())
@@ -594,10 +741,7 @@ fn open_offline(what: &HubPath, dirs: &RepoCache) -> Result<Opened, Error> {
             ),
         ));
     };
-    let path = dirs
-        .snapshot(&commit)
-        .join(what.path.as_deref().unwrap_or(""));
-    Ok(Opened::Cached { path, commit })
+    Ok(local_load(what, dirs, commit, counters))
 }
 
 /// A small file's bytes, whole, checked against the listing.
@@ -606,8 +750,8 @@ async fn fetch_whole(
     what: &HubPath,
     commit: &str,
     file: &TreeFile,
-    retries: usize,
-    backoff: std::time::Duration,
+    (retries, backoff): (usize, std::time::Duration),
+    counters: &Counters,
 ) -> io::Result<Vec<u8>> {
     let url = api.url(&[&what.repo, "resolve", commit, &file.path]);
     let source = api
@@ -617,6 +761,7 @@ async fn fetch_whole(
         .get_ok(&source.url, what, Some(&file.path), retries, backoff)
         .await?;
     let bytes = api::body(response, file.size.saturating_add(1), &file.path).await?;
+    Counters::add(&counters.downloaded, bytes.len() as u64);
     cache::check_whole(file, &bytes)?;
     Ok(bytes)
 }

@@ -38,8 +38,13 @@ fn is_name(name: &str) -> bool {
         && !name.contains("..")
 }
 
-/// Whether `repo` is a repository id as the Hub takes one: `name` or `org/name`.
+/// Whether `repo` is a repository id as the Hub takes one (`huggingface_hub`'s
+/// `validate_repo_id`): `name` or `org/name`, each 1 to 96 of `A-Z a-z 0-9 - _ .`, not starting
+/// or ending with `-` or `.`, no `--` or `..`, and not ending with `.git`.
 pub fn is_repo_id(repo: &str) -> bool {
+    if repo.ends_with(".git") {
+        return false;
+    }
     let mut parts = repo.split('/');
     match (parts.next(), parts.next(), parts.next()) {
         (Some(name), None, None) => is_name(name),

@@ -86,6 +86,8 @@ struct Shared {
     resolved: Mutex<HashMap<String, Resolved>>,
     retries: usize,
     backoff: Duration,
+    /// Bytes received and read from the cache are counted here.
+    counters: Arc<super::Counters>,
 }
 
 impl HubStore {
@@ -96,6 +98,7 @@ impl HubStore {
         files: HashMap<String, TreeFile>,
         local: HashMap<String, Local>,
         (retries, backoff): (usize, Duration),
+        counters: Arc<super::Counters>,
     ) -> Self {
         Self {
             inner: Arc::new(Shared {
@@ -107,6 +110,7 @@ impl HubStore {
                 resolved: Mutex::new(HashMap::new()),
                 retries,
                 backoff,
+                counters,
             }),
         }
     }
@@ -366,6 +370,7 @@ impl Body {
                         chunk
                     };
                     self.received += chunk.len() as u64;
+                    super::Counters::add(&self.shared.counters.downloaded, chunk.len() as u64);
                     return Some((Ok(chunk), self));
                 }
                 Some(Err(e)) => e.to_string(),
@@ -491,6 +496,9 @@ impl ObjectStore for HubStore {
             futures::stream::empty().boxed()
         } else if let Some(local) = shared.local.get(location.as_ref()) {
             let bytes = read_local(local, &range, file).await.map_err(failure)?;
+            if matches!(local, Local::Blob(_)) {
+                super::Counters::add(&shared.counters.from_cache, bytes.len() as u64);
+            }
             futures::stream::once(async move { Ok(bytes) }).boxed()
         } else {
             let body = Body {

@@ -217,6 +217,7 @@ where
             peak_host_bytes,
             read_requests: self.accounting.read_requests(),
             bytes_read: self.accounting.bytes_read(),
+            hub: None,
         }
     }
 

@@ -41,10 +41,8 @@ def is_url(weights: Optional[str]) -> bool:
     return weights is not None and _native._is_url(weights)
 
 
-# A repository name (or organization) as `huggingface_hub`'s `validate_repo_id` takes one, in
-# the ASCII the library's `hf://` takes: 1 to 96 of A-Z a-z 0-9 _ - ., starting and ending with
-# a letter, digit or `_`.
-_REPO_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
+# A full commit id, as `transformers` records one.
+_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
 
 
 def is_hub(path: Any) -> bool:
@@ -53,17 +51,9 @@ def is_hub(path: Any) -> bool:
 
 
 def is_repo_id(name: Any) -> bool:
-    """Whether `name` is a Hub model id (`org/name` or `name`) by `huggingface_hub`'s rules:
-    each part 1 to 96 of A-Z a-z 0-9 _ - ., not starting or ending with - or ., no -- or ..,
-    not ending with .git."""
-    if not isinstance(name, str) or name.count("/") > 1:
-        return False
-    return (
-        all(_REPO_NAME.fullmatch(part) for part in name.split("/"))
-        and "--" not in name
-        and ".." not in name
-        and not name.endswith(".git")
-    )
+    """Whether `name` is a Hub model id (`org/name` or `name`): the library's answer, by
+    `huggingface_hub`'s rules."""
+    return isinstance(name, str) and _native._is_repo_id(name)
 
 
 def uses_modelscope() -> bool:
@@ -228,6 +218,18 @@ class EngineLoaderMixin:
     # The model's own path in the load being made, when the engine says (vLLM's
     # `get_all_weights`): the source at that path is the model's own.
     _own_path: Optional[str] = None
+    # Model id -> the commit the engine's config of it was read at (`_pin`): its weights are
+    # read at that commit, whatever its revision names by then.
+    _pinned: Optional[Dict[str, str]] = None
+
+    def _pin(self, model: str, model_config: Any) -> None:
+        """Reads `model`'s weights at the commit the engine read its config at, when the
+        engine's config says which (`transformers` records the commit of a config read from
+        the Hub or its cache as `_commit_hash`): config and weights of one commit, even when
+        the revision (`main`) moves between the two."""
+        commit = getattr(getattr(model_config, "hf_config", None), "_commit_hash", None)
+        if isinstance(commit, str) and _COMMIT.fullmatch(commit):
+            self._pinned = {**(self._pinned or {}), model: commit.lower()}
 
     def _configure(
         self, load_config: Any, extra: Any = None, engine_keys: Tuple[str, ...] = ()
@@ -290,7 +292,8 @@ class EngineLoaderMixin:
                 )
             return weights
         if weights is None and plain:
-            return hub_path(model, revision)
+            pinned = (self._pinned or {}).get(model) if own else None
+            return hub_path(model, pinned or revision)
         return None
 
     def _model_dir(self, model: str, own: bool) -> str:

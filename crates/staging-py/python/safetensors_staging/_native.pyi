@@ -54,6 +54,7 @@ __all__ = [
     "_Dtype",
     "_select",
     "_is_url",
+    "_is_repo_id",
     "_url_store",
     "_redacted",
     "_device",
@@ -282,6 +283,7 @@ def _select(
     narrowed to their rows."""
 
 def _is_url(path: Union[str, PathLike[str]]) -> bool: ...
+def _is_repo_id(name: str) -> bool: ...
 def _url_store(path: Union[str, PathLike[str]]) -> Optional[str]:
     """ "s3", "gcs", "azure" or "http": the store the remote backend reads the URL from; None
     for a path, or a URL of a scheme it does not read."""

@@ -184,6 +184,7 @@ def _make_loader_class() -> type:
             """SGLang's download of the model's safetensors files (of the `weights`
             directory, when given), unless the weights stream from a URL or the Hub."""
             model, revision = model_config.model_path, model_config.revision
+            self._pin(model, model_config)
             if self._streamed(model, revision, own=True, plain=True) is None:
                 self._prepare_weights(self._model_dir(model, True), revision, fall_back_to_pt=True)
 
@@ -191,6 +192,7 @@ def _make_loader_class() -> type:
             """SGLang's `load_model`, with the tensors on `device_config.device`; a
             quantization SGLang gives a loader of its own is refused by name."""
             _refuse_quantization_with_a_loader_of_its_own(model_config, self.load_config)
+            self._pin(model_config.model_path, model_config)
             self._target = device_config.device
             try:
                 return super().load_model(model_config=model_config, device_config=device_config)

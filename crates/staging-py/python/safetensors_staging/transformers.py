@@ -25,10 +25,8 @@ indexes the slice, so a rank reads only the rows of its share. Nothing here impo
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
-from urllib.parse import unquote
+from typing import Any, Dict, Optional
 
 from . import _device, _engines
 from ._native import _DTYPES
@@ -42,67 +40,25 @@ def _config_dir(path: Any) -> Path:
     return local if local.is_dir() else local.parent
 
 
-def _hub_cache_root(cache_dir: Any) -> Path:
-    """The Hugging Face cache the library writes (`cache_dir`, else `HF_HUB_CACHE`, else
-    `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`), read as the library reads it: now, not at
-    import."""
-
-    def var(name: str) -> Optional[str]:
-        return os.environ.get(name) or None
-
-    if cache_dir is not None:
-        return Path(os.fspath(cache_dir)).expanduser()
-    explicit = var("HF_HUB_CACHE") or var("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    home = var("HF_HOME")
-    if home:
-        return Path(home).expanduser() / "hub"
-    xdg = var("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path("~/.cache").expanduser()
-    return base / "huggingface" / "hub"
-
-
-def _split_hub(path: str) -> Tuple[str, str, str]:
-    """`(repo, revision, path inside)` of `hf://org/name[@revision][/path]` (as the library
-    parses it: a model without an organization has one segment before its revision or path)."""
-    segments = path.split("://", 1)[1].strip("/").split("/")
-    if segments[0] == "models":
-        segments = segments[1:]
-    take = 1 if "@" in segments[0] or len(segments) == 1 else 2
-    repo, _, revision = "/".join(segments[:take]).partition("@")
-    return repo, unquote(revision) or "main", "/".join(segments[take:])
-
-
-def _is_false(value: Any) -> bool:
-    return value is False or (
-        isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off")
-    )
-
-
-def _hub_config(hub: str, loader_options: Dict[str, Any]) -> Any:
-    """The config of the Hub model `hub` (`hf://...`) a load has just opened: from the
-    snapshot it left in the cache, or, with `cache=False`, from `transformers.AutoConfig`."""
+def _hub_config(handle: safe_open, cache_dir: Any) -> Any:
+    """The config of the Hub model `handle` has just opened, at the commit the library resolved
+    its revision to (the load report's `hub`, the one answer to which commit): from that
+    commit's snapshot in the cache, or, with the cache off, from `transformers.AutoConfig` at
+    that commit. Never from what `refs/<revision>` names a moment later."""
     import transformers
 
-    repo, revision, inside = _split_hub(hub)
+    hub = handle.report()["hub"]
+    inside = hub["path"]
     # A path inside the repository names a directory, an index or a weight file.
     subfolder = inside.rpartition("/")[0] if inside.endswith((".json", ".safetensors")) else inside
-    if _is_false(loader_options.get("cache", True)):
-        kwargs: Dict[str, Any] = {"revision": revision}
-        if subfolder:
-            kwargs["subfolder"] = subfolder
-        if loader_options.get("cache_dir") is not None:
-            kwargs["cache_dir"] = os.fspath(loader_options["cache_dir"])
-        return transformers.AutoConfig.from_pretrained(repo, **kwargs)
-    repo_dir = _hub_cache_root(loader_options.get("cache_dir")) / (
-        "models--" + repo.replace("/", "--")
-    )
-    if re.fullmatch(r"[0-9a-fA-F]{40}", revision):
-        commit = revision.lower()
-    else:
-        commit = (repo_dir / "refs" / revision).read_text().strip()
-    return transformers.AutoConfig.from_pretrained(repo_dir / "snapshots" / commit / subfolder)
+    if hub["snapshot"] is not None:
+        return transformers.AutoConfig.from_pretrained(Path(hub["snapshot"]) / subfolder)
+    kwargs: Dict[str, Any] = {"revision": hub["commit"]}
+    if subfolder:
+        kwargs["subfolder"] = subfolder
+    if cache_dir is not None:
+        kwargs["cache_dir"] = os.fspath(cache_dir)
+    return transformers.AutoConfig.from_pretrained(hub["repo"], **kwargs)
 
 
 def _dtype_of(handle: safe_open, config: Any) -> Any:
@@ -175,8 +131,9 @@ def from_pretrained(
         config = transformers.AutoConfig.from_pretrained(_config_dir(path))
     with safe_open(hub or path, framework="pt", device=device, **loader_options) as handle:
         if config is None:
-            # Opening a Hub model fetched its config into the cache (unless `cache=False`).
-            config = _hub_config(hub, loader_options)
+            # Opening a Hub model fetched its config into the cache (unless `cache=False`),
+            # at the commit its weights are read at.
+            config = _hub_config(handle, loader_options.get("cache_dir"))
         # An `Auto...` class cannot be given a state dict without a path: the class it
         # stands for.
         mapping = getattr(model_class, "_model_mapping", None)

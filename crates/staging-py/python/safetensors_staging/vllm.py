@@ -114,6 +114,7 @@ def _make_loader_class() -> type:
             """vLLM's download of the model's safetensors files (of the `weights` directory,
             when given), unless the weights stream from a URL or the Hub as they load."""
             model, revision = model_config.model, model_config.revision
+            self._pin(model, model_config)
             if self._streamed(model, revision, own=True, plain=True) is None:
                 self._prepare_weights(self._model_dir(model, True), None, revision, True, None)
 
@@ -123,6 +124,7 @@ def _make_loader_class() -> type:
             model keeps the path the `weights` were given for: a reload from another path
             reads that path (`_weights_for`)."""
             config = vllm_config.load_config
+            self._pin(model_config.model, model_config)
             self._target = (
                 config.device if config.device is not None else vllm_config.device_config.device
             )
