@@ -116,10 +116,16 @@ pub mod hipfile {
 }
 
 /// Object storage and HTTP(S): `s3://`, `gs://`, `az://`, `http(s)://` checkpoints: the remote
-/// reader's options and the interrupt a caller may give it.
+/// reader's options and the interrupt a caller may give it; and the Hugging Face Hub's
+/// (`hf://`) facts a caller may ask for before a load (`hub::changes` between two revisions).
 #[cfg(feature = "remote")]
 pub mod remote {
     pub use backend_remote::{Interrupt, ObjectStore, Options, Remote, Stats};
+
+    /// The Hugging Face Hub (`hf://`): what changed between two revisions of a model.
+    pub mod hub {
+        pub use backend_remote::hub::{Changes, changes, is_repo_id};
+    }
 }
 #[cfg(feature = "remote")]
 pub use backend_remote::Options as RemoteOptions;

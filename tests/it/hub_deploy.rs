@@ -5,6 +5,7 @@
 //! a renamed repository, and a storage redirect that goes on to another host.
 
 use backend_mock::hub::{HubFaults, Server};
+use safetensors_staging::RemoteOptions;
 
 use super::hub::{Fixture, REPO, assert_exact, cdn_requests, fixture};
 
@@ -293,4 +294,51 @@ fn a_complete_read_only_cache_without_locks_loads_as_it_is() {
     assert_eq!(cdn_bytes(&f), 0);
     assert_eq!(super::hub::tree(f.cache.path()), before, "nothing written");
     assert!(!f.cache.path().join(".locks").exists());
+}
+
+#[test]
+fn what_changed_between_two_revisions_is_known_online_and_offline() {
+    let f = fixture();
+    let shard = "model-00002-of-00002.safetensors";
+    let mut bytes = f.bytes_of(shard).to_vec();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xFF;
+    let next = commit(&f, &changed(&f, &[(shard, bytes)]));
+    let changes = |options: RemoteOptions| {
+        safetensors_staging::remote::hub::changes(
+            std::path::Path::new("hf://org/tiny"),
+            &f.commit,
+            &options,
+        )
+        .unwrap()
+    };
+    let online = changes(f.options());
+    assert_eq!(
+        (online.commit.as_str(), online.since.as_str()),
+        (next.as_str(), f.commit.as_str())
+    );
+    assert_eq!(online.changed, [shard]);
+    assert_eq!(online.path, format!("hf://org/tiny@{next}"));
+    // Offline, from the cache's snapshots of both commits (each loaded once).
+    for revision in [f.commit.as_str(), "main"] {
+        let (_, error, _) = f.load(&format!("hf://org/tiny@{revision}"), f.options());
+        assert!(error.is_none(), "{error:?}");
+    }
+    let mut offline = f.options();
+    offline.hub_offline = Some(true);
+    f.hub.clear_log();
+    let cached = changes(offline);
+    assert!(f.hub.log().is_empty(), "no request offline");
+    assert_eq!(cached.commit, next);
+    // The snapshots hold only what loads fetched: the same weights differ, and nothing else.
+    assert!(
+        cached.changed.contains(&shard.to_owned()),
+        "{:?}",
+        cached.changed
+    );
+    assert!(
+        !cached
+            .changed
+            .contains(&"model-00001-of-00002.safetensors".to_owned())
+    );
 }

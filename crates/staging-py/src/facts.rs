@@ -57,6 +57,31 @@ pub(crate) fn is_repo_id(name: &str) -> bool {
     backend_remote::hub::is_repo_id(name)
 }
 
+/// `_hub_changes(path, since, **remote)`: which files of the Hub model at `path`
+/// (`hf://org/name@new`) differ from those at the revision `since` of the same repository,
+/// as `{"path": <path at the commit it names>, "commit", "since": <its commit>, "changed":
+/// [files]}` (`backend_remote::hub::changes`).
+#[pyfunction]
+#[pyo3(name = "_hub_changes", signature = (path, since, **kwargs))]
+pub(crate) fn hub_changes(
+    py: Python<'_>,
+    path: PathBuf,
+    since: &str,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Py<PyDict>> {
+    let keywords = Keywords::parse(kwargs)?;
+    let options = keywords.options.remote_options();
+    let changes = py
+        .detach(|| backend_remote::hub::changes(&path, since, &options))
+        .map_err(|e| errors::to_py(e.into()))?;
+    let out = PyDict::new(py);
+    out.set_item("path", changes.path)?;
+    out.set_item("commit", changes.commit)?;
+    out.set_item("since", changes.since)?;
+    out.set_item("changed", changes.changed)?;
+    Ok(out.unbind())
+}
+
 /// `_url_store(path)`: the kind of store the remote backend reads the URL `path` from (`"s3"`,
 /// `"gcs"`, `"azure"`, `"http"`), or `None` when `path` is not a URL or is one of a scheme it
 /// does not read.
@@ -196,6 +221,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(select, module)?)?;
     module.add_function(wrap_pyfunction!(is_url, module)?)?;
     module.add_function(wrap_pyfunction!(is_repo_id, module)?)?;
+    module.add_function(wrap_pyfunction!(hub_changes, module)?)?;
     module.add_function(wrap_pyfunction!(url_store, module)?)?;
     module.add_function(wrap_pyfunction!(redacted, module)?)?;
     module.add_function(wrap_pyfunction!(device, module)?)?;

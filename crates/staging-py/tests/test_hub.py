@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -838,3 +839,40 @@ def test_a_repository_id_is_what_the_library_says_it_is() -> None:
     assert [_native._is_repo_id(n) for n in names] == [True, True] + [False] * 5
     with pytest.raises(st.StagingError, match="org/name.git"):
         stt.load_file("hf://org/name.git")
+
+
+def test_a_reload_since_the_revision_held_reads_and_writes_the_changed_files_alone(
+    hub: FakeHub, sharded_dir: Path, tmp_path: Path
+) -> None:
+    """A model that holds v1 moved to the next commit, which rewrote the second shard: that
+    shard alone is downloaded and its tensors alone written; the first shard's tensors keep
+    their memory, bytes and autograd version."""
+    from safetensors_staging.torch import load_into
+
+    v1 = hub.sharded
+    target = {name: t.clone() for name, t in stt.load_file(f"hf://{REPO}").items()}
+    versions = {name: t._version for name, t in target.items()}
+    next_dir = tmp_path / "next"
+    shutil.copytree(sharded_dir, next_dir)
+    new_b = torch.full((512, 256), 3.0, dtype=torch.float16)
+    new_c = torch.arange(1000, dtype=torch.int8)
+    save(next_dir, SHARDS[1], {"b": new_b, "c": new_c})
+    v2 = hub.add_commit(REPO, files_of(next_dir))
+    hub.clear_log()
+    result = load_into(target, f"hf://{REPO}", since=v1)
+    assert torch.equal(target["b"], new_b) and torch.equal(target["c"], new_c)
+    assert torch.equal(target["a"], source_tensors(sharded_dir)["a"])
+    assert target["a"]._version == versions["a"], "the unchanged tensor was not written"
+    since = result.report["since"]
+    assert (since["commit"], since["since"]) == (v2, v1)
+    assert since["changed"] == [SHARDS[1]] and since["unchanged"] == ["a"]
+    # That shard's bytes alone (its header is read twice: once to check every tensor fits the
+    # target before a byte is written, once by the load).
+    shard = (next_dir / SHARDS[1]).read_bytes()
+    sent = cdn_sent(hub)
+    assert list(sent) == [hashlib.sha256(shard).hexdigest()]
+    assert len(shard) <= sent[hashlib.sha256(shard).hexdigest()] <= len(shard) * 1.01
+    assert len(shard) <= result.report["hub"]["bytes_downloaded"] <= len(shard) * 1.01
+    # Only an hf:// source has revisions.
+    with pytest.raises(TypeError, match="since='main' names a revision"):
+        load_into(target, next_dir, since="main")

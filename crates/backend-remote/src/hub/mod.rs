@@ -311,52 +311,89 @@ fn error_at(what: &HubPath, e: io::Error) -> Error {
     }
 }
 
-/// Opens `path` (`hf://...`): resolves its revision, and either finds every file in the cache
-/// or prepares the load that streams them (writing the cache as they arrive, unless
-/// [`Options::hub_cache`] is off). Errors name the repository, revision or file, in the Hub's
-/// own terms (a gated model needs a token with access; no such model, revision or file).
-pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
+/// `path` as a Hub path, or why not.
+fn parse(path: &Path) -> Result<HubPath, Error> {
     let text = path.to_str().ok_or_else(|| Error::Io {
         path: path.to_path_buf(),
         source: io::Error::new(io::ErrorKind::InvalidInput, "a Hub path must be UTF-8"),
     })?;
-    let what = HubPath::parse(text).map_err(|why| Error::Io {
+    HubPath::parse(text).map_err(|why| Error::Io {
         path: path.to_path_buf(),
         source: io::Error::new(io::ErrorKind::InvalidInput, why),
-    })?;
-    let invalid = |why: String| error_at(&what, io::Error::new(io::ErrorKind::InvalidInput, why));
-    let cache_root = options
+    })
+}
+
+/// The cache folders of `what`'s repository.
+fn repo_cache(what: &HubPath, options: &Options) -> RepoCache {
+    let root = options
         .hub_cache_dir
         .clone()
         .unwrap_or_else(default_cache_dir);
-    let dirs = RepoCache::new(&cache_root, &what.cache_folder());
-    let counters = Arc::new(Counters::default());
-    let offline = options
+    RepoCache::new(&root, &what.cache_folder())
+}
+
+/// Whether no request may be made (`HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE`, or the option).
+fn offline(options: &Options) -> bool {
+    options
         .hub_offline
-        .unwrap_or_else(|| is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE")));
-    if offline {
-        return open_offline(&what, &dirs, counters);
-    }
-    let endpoint = endpoint(options.hub_endpoint.as_deref()).map_err(&invalid)?;
-    let client = hub_client(options).map_err(|e| error_at(&what, e))?;
+        .unwrap_or_else(|| is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE")))
+}
+
+/// The Hub at the endpoint the options and environment name, ready for requests.
+struct Connection {
+    api: Api,
+    /// Serves the API's requests, and the store's.
+    runtime: OwnedRuntime,
+    /// Each redirect to another host (a file's to the storage CDN, followed by design) is in
+    /// the report; onwards from there, only to hosts allowed.
+    redirects: Arc<crate::client::Redirects>,
+    /// `scheme://host[:port]` of the endpoint: the store's root.
+    root: String,
+}
+
+fn connect(what: &HubPath, options: &Options) -> Result<Connection, Error> {
+    let endpoint = endpoint(options.hub_endpoint.as_deref())
+        .map_err(|why| error_at(what, io::Error::new(io::ErrorKind::InvalidInput, why)))?;
+    let client = hub_client(options).map_err(|e| error_at(what, e))?;
     let token = options.hub_token.clone().or_else(token);
-    // Each redirect to another host (a file's to the storage CDN, followed by design) is in
-    // the report; onwards from there, only to hosts allowed.
     let redirects = Arc::new(crate::client::Redirects::for_hub(&options.allow_redirects));
     let api = Api::new(client, endpoint.clone(), token, Arc::clone(&redirects))
-        .map_err(|e| error_at(&what, e))?;
-    // The store's runtime (and its interrupt) serves the API's requests too.
+        .map_err(|e| error_at(what, e))?;
     let root = format!(
         "{}://{}",
         endpoint.scheme(),
         endpoint.host_str().unwrap_or_default()
     ) + &endpoint.port().map(|p| format!(":{p}")).unwrap_or_default();
-    let runtime = OwnedRuntime::start().map_err(|e| {
-        error_at(
-            &what,
-            io::Error::other(format!("cannot start the I/O runtime: {e}")),
-        )
+    let runtime = OwnedRuntime::start().map_err(|source| Error::Resource {
+        what: "the I/O runtime's 2 threads".into(),
+        source,
     })?;
+    Ok(Connection {
+        api,
+        runtime,
+        redirects,
+        root,
+    })
+}
+
+/// Opens `path` (`hf://...`): resolves its revision, and either finds every file in the cache
+/// or prepares the load that streams them (writing the cache as they arrive, unless
+/// [`Options::hub_cache`] is off). Errors name the repository, revision or file, in the Hub's
+/// own terms (a gated model needs a token with access; no such model, revision or file).
+pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
+    let what = parse(path)?;
+    let invalid = |why: String| error_at(&what, io::Error::new(io::ErrorKind::InvalidInput, why));
+    let dirs = repo_cache(&what, options);
+    let counters = Arc::new(Counters::default());
+    if offline(options) {
+        return open_offline(&what, &dirs, counters);
+    }
+    let Connection {
+        api,
+        runtime,
+        redirects,
+        root,
+    } = connect(&what, options)?;
     let (retries, backoff) = (options.max_retries, options.retry_backoff);
     // The Hub cannot serve (no answer, down, rate-limiting): a snapshot in the cache that holds
     // the weights serves, as `huggingface_hub`'s own fallback does (`HF_HUB_OFFLINE` asks
@@ -612,6 +649,110 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         commit,
         facts,
     })
+}
+
+/// What changed between two commits of a Hub model ([`changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// The Hub path at the commit its revision names: what to load for the changes to hold
+    /// (`hf://org/name@<commit>[/path]`).
+    pub path: String,
+    /// That commit.
+    pub commit: String,
+    /// The commit `since` names.
+    pub since: String,
+    /// The files at `commit` whose bytes differ from `since`'s, or that `since` lacks, as
+    /// paths in the repository (blobs compared: an LFS file's SHA-256, another file's git id).
+    pub changed: Vec<String>,
+}
+
+/// Which files of the model at `path` (`hf://org/name@new`) differ from those at the revision
+/// `since` of the same repository: for a model that holds `since`'s weights, the files whose
+/// tensors a move to `path`'s revision rewrites. Both revisions are resolved and listed (two
+/// requests each); with `HF_HUB_OFFLINE`, from the cache's refs and snapshots instead (a file a
+/// snapshot lacks counts as changed).
+pub fn changes(path: &Path, since: &str, options: &Options) -> Result<Changes, Error> {
+    let what = parse(path)?;
+    let old = HubPath {
+        revision: Some(since.to_owned()),
+        ..what.clone()
+    };
+    let dirs = repo_cache(&what, options);
+    let (commit, since_commit, new_files, old_files) = if offline(options) {
+        let commit_of = |of: &HubPath| match open_offline(of, &dirs, Arc::default())? {
+            Opened::Cached { commit, .. } => Ok(commit),
+            Opened::Streamed { commit, .. } => Ok(commit),
+        };
+        let (commit, since_commit) = (commit_of(&what)?, commit_of(&old)?);
+        let new_files = snapshot_blobs(&dirs.snapshot(&commit));
+        let old_files = snapshot_blobs(&dirs.snapshot(&since_commit));
+        (commit, since_commit, new_files, old_files)
+    } else {
+        let Connection { api, runtime, .. } = connect(&what, options)?;
+        let (retries, backoff) = (options.max_retries, options.retry_backoff);
+        let listing = |of: &HubPath| -> Result<(String, HashMap<String, String>), Error> {
+            let commit = runtime
+                .block_on(options.interrupt.as_ref(), api.commit(of, retries, backoff))
+                .map_err(|e| error_at(of, e))?;
+            let tree = runtime
+                .block_on(
+                    options.interrupt.as_ref(),
+                    api.tree(of, &commit, retries, backoff),
+                )
+                .map_err(|e| error_at(of, e))?;
+            let blobs = tree
+                .into_iter()
+                .map(|f| (f.path.clone(), f.blob().to_owned()))
+                .collect();
+            Ok((commit, blobs))
+        };
+        let (commit, new_files) = listing(&what)?;
+        let (since_commit, old_files) = listing(&old)?;
+        (commit, since_commit, new_files, old_files)
+    };
+    let mut changed: Vec<String> = new_files
+        .iter()
+        .filter(|(name, blob)| old_files.get(*name) != Some(*blob))
+        .map(|(name, _)| name.clone())
+        .collect();
+    changed.sort();
+    let pinned = HubPath {
+        revision: Some(commit.clone()),
+        ..what
+    };
+    Ok(Changes {
+        path: pinned.to_string(),
+        commit,
+        since: since_commit,
+        changed,
+    })
+}
+
+/// Every file of a snapshot by its blob's name (the name its link points at), as paths in the
+/// repository.
+fn snapshot_blobs(snapshot: &Path) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut stack = vec![snapshot.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let at = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                stack.push(at);
+            } else if let (Ok(target), Ok(rel)) =
+                (std::fs::read_link(&at), at.strip_prefix(snapshot))
+                && let Some(blob) = target.file_name().and_then(|n| n.to_str())
+            {
+                out.insert(rel.to_string_lossy().into_owned(), blob.to_owned());
+            }
+        }
+    }
+    out
 }
 
 /// What to load locally of a snapshot that holds everything: the index or the files chosen.

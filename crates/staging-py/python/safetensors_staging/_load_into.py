@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _native
 from ._convert import written_in_place
 from ._device import resolve_device
 from ._dtypes import torch_view
+from ._engines import is_hub as _is_hub
 from ._load import Paths, paths_of
 from ._native import SelectionError, StagingError, TensorInfo
 
@@ -202,6 +204,12 @@ def _device_of(tensor: torch.Tensor) -> str:
     raise _mismatch([f"{tensor.device}: the library does not load to this device"])
 
 
+def _in_repository(file: str, commit: str) -> str:
+    """A tensor's file (a `resolve` URL or a snapshot path of `commit`) as a path in the
+    repository."""
+    return file.rpartition(f"/{commit}/")[2]
+
+
 def load_into(
     target: Any,
     source: Paths,
@@ -209,6 +217,7 @@ def load_into(
     strict: bool = True,
     only: Optional[Iterable[str]] = None,
     rows: Any = None,
+    since: Optional[str] = None,
     **options: Any,
 ) -> LoadIntoResult:
     """Reads a checkpoint into the tensors of `target`, in place: every parameter keeps its
@@ -238,6 +247,12 @@ def load_into(
         rows: rows of dimension 0 of the checkpoint's tensors, as `stage`'s `rows`
             (`{"*.q_proj.weight": "1/4"}`): a tensor-parallel rank's parameter holding its
             rows of the checkpoint's tensor.
+        since: for a model on the Hugging Face Hub (`source` an `hf://` path), the revision
+            the target holds now (a commit, branch or tag): only the tensors of the files
+            that differ between it and `source`'s revision are read and written, the others
+            left as they are (each file's blob compared). The source is read at the commit
+            its revision names when this is called; the report's `since` says which commits,
+            the files changed and the tensors left (`unchanged`).
         **options: `stage`'s options (`backend`, `threads`, the remote keywords, ...); not
             `device`, `select` or `destination`, which the target decides.
 
@@ -258,6 +273,20 @@ def load_into(
         if key in options:
             raise TypeError(f"load_into takes no {key}=: the target's tensors decide it")
     patterns = None if only is None else ([only] if isinstance(only, str) else list(only))
+    changes: Optional[Dict[str, Any]] = None
+    if since is not None:
+        if not isinstance(source, (str, os.PathLike)) or not _is_hub(os.fspath(source)):
+            raise TypeError(
+                f"since={since!r} names a revision of a model on the Hub: the source must be "
+                f"an hf:// path, not {source!r}"
+            )
+        changes = _native._hub_changes(
+            os.fspath(source),
+            since,
+            store_options=options.get("store_options"),
+            **{k: v for k, v in options.items() if k != "store_options"},
+        )
+        source = changes["path"]  # the commit the changes were found at
     tensors = _targets(target)
     groups = _tied_groups(tensors)
     group_of = {name: group for group in groups for name in group}
@@ -271,6 +300,16 @@ def load_into(
         store_options=store_options,
         **remote,
     )
+    left: List[str] = []
+    if changes is not None:
+        changed = set(changes["changed"])
+        unchanged = {
+            info.name
+            for info in kept
+            if _in_repository(str(info.file), changes["commit"]) not in changed
+        }
+        left = [info.name for info in kept if info.name in unchanged]
+        kept = [info for info in kept if info.name not in unchanged]
     in_checkpoint = [name for name in checkpoint.keys() if _matches(name, patterns)]
     present = set(in_checkpoint)
     # One name per tied group is loaded: the last, in the target's order, that the checkpoint
@@ -350,7 +389,15 @@ def load_into(
         written_in_place(tensors[name] for name in done)
         written += done
         reports.append(json.loads(report))
-    return LoadIntoResult(missing, unexpected, _merged(reports))
+    merged = _merged(reports) if reports else {"tensors": 0, "bytes": 0, "bytes_read": 0}
+    if changes is not None:
+        merged["since"] = {
+            "commit": changes["commit"],
+            "since": changes["since"],
+            "changed": changes["changed"],
+            "unchanged": left,
+        }
+    return LoadIntoResult(missing, unexpected, merged)
 
 
 def _merged(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
