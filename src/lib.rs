@@ -122,11 +122,14 @@ pub mod hipfile {
 pub mod remote {
     pub use backend_remote::{Interrupt, ObjectStore, Options, Remote, Stats};
 
-    /// The Hugging Face Hub (`hf://`): what changed between two revisions of a model.
+    /// The Hugging Face Hub (`hf://`): how it is read, and what changed between two
+    /// revisions of a model.
     pub mod hub {
-        pub use backend_remote::hub::{Changes, changes, is_repo_id};
+        pub use backend_hub::{Changes, HubOptions, changes, is_repo_id};
     }
 }
+#[cfg(feature = "remote")]
+pub use backend_hub::HubOptions;
 #[cfg(feature = "remote")]
 pub use backend_remote::Options as RemoteOptions;
 

@@ -45,6 +45,8 @@ pub struct Loader<'d> {
     #[cfg(feature = "remote")]
     remote: backend_remote::Options,
     #[cfg(feature = "remote")]
+    hub: backend_hub::HubOptions,
+    #[cfg(feature = "remote")]
     interrupt: Option<backend_remote::Interrupt>,
     #[cfg(feature = "remote")]
     object_store: Option<Arc<dyn backend_remote::ObjectStore>>,
@@ -85,6 +87,8 @@ impl Loader<'static> {
         Self {
             #[cfg(feature = "remote")]
             remote: backend_remote::Options::default(),
+            #[cfg(feature = "remote")]
+            hub: backend_hub::HubOptions::default(),
             #[cfg(feature = "remote")]
             interrupt: None,
             #[cfg(feature = "remote")]
@@ -178,6 +182,16 @@ impl<'d> Loader<'d> {
         self
     }
 
+    /// How models on the Hugging Face Hub (`hf://`) are read: the cache (and whether it is
+    /// written), the endpoint, the token, offline. The remote options apply to their reads
+    /// too; `huggingface_hub`'s environment (`HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE`,
+    /// `HF_HUB_OFFLINE`) fills in what is unset.
+    #[cfg(feature = "remote")]
+    pub fn hub(mut self, options: backend_hub::HubOptions) -> Self {
+        self.hub = options;
+        self
+    }
+
     /// Asked every 50 ms while a read of a URL waits on the network: once it says true, the
     /// load ends with an error, "interrupted" (Python's Ctrl-C). Kept when
     /// [`remote`](Self::remote) options are set afterwards.
@@ -201,6 +215,8 @@ impl<'d> Loader<'d> {
                 one.as_ref(),
                 #[cfg(feature = "remote")]
                 &self.remote_options(),
+                #[cfg(feature = "remote")]
+                &self.hub,
             )?;
             if let Some((source, found, _)) = found {
                 return source.read_headers(&found);
@@ -270,6 +286,8 @@ impl<'d> Loader<'d> {
             #[cfg(feature = "remote")]
             remote: self.remote,
             #[cfg(feature = "remote")]
+            hub: self.hub,
+            #[cfg(feature = "remote")]
             interrupt: self.interrupt,
             #[cfg(feature = "remote")]
             object_store: self.object_store,
@@ -331,6 +349,8 @@ impl<'d> Loader<'d> {
         Ok(Prepared {
             #[cfg(feature = "remote")]
             remote,
+            #[cfg(feature = "remote")]
+            hub_options: self.hub,
             #[cfg(feature = "remote")]
             store: None,
             #[cfg(feature = "remote")]

@@ -52,6 +52,9 @@ const REMOTE_IO_THREADS: usize = 8;
 pub struct Prepared<'d> {
     #[cfg(feature = "remote")]
     pub(super) remote: backend_remote::Options,
+    /// How Hub paths are read.
+    #[cfg(feature = "remote")]
+    pub(super) hub_options: backend_hub::HubOptions,
     /// The store opened for the headers ([`read_headers`](Self::read_headers)), reused by the
     /// load: one client, one runtime, and the versions its `HEAD`s recorded.
     #[cfg(feature = "remote")]
@@ -225,6 +228,8 @@ impl<'d> Prepared<'d> {
             path,
             #[cfg(feature = "remote")]
             &self.remote,
+            #[cfg(feature = "remote")]
+            &self.hub_options,
         )?;
         // The facts of the model opened last go with the loads of what was read of it.
         self.hub = None;

@@ -18,7 +18,7 @@ pub(crate) fn is_hub(path: &Path) -> bool {
 
 /// What a Hub path opened to, for the load report's `hub`.
 #[cfg(feature = "remote")]
-pub(super) type HubFacts = backend_remote::hub::HubFacts;
+pub(super) type HubFacts = backend_hub::HubFacts;
 
 /// Without the `remote` feature no Hub path opens: no such facts exist.
 #[cfg(not(feature = "remote"))]
@@ -65,14 +65,15 @@ impl Source {
     pub(super) fn hub(
         path: &Path,
         #[cfg(feature = "remote")] options: &backend_remote::Options,
+        #[cfg(feature = "remote")] hub: &backend_hub::HubOptions,
     ) -> Result<Option<(Self, Vec<PathBuf>, HubFacts)>> {
         if !is_hub(path) {
             return Ok(None);
         }
         #[cfg(feature = "remote")]
         {
-            use backend_remote::hub::Opened;
-            Ok(Some(match backend_remote::hub::open(path, options)? {
+            use backend_hub::Opened;
+            Ok(Some(match backend_hub::open(path, options, hub)? {
                 Opened::Cached { path, facts, .. } => (Self::Local, vec![path], facts),
                 Opened::Streamed {
                     remote,

@@ -579,9 +579,17 @@ impl LoadOptions {
         options.bandwidth = self.bandwidth;
         options.config.clone_from(&self.store_options);
         options.allow_redirects.clone_from(&self.allow_redirects);
-        options.hub_cache = self.cache;
-        options.hub_cache_dir.clone_from(&self.cache_dir);
         options
+    }
+
+    /// How Hub paths are read, as these say (the environment fills in the rest).
+    #[cfg(feature = "remote")]
+    pub fn hub_options(&self) -> backend_hub::HubOptions {
+        backend_hub::HubOptions {
+            cache: self.cache,
+            cache_dir: self.cache_dir.clone(),
+            ..Default::default()
+        }
     }
 
     /// A loader with these options (no destination: add one with
@@ -595,7 +603,7 @@ impl LoadOptions {
             .suballocate(self.suballocate)
             .select(self.selection()?);
         #[cfg(feature = "remote")]
-        let loader = loader.remote(self.remote_options());
+        let loader = loader.remote(self.remote_options()).hub(self.hub_options());
         Ok(loader)
     }
 }

@@ -13,13 +13,20 @@ use std::path::{Path, PathBuf};
 
 use backend_mock::fixtures::{Contents, TensorSpec, write_sharded};
 use backend_mock::hub::{FakeHub, HubFaults, HubLogged, Server, sha256_hex};
-use safetensors_staging::{Error, HostOptions, Load, Loader, RemoteOptions};
+use safetensors_staging::{Error, HostOptions, HubOptions, Load, Loader, RemoteOptions};
 
 const MIB: usize = 1 << 20;
 
 /// Each tensor handed out: name and bytes.
 pub(super) type Loaded = Vec<(String, Vec<u8>)>;
 pub(super) const REPO: &str = "org/tiny";
+
+/// What a load from the fake Hub is given: the remote reader's options and the Hub's.
+#[derive(Debug, Clone)]
+pub(super) struct Options {
+    pub(super) remote: RemoteOptions,
+    pub(super) hub: HubOptions,
+}
 
 /// A fake Hub serving one sharded model: index, two shards, config files and a weight of
 /// another format that a load must not fetch.
@@ -77,27 +84,31 @@ pub(super) fn fixture() -> Fixture {
 }
 
 impl Fixture {
-    pub(super) fn options(&self) -> RemoteOptions {
-        let mut options = RemoteOptions::default();
-        options.retry_backoff = std::time::Duration::from_millis(5);
-        options.max_retries = 3;
-        options.range_size = MIB;
-        options.hub_endpoint = Some(self.hub.endpoint());
-        options.hub_cache_dir = Some(self.cache.path().to_path_buf());
-        options.hub_offline = Some(false);
+    pub(super) fn options(&self) -> Options {
+        let mut options = Options {
+            remote: RemoteOptions::default(),
+            hub: HubOptions::default(),
+        };
+        options.remote.retry_backoff = std::time::Duration::from_millis(5);
+        options.remote.max_retries = 3;
+        options.remote.range_size = MIB;
+        options.hub.endpoint = Some(self.hub.endpoint());
+        options.hub.cache_dir = Some(self.cache.path().to_path_buf());
+        options.hub.offline = Some(false);
         options
     }
 
-    pub(super) fn loader(&self, options: RemoteOptions) -> Loader<'static> {
+    pub(super) fn loader(&self, options: Options) -> Loader<'static> {
         Loader::new()
             .backend(safetensors_staging::Backend::Host(HostOptions::default()))
-            .remote(options)
+            .remote(options.remote)
+            .hub(options.hub)
     }
 
     pub(super) fn load(
         &self,
         path: &str,
-        options: RemoteOptions,
+        options: Options,
     ) -> (Loaded, Option<Error>, Option<Load<'static>>) {
         match self.loader(options).open(path) {
             Ok(mut load) => {
@@ -277,7 +288,7 @@ fn a_warm_cache_is_a_local_load_with_no_weight_byte_over_the_network() {
     // Offline: not even that.
     f.hub.clear_log();
     let mut offline = f.options();
-    offline.hub_offline = Some(true);
+    offline.hub.offline = Some(true);
     let (loaded, error, _) = f.load("hf://org/tiny", offline);
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);
@@ -290,8 +301,8 @@ fn an_unreachable_hub_falls_back_to_the_cache_as_huggingface_hub_does() {
     let (_, error, _) = f.load("hf://org/tiny", f.options());
     assert!(error.is_none(), "{error:?}");
     let mut away = f.options();
-    away.hub_endpoint = Some("http://127.0.0.1:9".into());
-    away.max_retries = 0;
+    away.hub.endpoint = Some("http://127.0.0.1:9".into());
+    away.remote.max_retries = 0;
     let (loaded, error, load) = f.load("hf://org/tiny", away.clone());
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);
@@ -308,7 +319,7 @@ fn an_unreachable_hub_falls_back_to_the_cache_as_huggingface_hub_does() {
 fn offline_without_the_model_in_the_cache_says_so() {
     let f = fixture();
     let mut offline = f.options();
-    offline.hub_offline = Some(true);
+    offline.hub.offline = Some(true);
     let (_, error, _) = f.load("hf://org/tiny", offline);
     let message = error.unwrap().to_string();
     assert!(
@@ -322,7 +333,7 @@ fn offline_without_the_model_in_the_cache_says_so() {
 fn cache_off_streams_without_writing_anything() {
     let f = fixture();
     let mut options = f.options();
-    options.hub_cache = false;
+    options.hub.cache = false;
     let (loaded, error, _) = f.load("hf://org/tiny", options);
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);
@@ -461,13 +472,13 @@ fn a_gated_model_needs_a_token_with_access_which_only_the_hub_sees() {
     // Nothing arrived: no snapshot folder, which would be taken for a downloaded model.
     assert!(!f.repo_dir().join("snapshots").exists());
     let mut wrong = f.options();
-    wrong.hub_token = Some("hf_bad".into());
+    wrong.hub.token = Some("hf_bad".into());
     let message = f.load("hf://org/tiny", wrong).1.unwrap().to_string();
     assert!(message.contains("has no access"), "{message}");
 
     f.hub.clear_log();
     let mut good = f.options();
-    good.hub_token = Some("hf_good".into());
+    good.hub.token = Some("hf_good".into());
     let (loaded, error, _) = f.load("hf://org/tiny", good);
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);

@@ -5,9 +5,8 @@
 //! a renamed repository, and a storage redirect that goes on to another host.
 
 use backend_mock::hub::{HubFaults, Server};
-use safetensors_staging::RemoteOptions;
 
-use super::hub::{Fixture, REPO, assert_exact, cdn_requests, fixture};
+use super::hub::{Fixture, Options, REPO, assert_exact, cdn_requests, fixture};
 
 /// The weight bytes the CDN sent (the sum of the ranges of its `GET`s).
 fn cdn_bytes(f: &Fixture) -> u64 {
@@ -85,7 +84,7 @@ fn a_second_storage_hop_to_another_host_needs_allowing_and_is_reported() {
     });
     // Not allowed: refused, naming the host it would have gone to.
     let mut options = f.options();
-    options.hub_cache = false;
+    options.hub.cache = false;
     let message = f
         .load("hf://org/tiny", options.clone())
         .1
@@ -93,7 +92,7 @@ fn a_second_storage_hop_to_another_host_needs_allowing_and_is_reported() {
         .to_string();
     assert!(message.contains("localhost"), "{message}");
     // Allowed by name: followed, and both hops reported.
-    options.allow_redirects = vec!["localhost".into()];
+    options.remote.allow_redirects = vec!["localhost".into()];
     let (loaded, error, load) = f.load("hf://org/tiny", options);
     assert!(error.is_none(), "{error:?}");
     assert_exact(&loaded, &f.contents);
@@ -304,11 +303,12 @@ fn what_changed_between_two_revisions_is_known_online_and_offline() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xFF;
     let next = commit(&f, &changed(&f, &[(shard, bytes)]));
-    let changes = |options: RemoteOptions| {
+    let changes = |options: Options| {
         safetensors_staging::remote::hub::changes(
             std::path::Path::new("hf://org/tiny"),
             &f.commit,
-            &options,
+            &options.remote,
+            &options.hub,
         )
         .unwrap()
     };
@@ -325,7 +325,7 @@ fn what_changed_between_two_revisions_is_known_online_and_offline() {
         assert!(error.is_none(), "{error:?}");
     }
     let mut offline = f.options();
-    offline.hub_offline = Some(true);
+    offline.hub.offline = Some(true);
     f.hub.clear_log();
     let cached = changes(offline);
     assert!(f.hub.log().is_empty(), "no request offline");

@@ -33,9 +33,11 @@ use object_store::{ClientConfigKey, ClientOptions};
 use crate::Scheme;
 use crate::location::{Login, redacted};
 
-/// Hosts a redirect may go to besides the one asked for, and the redirects followed.
+/// Hosts a redirect may go to besides the one asked for, and the redirects followed: the
+/// allowed hosts (a host, `*.suffix`, or `*`) and, for object storage, the cloud's own storage
+/// endpoints.
 #[derive(Debug)]
-pub(crate) struct Redirects {
+pub struct Redirects {
     /// The kind of store: whose own storage endpoints a redirect may go to.
     scheme: Scheme,
     /// From [`Options::allow_redirects`](crate::Options::allow_redirects): a host, `*.suffix`
@@ -43,18 +45,6 @@ pub(crate) struct Redirects {
     allowed: Vec<String>,
     /// `URL -> host[:port]` for each redirect followed to another host.
     followed: Mutex<BTreeSet<String>>,
-    /// Whether the Hugging Face Hub's storage hosts are allowed (a Hub load's redirects).
-    hub_storage: bool,
-}
-
-/// Whether `host` is one of the Hugging Face Hub's own: `huggingface.co`, `hf.co` and their
-/// subdomains, where the Hub keeps its files (`cdn-lfs.hf.co`, `cdn-lfs-us-1.hf.co`,
-/// `cdn-lfs.huggingface.co`, `cas-bridge.xethub.hf.co`, `transfer.xethub.hf.co`, as of
-/// 2026-12).
-pub(crate) fn hub_storage_host(host: &str) -> bool {
-    ["huggingface.co", "hf.co"]
-        .iter()
-        .any(|domain| host == *domain || host.ends_with(&format!(".{domain}")))
 }
 
 /// Whether `host` is one of the storage service's own endpoints for a store of `scheme`: S3's
@@ -88,7 +78,9 @@ fn authority(url: &url::Url) -> String {
 }
 
 impl Redirects {
-    pub(crate) fn new(scheme: Scheme, allowed: &[String]) -> Self {
+    /// Redirects of a store of `scheme`, allowed to the hosts `allowed` (a host, `*.suffix`,
+    /// or `*`) besides the cloud's own storage endpoints.
+    pub fn new(scheme: Scheme, allowed: &[String]) -> Self {
         Self {
             scheme,
             allowed: allowed
@@ -96,16 +88,6 @@ impl Redirects {
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
             followed: Mutex::default(),
-            hub_storage: false,
-        }
-    }
-
-    /// The redirects of a Hub load: besides `allowed`, the Hub's own storage hosts
-    /// ([`hub_storage_host`]).
-    pub(crate) fn for_hub(allowed: &[String]) -> Self {
-        Self {
-            hub_storage: true,
-            ..Self::new(Scheme::Http, allowed)
         }
     }
 
@@ -119,15 +101,14 @@ impl Redirects {
 
     /// Whether a request for `from` may follow a redirect to `to` (recorded when it goes to
     /// another host); `Err` says why not.
-    pub(crate) fn decide(&self, from: &url::Url, to: &url::Url) -> Result<(), String> {
+    pub fn decide(&self, from: &url::Url, to: &url::Url) -> Result<(), String> {
         let from_host = from.host_str().unwrap_or("").to_ascii_lowercase();
         let to_host = to.host_str().unwrap_or("").to_ascii_lowercase();
         if from_host == to_host {
             return Ok(());
         }
-        let same_cloud = (storage_endpoint(self.scheme, &from_host)
-            && storage_endpoint(self.scheme, &to_host))
-            || (self.hub_storage && hub_storage_host(&to_host));
+        let same_cloud =
+            storage_endpoint(self.scheme, &from_host) && storage_endpoint(self.scheme, &to_host);
         let allowed = self
             .allowed
             .iter()
@@ -152,7 +133,7 @@ impl Redirects {
 
     /// Records a redirect followed to another host by design (a model's file on the Hugging
     /// Face Hub, redirected to the Hub's storage CDN).
-    pub(crate) fn record(&self, from: &url::Url, to: &url::Url) {
+    pub fn record(&self, from: &url::Url, to: &url::Url) {
         if from.host_str() != to.host_str() || from.port() != to.port() {
             let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
             followed.insert(format!("{} -> {}", redacted(from.as_str()), authority(to)));
@@ -160,7 +141,7 @@ impl Redirects {
     }
 
     /// `URL -> host` for each redirect followed to another host so far.
-    pub(crate) fn followed(&self) -> Vec<String> {
+    pub fn followed(&self) -> Vec<String> {
         let followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
         followed.iter().cloned().collect()
     }
@@ -235,7 +216,7 @@ fn flag(options: &ClientOptions, key: ClientConfigKey) -> object_store::Result<b
 /// (reqwest is built without a provider of its own, to leave aws-lc-rs out of the build).
 /// A provider someone else installed first (another library in a Python process) is used as it
 /// is.
-pub(crate) fn install_crypto() {
+pub fn install_crypto() {
     // `Err` only when a provider is already installed: that one serves.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

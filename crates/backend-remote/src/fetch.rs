@@ -11,18 +11,33 @@ use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 
 use crate::client::RefusedRedirect;
-use crate::hub::HubFailure;
 use crate::location::redacted_text;
 use crate::reader::Object;
 use crate::store::Inner;
 use crate::version::Version;
 
+/// An error of a store of a caller's own making ([`Remote::with_store`]), carried through
+/// object_store's error as its source: its kind is the one the load reports, and its words are
+/// shown as they are (redacted).
+///
+/// [`Remote::with_store`]: crate::Remote::with_store
+#[derive(Debug)]
+pub struct StoreFailure(pub io::Error);
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StoreFailure {}
+
 /// The `io::ErrorKind` closest to an object_store error.
 fn kind_of(e: &object_store::Error) -> io::ErrorKind {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(error) = source {
-        if let Some(hub) = error.downcast_ref::<HubFailure>() {
-            return hub.0.kind();
+        if let Some(failure) = error.downcast_ref::<StoreFailure>() {
+            return failure.0.kind();
         }
         source = error.source();
     }
@@ -43,9 +58,9 @@ pub(crate) fn describe(e: &object_store::Error) -> String {
         if let Some(refused) = error.downcast_ref::<RefusedRedirect>() {
             return refused.to_string();
         }
-        // The Hub's own words (its error codes, a signed URL refused) are shown as they are.
-        if let Some(hub) = error.downcast_ref::<HubFailure>() {
-            return redacted_text(&hub.to_string());
+        // A store's own words (the Hub's error codes, a signed URL refused) as they are.
+        if let Some(failure) = error.downcast_ref::<StoreFailure>() {
+            return redacted_text(&failure.to_string());
         }
         source = error.source();
     }
@@ -80,7 +95,7 @@ fn url_in(text: &str) -> Option<url::Url> {
 /// handshake with host:443 failed: ...`; `None` when the server answered (its status says
 /// what went wrong) or the cause is none of these. object_store and reqwest say all of these
 /// as "error sending request".
-pub(crate) fn transport_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+pub fn transport_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut host = None;
     let mut words: Option<&str> = None;
     let mut tls_detail = None;
@@ -274,20 +289,20 @@ impl Inner {
                 at(format!("the body ended after {filled} bytes")),
             )));
         }
-        // A model from the Hub: the bytes go into the Hugging Face cache too.
-        if let Some(cache) = self.cache.get() {
-            cache
-                .received(object.key.as_ref(), offset, dst)
+        // Where a caller asked: the bytes go there too (the Hugging Face cache).
+        if let Some(tee) = self.tee.get() {
+            tee.received(object.key.as_ref(), offset, dst)
                 .map_err(Failure::Request)?;
         }
         Ok(())
     }
 
-    /// After a read of `object`: a model from the Hub commits the file to the cache once it
-    /// is whole and its SHA-256 is right, or fails naming it.
+    /// After a read of `object`: where a caller asked, the object may now be complete there
+    /// (the Hugging Face cache commits a file once it is whole and its SHA-256 is right, or
+    /// fails naming it).
     pub(crate) fn settle(&self, object: &Object) -> io::Result<()> {
-        match self.cache.get() {
-            Some(cache) => cache.settle(object.key.as_ref()),
+        match self.tee.get() {
+            Some(tee) => tee.settle(object.key.as_ref()),
             None => Ok(()),
         }
     }

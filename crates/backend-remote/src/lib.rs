@@ -56,7 +56,6 @@
 // tokio runtime, and calls that block on it).
 mod client;
 mod fetch;
-pub mod hub;
 mod location;
 mod options;
 mod pace;
@@ -65,12 +64,18 @@ mod runtime;
 mod store;
 mod version;
 
+// What a protocol built on this crate's reader needs (`backend-hub`): a store of its own
+// behind a `Remote` (`Remote::with_store`), its runtime, its redirects, its errors, a tee of
+// the bytes read.
+pub use client::{Redirects, install_crypto};
+pub use fetch::{StoreFailure, transport_failure};
 pub use location::{REDACTED, Scheme, redacted, redacted_path, redacted_text};
 /// The trait of object stores, for a caller's own ([`Remote::open_with`]).
 pub use object_store::ObjectStore;
 pub use options::{Interrupt, Options, is_secret_option, redacted_options};
 pub use reader::{Object, RemoteReader};
-pub use store::{Remote, Stats};
+pub use runtime::OwnedRuntime;
+pub use store::{Remote, Stats, Tee};
 pub use version::Validator;
 
 // The core's traits, for the links above.

@@ -44,20 +44,6 @@ pub struct Options {
     /// `*.core.windows.net`), needs none; any other is refused with an error naming both hosts
     /// (default: none).
     pub allow_redirects: Vec<String>,
-    /// A model from the Hugging Face Hub (`hf://`) is written into the Hugging Face cache as
-    /// it streams, as `huggingface_hub` would have written it (default true); off, it streams
-    /// without writing anything, and a model already in the cache is read from the network.
-    pub hub_cache: bool,
-    /// The Hugging Face cache (default: `HF_HUB_CACHE`, else `$HF_HOME/hub`, as
-    /// `huggingface_hub` finds it).
-    pub hub_cache_dir: Option<std::path::PathBuf>,
-    /// The Hub's endpoint (default: `HF_ENDPOINT`, else `https://huggingface.co`).
-    pub hub_endpoint: Option<String>,
-    /// The Hub token (default: `HF_TOKEN`, else the token file `huggingface_hub` writes).
-    /// Never shown.
-    pub hub_token: Option<String>,
-    /// Whether to ask nothing of the Hub and load from the cache (default: `HF_HUB_OFFLINE`).
-    pub hub_offline: Option<bool>,
 }
 
 impl std::fmt::Debug for Options {
@@ -73,11 +59,6 @@ impl std::fmt::Debug for Options {
             .field("config", &redacted_options(&self.config))
             .field("interrupt", &self.interrupt)
             .field("allow_redirects", &self.allow_redirects)
-            .field("hub_cache", &self.hub_cache)
-            .field("hub_cache_dir", &self.hub_cache_dir)
-            .field("hub_endpoint", &self.hub_endpoint)
-            .field("hub_token", &self.hub_token.as_ref().map(|_| REDACTED))
-            .field("hub_offline", &self.hub_offline)
             .finish()
     }
 }
@@ -193,11 +174,6 @@ impl Default for Options {
             config: Vec::new(),
             interrupt: None,
             allow_redirects: Vec::new(),
-            hub_cache: true,
-            hub_cache_dir: None,
-            hub_endpoint: None,
-            hub_token: None,
-            hub_offline: None,
         }
     }
 }

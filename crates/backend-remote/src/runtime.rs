@@ -10,15 +10,17 @@ use crate::options::Interrupt;
 use crate::store::Inner;
 
 /// The `Remote`'s runtime, shut down without blocking when dropped: dropping a tokio runtime
-/// from async code panics, and a `Load` may well be dropped there.
+/// from async code panics, and a `Load` may well be dropped there. A caller that makes a store
+/// of its own ([`Remote::with_store`](crate::Remote::with_store)) starts one for it, and may run
+/// its own requests on it first.
 #[derive(Debug)]
-pub(crate) struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+pub struct OwnedRuntime(Option<tokio::runtime::Runtime>);
 
 impl OwnedRuntime {
     /// Starts the runtime: two worker threads, named `staging-remote`, with I/O and timers.
     /// A thread the system refuses is an error (`EAGAIN`, ...), not the panic tokio raises for
     /// it ("OS can't spawn worker thread"; its default hook still prints that line).
-    pub(crate) fn start() -> io::Result<Self> {
+    pub fn start() -> io::Result<Self> {
         let built = std::panic::catch_unwind(|| {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -97,7 +99,7 @@ impl Inner {
 impl OwnedRuntime {
     /// Runs `future` to its end on this runtime, blocking this thread: a plain thread or a
     /// blocking thread of another runtime, never an async task. Ended early by `interrupt`.
-    pub(crate) fn block_on<T>(
+    pub fn block_on<T>(
         &self,
         interrupt: Option<&Interrupt>,
         future: impl Future<Output = io::Result<T>>,

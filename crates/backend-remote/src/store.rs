@@ -18,7 +18,6 @@ use staging_core::{EntryKind, Error, FileIdentity, Store, StoreFile};
 
 use crate::client::{Connector, Redirects};
 use crate::fetch::{describe, io_error};
-use crate::hub::HubCache;
 use crate::location::{Location, Login, Scheme, redacted_path};
 use crate::options::{Interrupt, Options};
 use crate::pace::Pace;
@@ -64,8 +63,19 @@ pub(crate) struct Inner {
     pub(crate) gets: AtomicU64,
     pub(crate) heads: AtomicU64,
     pub(crate) bytes: AtomicU64,
-    /// For a model on the Hub: the cache every byte read is also written into.
-    pub(crate) cache: OnceLock<HubCache>,
+    /// Where every byte read is also written, when a caller asked ([`Remote::set_tee`]).
+    pub(crate) tee: OnceLock<Box<dyn Tee>>,
+}
+
+/// Where a [`Remote`] also writes every byte it reads (a cache of the objects, say): told of
+/// each range as it arrives, and asked after each read whether the object is now complete.
+/// An error from either fails that read, naming the object.
+pub trait Tee: Send + Sync + std::fmt::Debug {
+    /// `bytes` of the object at `key` (its store key) arrived, from `offset`.
+    fn received(&self, key: &str, offset: u64, bytes: &[u8]) -> io::Result<()>;
+
+    /// A read of the object at `key` ended: what it has of it may now be complete.
+    fn settle(&self, key: &str) -> io::Result<()>;
 }
 
 impl std::fmt::Debug for Inner {
@@ -253,9 +263,11 @@ impl Remote {
         ))
     }
 
-    /// A `Remote` of `store` at `root` (the Hub's endpoint), on `runtime` (already serving
-    /// the Hub's API requests).
-    pub(crate) fn for_hub(
+    /// A `Remote` of a store of the caller's own making at `root` (`scheme://host[:port]`: the
+    /// URLs it reads are under it), on `runtime` (which the caller may have used already), whose
+    /// redirects to other hosts are followed and recorded by `redirects`: a protocol built on
+    /// this crate's reader (the Hugging Face Hub's, in `backend-hub`).
+    pub fn with_store(
         root: &Path,
         store: Arc<dyn ObjectStore>,
         options: &Options,
@@ -295,14 +307,14 @@ impl Remote {
                 gets: AtomicU64::new(0),
                 heads: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
-                cache: OnceLock::new(),
+                tee: OnceLock::new(),
             }),
         }
     }
 
-    /// Writes every byte read of the files `cache` knows into the Hugging Face cache.
-    pub(crate) fn set_cache(&self, cache: HubCache) {
-        let _ = self.inner.cache.set(cache);
+    /// Writes every byte read into `tee` too (only the first one given is kept).
+    pub fn set_tee(&self, tee: Box<dyn Tee>) {
+        let _ = self.inner.tee.set(tee);
     }
 
     /// The reader of this store's objects into host memory.

@@ -54,13 +54,13 @@ pub(crate) fn is_url(path: PathBuf) -> bool {
 #[pyfunction]
 #[pyo3(name = "_is_repo_id")]
 pub(crate) fn is_repo_id(name: &str) -> bool {
-    backend_remote::hub::is_repo_id(name)
+    backend_hub::is_repo_id(name)
 }
 
 /// `_hub_changes(path, since, **remote)`: which files of the Hub model at `path`
 /// (`hf://org/name@new`) differ from those at the revision `since` of the same repository,
 /// as `{"path": <path at the commit it names>, "commit", "since": <its commit>, "changed":
-/// [files]}` (`backend_remote::hub::changes`).
+/// [files]}` (`backend_hub::changes`).
 #[pyfunction]
 #[pyo3(name = "_hub_changes", signature = (path, since, **kwargs))]
 pub(crate) fn hub_changes(
@@ -70,9 +70,12 @@ pub(crate) fn hub_changes(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyDict>> {
     let keywords = Keywords::parse(kwargs)?;
-    let options = keywords.options.remote_options();
+    let (options, hub) = (
+        keywords.options.remote_options(),
+        keywords.options.hub_options(),
+    );
     let changes = py
-        .detach(|| backend_remote::hub::changes(&path, since, &options))
+        .detach(|| backend_hub::changes(&path, since, &options, &hub))
         .map_err(|e| errors::to_py(e.into()))?;
     let out = PyDict::new(py);
     out.set_item("path", changes.path)?;
@@ -92,7 +95,7 @@ pub(crate) fn url_store(path: PathBuf) -> Option<&'static str> {
         return None;
     }
     let (scheme, _) = path.to_str()?.split_once("://")?;
-    if backend_remote::hub::is_hub(&path) {
+    if backend_hub::is_hub(&path) {
         return Some("hub");
     }
     Some(match Scheme::of(scheme)? {

@@ -37,17 +37,8 @@ use super::api::{
 const RERESOLVE: usize = 3;
 
 /// An error of the Hub, carried through object_store's error as its source: its words are
-/// shown as they are (see `fetch::describe`).
-#[derive(Debug)]
-pub(crate) struct HubFailure(pub(crate) io::Error);
-
-impl fmt::Display for HubFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for HubFailure {}
+/// shown as they are.
+use backend_remote::StoreFailure as HubFailure;
 
 fn failure(e: io::Error) -> object_store::Error {
     object_store::Error::Generic {
@@ -206,7 +197,7 @@ impl Shared {
                         return Err(io::Error::other(format!(
                             "{}: {}",
                             file.path,
-                            crate::fetch::transport_failure(&e).unwrap_or_else(|| e.to_string())
+                            backend_remote::transport_failure(&e).unwrap_or_else(|| e.to_string())
                         )));
                     }
                 };

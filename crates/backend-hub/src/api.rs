@@ -15,9 +15,8 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 
 use super::HubPath;
-use crate::client::Redirects;
-use crate::fetch::transport_failure;
-use crate::location::redacted;
+use backend_remote::redacted;
+use backend_remote::{Redirects, transport_failure};
 
 /// Redirects followed for one request at most: a `resolve` of a renamed repository (on the
 /// Hub), then the CDN's own.

@@ -502,7 +502,7 @@ impl HubCache {
     }
 
     /// `bytes` of the file at `key` were received at `offset`: written into its blob.
-    pub(crate) fn received(&self, key: &str, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    pub(crate) fn write(&self, key: &str, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let Some(blob) = self.blob(key)? else {
             return Ok(());
         };
@@ -551,7 +551,7 @@ impl HubCache {
     /// After a read of the file at `key`: once every byte of it is written, checks its SHA-256
     /// and commits it (renamed into `blobs/`, linked from the snapshot), or deletes it and
     /// fails naming it.
-    pub(crate) fn settle(&self, key: &str) -> io::Result<()> {
+    pub(crate) fn commit_if_whole(&self, key: &str) -> io::Result<()> {
         let Some(blob) = self.blob(key)? else {
             return Ok(());
         };
@@ -628,6 +628,17 @@ impl HubCache {
     }
 }
 
+/// The remote reader writes every byte it reads of the weights here.
+impl backend_remote::Tee for HubCache {
+    fn received(&self, key: &str, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.write(key, offset, bytes)
+    }
+
+    fn settle(&self, key: &str) -> io::Result<()> {
+        self.commit_if_whole(key)
+    }
+}
+
 impl Drop for HubCache {
     fn drop(&mut self) {
         self.link_elsewhere();
@@ -673,8 +684,8 @@ mod tests {
             HashMap::from([("k".to_owned(), file.clone())]),
             Arc::default(),
         );
-        cache.received("k", 0, &bytes).unwrap();
-        cache.settle("k").unwrap();
+        cache.write("k", 0, &bytes).unwrap();
+        cache.commit_if_whole("k").unwrap();
         assert_eq!(LOCK_FREE_AT_RENAME.with(std::cell::Cell::get), Some(false));
         // And free once it is.
         assert!(dirs.try_lock(file.blob()).unwrap().is_some());
@@ -747,11 +758,11 @@ mod tests {
             Arc::default(),
         );
         let half = bytes.len() / 2;
-        cache.received("k", half as u64, &bytes[half..]).unwrap();
-        cache.settle("k").unwrap();
+        cache.write("k", half as u64, &bytes[half..]).unwrap();
+        cache.commit_if_whole("k").unwrap();
         assert!(!dirs.blob(file.blob()).exists());
-        cache.received("k", 0, &bytes[..half]).unwrap();
-        cache.settle("k").unwrap();
+        cache.write("k", 0, &bytes[..half]).unwrap();
+        cache.commit_if_whole("k").unwrap();
         assert_eq!(std::fs::read(dirs.blob(file.blob())).unwrap(), bytes);
         let pointer = dirs.snapshot(COMMIT).join("sub/model.safetensors");
         assert_eq!(
@@ -765,7 +776,7 @@ mod tests {
             1
         );
         // A file the cache does not write is ignored.
-        cache.received("other", 0, b"x").unwrap();
+        cache.write("other", 0, b"x").unwrap();
     }
 
     #[test]
@@ -783,8 +794,8 @@ mod tests {
         );
         let mut wrong = bytes.clone();
         wrong[500] ^= 0xff;
-        cache.received("k", 0, &wrong).unwrap();
-        let e = cache.settle("k").unwrap_err();
+        cache.write("k", 0, &wrong).unwrap();
+        let e = cache.commit_if_whole("k").unwrap_err();
         assert!(
             e.to_string().contains("model.safetensors") && e.to_string().contains("SHA-256"),
             "{e}"
@@ -795,8 +806,8 @@ mod tests {
         );
         assert!(!dirs.snapshot(COMMIT).join("model.safetensors").exists());
         // Later reads say so again.
-        assert!(cache.settle("k").is_err());
-        assert!(cache.received("k", 0, &bytes).is_err());
+        assert!(cache.commit_if_whole("k").is_err());
+        assert!(cache.write("k", 0, &bytes).is_err());
     }
 
     #[test]
@@ -818,9 +829,9 @@ mod tests {
             HashMap::from([("a".to_owned(), file), ("b".to_owned(), held)]),
             Arc::default(),
         );
-        cache.received("a", 0, &bytes[..50]).unwrap();
-        cache.received("b", 0, &[2u8; 100]).unwrap();
-        cache.settle("b").unwrap();
+        cache.write("a", 0, &bytes[..50]).unwrap();
+        cache.write("b", 0, &[2u8; 100]).unwrap();
+        cache.commit_if_whole("b").unwrap();
         let names = |d: &Path| -> Vec<String> {
             std::fs::read_dir(d)
                 .unwrap()

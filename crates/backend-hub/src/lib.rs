@@ -24,8 +24,13 @@
 //! `HF_TOKEN_PATH`, default `$HF_HOME/token`), `HF_HUB_CACHE` (else `HUGGINGFACE_HUB_CACHE`,
 //! else `$HF_HOME/hub`; `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`, else
 //! `~/.cache/huggingface`), `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`), and the proxy
-//! variables (`HTTPS_PROXY`, `NO_PROXY`). [`Options::hub_cache`] off streams without writing
-//! anything; [`Options::hub_cache_dir`] puts the cache elsewhere.
+//! variables (`HTTPS_PROXY`, `NO_PROXY`). [`HubOptions::cache`] off streams without writing
+//! anything; [`HubOptions::cache_dir`] puts the cache elsewhere.
+//!
+//! Built over `backend-remote`'s reader (its concurrency, bandwidth cap, interrupts, the GPU
+//! backends' bounce buffers): the Hub is a store of this crate's making behind a
+//! [`Remote`] ([`Remote::with_store`]), which tees the bytes it reads into the cache
+//! ([`backend_remote::Tee`]); `backend-remote` knows nothing of the Hub.
 //!
 //! Not spoken: the Xet protocol (files the Hub stores in Xet are read through the same
 //! `resolve` redirect as LFS files, which the Hub serves for every file), datasets and spaces.
@@ -43,15 +48,72 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use cache::HubCache;
 pub use path::{HubPath, is_hub, is_repo_id};
-pub(crate) use store::HubFailure;
 
 use api::{Api, TreeFile, is_commit};
 use cache::RepoCache;
 use staging_core::Error;
 
-use crate::options::Options;
-use crate::runtime::OwnedRuntime;
-use crate::store::Remote;
+use backend_remote::{Options, OwnedRuntime, Redirects, Remote};
+
+/// How a Hub path is read, besides the remote reader's options (`backend_remote::Options`).
+#[derive(Clone)]
+pub struct HubOptions {
+    /// A model is written into the Hugging Face cache as it streams, as `huggingface_hub`
+    /// would have written it (default true); off, it streams without writing anything, and a
+    /// model already in the cache is read from the network.
+    pub cache: bool,
+    /// The Hugging Face cache (default: `HF_HUB_CACHE`, else `$HF_HOME/hub`, as
+    /// `huggingface_hub` finds it).
+    pub cache_dir: Option<PathBuf>,
+    /// The Hub's endpoint (default: `HF_ENDPOINT`, else `https://huggingface.co`).
+    pub endpoint: Option<String>,
+    /// The Hub token (default: `HF_TOKEN`, else the token file `huggingface_hub` writes).
+    /// Never shown.
+    pub token: Option<String>,
+    /// Whether to ask nothing of the Hub and load from the cache (default: `HF_HUB_OFFLINE`).
+    pub offline: Option<bool>,
+}
+
+impl Default for HubOptions {
+    fn default() -> Self {
+        Self {
+            cache: true,
+            cache_dir: None,
+            endpoint: None,
+            token: None,
+            offline: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for HubOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubOptions")
+            .field("cache", &self.cache)
+            .field("cache_dir", &self.cache_dir)
+            .field("endpoint", &self.endpoint)
+            .field(
+                "token",
+                &self.token.as_ref().map(|_| backend_remote::REDACTED),
+            )
+            .field("offline", &self.offline)
+            .finish()
+    }
+}
+
+/// The Hugging Face Hub's own hosts, where it keeps its files: `huggingface.co`, `hf.co` and
+/// their subdomains (`cdn-lfs.hf.co`, `cdn-lfs-us-1.hf.co`, `cdn-lfs.huggingface.co`,
+/// `cas-bridge.xethub.hf.co`, `transfer.xethub.hf.co`, as of 2026-12): a redirect onwards from
+/// the storage may go there without being allowed.
+pub const STORAGE_HOSTS: [&str; 4] = ["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co"];
+
+/// The redirects of a Hub load: to the hosts `allowed`, and to the Hub's own
+/// ([`STORAGE_HOSTS`]).
+fn hub_redirects(allowed: &[String]) -> Redirects {
+    let mut hosts = allowed.to_vec();
+    hosts.extend(STORAGE_HOSTS.iter().map(|h| (*h).to_owned()));
+    Redirects::new(backend_remote::Scheme::Http, &hosts)
+}
 
 /// A Hub path opened ([`open`]).
 #[derive(Debug)]
@@ -324,18 +386,14 @@ fn parse(path: &Path) -> Result<HubPath, Error> {
 }
 
 /// The cache folders of `what`'s repository.
-fn repo_cache(what: &HubPath, options: &Options) -> RepoCache {
-    let root = options
-        .hub_cache_dir
-        .clone()
-        .unwrap_or_else(default_cache_dir);
+fn repo_cache(what: &HubPath, hub: &HubOptions) -> RepoCache {
+    let root = hub.cache_dir.clone().unwrap_or_else(default_cache_dir);
     RepoCache::new(&root, &what.cache_folder())
 }
 
 /// Whether no request may be made (`HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE`, or the option).
-fn offline(options: &Options) -> bool {
-    options
-        .hub_offline
+fn offline(hub: &HubOptions) -> bool {
+    hub.offline
         .unwrap_or_else(|| is_true(var("HF_HUB_OFFLINE")) || is_true(var("TRANSFORMERS_OFFLINE")))
 }
 
@@ -346,17 +404,17 @@ struct Connection {
     runtime: OwnedRuntime,
     /// Each redirect to another host (a file's to the storage CDN, followed by design) is in
     /// the report; onwards from there, only to hosts allowed.
-    redirects: Arc<crate::client::Redirects>,
+    redirects: Arc<Redirects>,
     /// `scheme://host[:port]` of the endpoint: the store's root.
     root: String,
 }
 
-fn connect(what: &HubPath, options: &Options) -> Result<Connection, Error> {
-    let endpoint = endpoint(options.hub_endpoint.as_deref())
+fn connect(what: &HubPath, options: &Options, hub: &HubOptions) -> Result<Connection, Error> {
+    let endpoint = endpoint(hub.endpoint.as_deref())
         .map_err(|why| error_at(what, io::Error::new(io::ErrorKind::InvalidInput, why)))?;
     let client = hub_client(options).map_err(|e| error_at(what, e))?;
-    let token = options.hub_token.clone().or_else(token);
-    let redirects = Arc::new(crate::client::Redirects::for_hub(&options.allow_redirects));
+    let token = hub.token.clone().or_else(token);
+    let redirects = Arc::new(hub_redirects(&options.allow_redirects));
     let api = Api::new(client, endpoint.clone(), token, Arc::clone(&redirects))
         .map_err(|e| error_at(what, e))?;
     let root = format!(
@@ -378,14 +436,14 @@ fn connect(what: &HubPath, options: &Options) -> Result<Connection, Error> {
 
 /// Opens `path` (`hf://...`): resolves its revision, and either finds every file in the cache
 /// or prepares the load that streams them (writing the cache as they arrive, unless
-/// [`Options::hub_cache`] is off). Errors name the repository, revision or file, in the Hub's
+/// [`HubOptions::cache`] is off). Errors name the repository, revision or file, in the Hub's
 /// own terms (a gated model needs a token with access; no such model, revision or file).
-pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
+pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, Error> {
     let what = parse(path)?;
     let invalid = |why: String| error_at(&what, io::Error::new(io::ErrorKind::InvalidInput, why));
-    let dirs = repo_cache(&what, options);
+    let dirs = repo_cache(&what, hub);
     let counters = Arc::new(Counters::default());
-    if offline(options) {
+    if offline(hub) {
         return open_offline(&what, &dirs, counters);
     }
     let Connection {
@@ -393,13 +451,13 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         runtime,
         redirects,
         root,
-    } = connect(&what, options)?;
+    } = connect(&what, options, hub)?;
     let (retries, backoff) = (options.max_retries, options.retry_backoff);
     // The Hub cannot serve (no answer, down, rate-limiting): a snapshot in the cache that holds
     // the weights serves, as `huggingface_hub`'s own fallback does (`HF_HUB_OFFLINE` asks
     // first); else the Hub's answer is the error.
     let from_cache = |commit: Option<&str>, e: io::Error| {
-        if options.hub_cache
+        if hub.cache
             && api::unavailable(&e)
             && let Some(opened) = cached_snapshot(&what, &dirs, commit, Arc::clone(&counters))
         {
@@ -443,7 +501,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             // named by its content): a warm start asks nothing more of the Hub.
             let cached = std::fs::read(dirs.blob(file.blob()))
                 .ok()
-                .filter(|bytes| options.hub_cache && cache::check_whole(file, bytes).is_ok());
+                .filter(|bytes| hub.cache && cache::check_whole(file, bytes).is_ok());
             let bytes = match cached {
                 Some(bytes) => {
                     Counters::add(&counters.from_cache, bytes.len() as u64);
@@ -478,7 +536,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         .collect();
     let all_weights_cached =
         weight_files.len() == weight_names.len() && weight_files.iter().all(|f| blob_cached(f));
-    if options.hub_cache && all_weights_cached {
+    if hub.cache && all_weights_cached {
         // A local load of the snapshot. What it lacks (this commit's links, a small file) is
         // made as far as the cache lets it, and nothing fails for it: a read-only cache (a
         // mounted model volume, with no `.locks/`) that holds the model loads as it is.
@@ -530,7 +588,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             facts,
         });
     }
-    if options.hub_cache {
+    if hub.cache {
         dirs.prepare().map_err(|e| error_at(&what, e))?;
         dirs.write_ref(what.revision_or_main(), &commit)
             .map_err(|e| error_at(&what, e))?;
@@ -592,7 +650,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
             && let Some(bytes) = &index_bytes
         {
             local.insert(decoded.clone(), store::Local::Bytes(bytes.clone().into()));
-        } else if options.hub_cache && blob_cached(file) {
+        } else if hub.cache && blob_cached(file) {
             local.insert(decoded.clone(), store::Local::Blob(dirs.blob(file.blob())));
         }
         files.insert(decoded, file.clone());
@@ -606,26 +664,26 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         (retries, backoff),
         Arc::clone(&counters),
     );
-    let remote = Remote::for_hub(
+    let remote = Remote::with_store(
         Path::new(&root),
         Arc::new(store),
         options,
         runtime,
         redirects,
     )?;
-    if options.hub_cache {
+    if hub.cache {
         // Weights already in the cache (from an earlier, partial load) are linked, not read
         // again into it.
         let cache_files = files
             .into_iter()
             .filter(|(_, f)| !is_weight(&f.path) || f.path.ends_with(".safetensors"))
             .collect();
-        remote.set_cache(HubCache::new(
+        remote.set_tee(Box::new(HubCache::new(
             dirs.clone(),
             commit.clone(),
             cache_files,
             Arc::clone(&counters),
-        ));
+        )));
     }
     let url_of =
         |name: &str| PathBuf::from(api.url(&[&what.repo, "resolve", &commit, name]).as_str());
@@ -638,7 +696,7 @@ pub fn open(path: &Path, options: &Options) -> Result<Opened, Error> {
         revision: what.revision_or_main().to_owned(),
         commit: commit.clone(),
         path: what.path.clone().unwrap_or_default(),
-        snapshot: options.hub_cache.then_some(snapshot),
+        snapshot: hub.cache.then_some(snapshot),
         cached: false,
         files: index.iter().chain(&weight_names).cloned().collect(),
         counters,
@@ -671,14 +729,19 @@ pub struct Changes {
 /// tensors a move to `path`'s revision rewrites. Both revisions are resolved and listed (two
 /// requests each); with `HF_HUB_OFFLINE`, from the cache's refs and snapshots instead (a file a
 /// snapshot lacks counts as changed).
-pub fn changes(path: &Path, since: &str, options: &Options) -> Result<Changes, Error> {
+pub fn changes(
+    path: &Path,
+    since: &str,
+    options: &Options,
+    hub: &HubOptions,
+) -> Result<Changes, Error> {
     let what = parse(path)?;
     let old = HubPath {
         revision: Some(since.to_owned()),
         ..what.clone()
     };
-    let dirs = repo_cache(&what, options);
-    let (commit, since_commit, new_files, old_files) = if offline(options) {
+    let dirs = repo_cache(&what, hub);
+    let (commit, since_commit, new_files, old_files) = if offline(hub) {
         let commit_of = |of: &HubPath| match open_offline(of, &dirs, Arc::default())? {
             Opened::Cached { commit, .. } => Ok(commit),
             Opened::Streamed { commit, .. } => Ok(commit),
@@ -688,7 +751,7 @@ pub fn changes(path: &Path, since: &str, options: &Options) -> Result<Changes, E
         let old_files = snapshot_blobs(&dirs.snapshot(&since_commit));
         (commit, since_commit, new_files, old_files)
     } else {
-        let Connection { api, runtime, .. } = connect(&what, options)?;
+        let Connection { api, runtime, .. } = connect(&what, options, hub)?;
         let (retries, backoff) = (options.max_retries, options.retry_backoff);
         let listing = |of: &HubPath| -> Result<(String, HashMap<String, String>), Error> {
             let commit = runtime
@@ -939,7 +1002,7 @@ fn shards_of(bytes: &[u8], index: &str) -> Result<Vec<String>, String> {
 /// The HTTP client of the Hub: no redirect followed by itself (the API follows the `resolve`
 /// redirect by hand), the environment's proxies, the store's timeouts.
 fn hub_client(options: &Options) -> io::Result<reqwest::Client> {
-    crate::client::install_crypto();
+    backend_remote::install_crypto();
     reqwest::ClientBuilder::new()
         .user_agent(concat!("safetensors-staging/", env!("CARGO_PKG_VERSION")))
         .redirect(reqwest::redirect::Policy::none())
