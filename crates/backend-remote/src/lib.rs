@@ -47,15 +47,19 @@
 //! `http://` endpoint is allowed because it says so), then [`Options::config`] (object_store's
 //! keys, such as `aws_endpoint` or `allow_http`), which wins.
 
-// The modules: `options` (what a `Remote` is opened with; which store options are secret),
-// `location` (URLs as store keys, and their redaction), `client` (the HTTP client: logins,
-// redirects), `store` (the `Remote` itself and its `Store`: `HEAD`s, listings, the files a
-// header is read from), `version` (what an object was when its header was read, and whether a
-// response shows another one), `fetch` (ranged, conditional `GET`s and their retries, with the
-// bandwidth cap of `pace`), `reader` (the `RemoteReader`) and `runtime` (the `Remote`'s own
-// tokio runtime, and calls that block on it).
+// The modules, bottom up (none uses one above it): `options` (what a `Remote` is opened with;
+// which store options are secret), `location` (URLs as store keys, and their redaction),
+// `client` (the HTTP client: logins, redirects), `errors` (object_store's errors as
+// `io::Error`s), `pace` (the bandwidth cap), `runtime` (the `Remote`'s own tokio runtime, and
+// calls that block on it), `version` (what an object was when its header was read, and whether
+// a response shows another one), `inner` (what the parts share: the store, its runtime, the
+// versions recorded, the `HEAD`s answered), `fetch` (ranged, conditional `GET`s and their
+// retries), `reader` (the `RemoteReader`) and `store` (the `Remote` itself and its `Store`:
+// `HEAD`s, listings, the files a header is read from).
 mod client;
+mod errors;
 mod fetch;
+mod inner;
 mod location;
 mod options;
 mod pace;
@@ -68,15 +72,16 @@ mod version;
 // behind a `Remote` (`Remote::with_store`), its runtime, its redirects, its errors, a tee of
 // the bytes read.
 pub use client::{Redirects, install_crypto};
-pub use fetch::{StoreFailure, transport_failure};
+pub use errors::{StoreFailure, transport_failure};
+pub use inner::{Stats, Tee};
 pub use location::{REDACTED, Scheme, redacted, redacted_path, redacted_text};
 /// The trait of object stores, for a caller's own ([`Remote::open_with`]).
 pub use object_store::ObjectStore;
 pub use options::{Interrupt, Options, is_secret_option, redacted_options};
-pub use reader::{Object, RemoteReader};
+pub use reader::RemoteReader;
 pub use runtime::OwnedRuntime;
-pub use store::{Remote, Stats, Tee};
-pub use version::Validator;
+pub use store::Remote;
+pub use version::{Object, Validator};
 
 // The core's traits, for the links above.
 #[cfg(doc)]

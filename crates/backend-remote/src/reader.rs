@@ -1,36 +1,14 @@
 //! The [`RemoteReader`]: the core's reader of a [`Remote`](crate::Remote)'s objects into host
-//! memory, and the [`Object`]s it opens.
+//! memory.
 
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use object_store::path::Path as Key;
 use staging_core::{DeviceRegion, FileIdentity, HostMemory, IoMode, ReadError, Reader};
 
-use crate::store::{Inner, Stats};
-use crate::version::{Tracked, Validator, Version};
-
-/// An object opened for reading, at the version its reads are conditional on.
-#[derive(Debug)]
-pub struct Object {
-    pub(crate) key: Key,
-    pub(crate) url: String,
-    pub(crate) version: Version,
-}
-
-impl Object {
-    pub(crate) fn changed(&self, detail: &str) -> io::Error {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} changed during the load (it was read at {}): {detail}",
-                self.url,
-                self.version.describe()
-            ),
-        )
-    }
-}
+use crate::inner::{Inner, Stats};
+use crate::version::{Object, Tracked, Validator, Version};
 
 impl Inner {
     /// Opens `path`: its version as recorded when its header was read, else as it is now.

@@ -7,7 +7,6 @@ use std::io;
 use std::time::Duration;
 
 use crate::options::Interrupt;
-use crate::store::Inner;
 
 /// The `Remote`'s runtime, shut down without blocking when dropped: dropping a tokio runtime
 /// from async code panics, and a `Load` may well be dropped there. A caller that makes a store
@@ -86,14 +85,6 @@ pub(crate) fn in_async_task() -> bool {
         }
     }
     false
-}
-
-impl Inner {
-    /// Runs `future` to its end on this store's runtime, blocking this thread: a plain thread
-    /// or a blocking thread of another runtime, never an async task. Interruptible.
-    pub(crate) fn block_on<T>(&self, future: impl Future<Output = io::Result<T>>) -> io::Result<T> {
-        self.runtime.block_on(self.interrupt.as_ref(), future)
-    }
 }
 
 impl OwnedRuntime {

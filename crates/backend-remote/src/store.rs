@@ -6,90 +6,23 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use object_store::path::Path as Key;
-use object_store::{
-    BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig,
-};
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 use staging_core::{EntryKind, Error, FileIdentity, Store, StoreFile};
 
 use crate::client::{Connector, Redirects};
-use crate::fetch::{describe, io_error};
+use crate::errors::describe;
+use crate::inner::{Inner, Stats, Tee};
 use crate::location::{Location, Login, Scheme, redacted_path};
-use crate::options::{Interrupt, Options};
+use crate::options::Options;
 use crate::pace::Pace;
-use crate::reader::{Object, RemoteReader};
+use crate::reader::RemoteReader;
 use crate::runtime::{IN_ASYNC_TASK, OwnedRuntime, in_async_task};
-use crate::version::{Tracked, Version};
-
-/// Counters of what a [`Remote`] asked for and received.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// `GET` requests made (ranged), not counting `object_store`'s own retries.
-    pub gets: u64,
-    /// `HEAD` and list requests made.
-    pub heads: u64,
-    /// Body bytes received by `GET`s.
-    pub bytes: u64,
-}
-
-/// `Debug` shows no secret: the store is only named (object_store's own `Debug` of a store
-/// prints its credentials, an Azure SAS token in clear, say).
-pub(crate) struct Inner {
-    pub(crate) root: Location,
-    pub(crate) store: Arc<dyn ObjectStore>,
-    pub(crate) runtime: OwnedRuntime,
-    pub(crate) interrupt: Option<Interrupt>,
-    pub(crate) permits: tokio::sync::Semaphore,
-    pub(crate) pace: Option<Pace>,
-    pub(crate) range_size: usize,
-    pub(crate) max_retries: usize,
-    pub(crate) retry_backoff: Duration,
-    /// Every version of each object (by URL) whose header was read, the latest last: reads
-    /// are opened on the latest, and a load whose header is of an older one is refused; what
-    /// a response showed of one version (`changed`) is never held against another.
-    pub(crate) versions: Mutex<HashMap<String, Vec<Tracked>>>,
-    /// What each `HEAD` answered, by key, since the last [`Remote::revalidate`]: opening one
-    /// checkpoint asks once per file (parsing asks whether a path is a file, then opens it; the
-    /// load opens it again). The next open asks again, so a replaced object is seen.
-    pub(crate) metas: Mutex<HashMap<String, ObjectMeta>>,
-    /// Where redirects may lead, and where they led.
-    pub(crate) redirects: Arc<Redirects>,
-    /// The login of the URL the store was opened with (sent by its client).
-    pub(crate) login: Option<Login>,
-    pub(crate) gets: AtomicU64,
-    pub(crate) heads: AtomicU64,
-    pub(crate) bytes: AtomicU64,
-    /// Where every byte read is also written, when a caller asked ([`Remote::set_tee`]).
-    pub(crate) tee: OnceLock<Box<dyn Tee>>,
-}
-
-/// Where a [`Remote`] also writes every byte it reads (a cache of the objects, say): told of
-/// each range as it arrives, and asked after each read whether the object is now complete.
-/// An error from either fails that read, naming the object.
-pub trait Tee: Send + Sync + std::fmt::Debug {
-    /// `bytes` of the object at `key` (its store key) arrived, from `offset`.
-    fn received(&self, key: &str, offset: u64, bytes: &[u8]) -> io::Result<()>;
-
-    /// A read of the object at `key` ended: what it has of it may now be complete.
-    fn settle(&self, key: &str) -> io::Result<()>;
-}
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Remote")
-            .field("root", &self.root.root)
-            .field("store", &format_args!("<{:?} store>", self.root.scheme))
-            .field("range_size", &self.range_size)
-            .field("max_retries", &self.max_retries)
-            .field("redirects", &self.redirects)
-            .field("stats", &self.stats())
-            .finish_non_exhaustive()
-    }
-}
+use crate::version::{Object, Version};
 
 /// One object store or HTTP server, opened at a URL's root: the [`Store`] a checkpoint is
 /// opened through and the source of its [`RemoteReader`]. Cloning shares it.
@@ -366,63 +299,6 @@ impl Remote {
     /// What was asked for and received so far.
     pub fn stats(&self) -> Stats {
         self.inner.stats()
-    }
-}
-
-impl Inner {
-    pub(crate) fn stats(&self) -> Stats {
-        Stats {
-            gets: self.gets.load(Ordering::Relaxed),
-            heads: self.heads.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-        }
-    }
-
-    /// The location of the URL `dir` (a prefix of this store), to join names under.
-    fn at(&self, dir: &Path) -> Result<Location, String> {
-        let key = self.key(dir).map_err(|e| e.to_string())?;
-        Ok(Location {
-            key,
-            ..self.root.clone()
-        })
-    }
-
-    /// `path`'s object key, when `path` is a URL under this store's root.
-    pub(crate) fn key(&self, path: &Path) -> io::Result<Key> {
-        let location = Location::parse(path).map_err(io::Error::other)?;
-        if location.root != self.root.root {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "not in {} (a checkpoint is read from one store)",
-                    self.root.root
-                ),
-            ));
-        }
-        Ok(location.key)
-    }
-
-    /// `key`'s metadata: what its first `HEAD` through this `Remote` answered (see `metas`).
-    pub(crate) fn head(&self, key: &Key) -> io::Result<ObjectMeta> {
-        let metas = || self.metas.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(meta) = metas().get(key.as_ref()) {
-            return Ok(meta.clone());
-        }
-        self.heads.fetch_add(1, Ordering::Relaxed);
-        let meta = self.block_on(async { self.store.head(key).await.map_err(|e| io_error(&e)) })?;
-        metas().insert(key.as_ref().to_owned(), meta.clone());
-        Ok(meta)
-    }
-
-    fn list(&self, prefix: &Key) -> io::Result<object_store::ListResult> {
-        self.heads.fetch_add(1, Ordering::Relaxed);
-        let prefix = Some(prefix).filter(|p| !p.as_ref().is_empty());
-        self.block_on(async {
-            self.store
-                .list_with_delimiter(prefix)
-                .await
-                .map_err(|e| io_error(&e))
-        })
     }
 }
 

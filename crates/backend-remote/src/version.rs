@@ -1,16 +1,15 @@
 //! What an object was when its header was read ([`Version`]), by the strongest validator its
 //! server gives ([`Validator`]), and whether a later response shows another version: every
 //! request of a load is conditional on that version and every response is compared with it.
+//! An [`Object`] is opened at one.
 
-use std::collections::HashMap;
 use std::io;
 
 use chrono::{DateTime, Utc};
 use object_store::ObjectMeta;
 use staging_core::FileIdentity;
 
-use crate::reader::Object;
-use crate::store::Inner;
+use object_store::path::Path as Key;
 
 /// How a load knows its objects are the versions whose headers it read (the report's
 /// `unchanged_by`), weakest last.
@@ -161,56 +160,24 @@ pub(crate) struct Tracked {
     pub(crate) changed: Option<String>,
 }
 
-impl Inner {
-    pub(crate) fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Tracked>>> {
-        self.versions.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// An object opened for reading, at the version its reads are conditional on.
+#[derive(Debug)]
+pub struct Object {
+    pub(crate) key: Key,
+    pub(crate) url: String,
+    pub(crate) version: Version,
+}
 
-    /// Records `version` as the latest of `url` (the one reads opened from now on are
-    /// conditional on); a version seen before keeps what was noted of it.
-    pub(crate) fn record(&self, url: &str, version: &Version) {
-        let mut versions = self.versions();
-        let seen = versions.entry(url.to_owned()).or_default();
-        let tracked = match seen.iter().position(|t| t.version == *version) {
-            Some(i) => seen.remove(i),
-            None => Tracked {
-                version: version.clone(),
-                changed: None,
-            },
-        };
-        seen.push(tracked);
-    }
-
-    /// The latest version of `url` recorded.
-    pub(crate) fn recorded(&self, url: &str) -> Option<Version> {
-        let versions = self.versions();
-        versions
-            .get(url)
-            .and_then(|seen| seen.last())
-            .map(|t| t.version.clone())
-    }
-
-    /// Notes that a response showed `object` changed (kept, so that the tensor being read is
-    /// not handed out even if the error that came with it was not the one reported), and
-    /// returns the error.
-    pub(crate) fn changed(&self, object: &Object, detail: &str) -> io::Error {
-        let mut versions = self.versions();
-        if let Some(tracked) = versions
-            .get_mut(&object.url)
-            .and_then(|seen| seen.iter_mut().find(|t| t.version == object.version))
-        {
-            tracked.changed.get_or_insert_with(|| detail.to_owned());
-        }
-        object.changed(detail)
-    }
-
-    /// The weakest validator of the objects opened so far.
-    pub(crate) fn validator(&self) -> Option<Validator> {
-        self.versions()
-            .values()
-            .flatten()
-            .map(|t| t.version.validator())
-            .max()
+impl Object {
+    pub(crate) fn changed(&self, detail: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} changed during the load (it was read at {}): {detail}",
+                self.url,
+                self.version.describe()
+            ),
+        )
     }
 }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use safetensors_staging::{DestinationError, RawDestination, TensorMeta};
 
 use crate::boundary::c_string;
-use crate::load::Steps;
 use crate::status::stg_status;
+use crate::steps::Steps;
 use crate::tensor::{stg_path, stg_tensor_info};
 
 /// The destination callback: asked once per tensor, in file order, before anything is

@@ -11,7 +11,7 @@
 //! (an unknown value is a defined error, never undefined behaviour).
 //!
 //! One module per handle or concern, as rustls-ffi: `status` (the status enum and its names),
-//! `boundary` (panic guard, freeing handles, C strings), `config`, `plan`, `load` (with the
+//! `boundary` (panic guard, freeing handles, C strings), `config`, `plan`, `load`, `steps` (the
 //! state machine of freeing a load that is stepping), `destination` (the callback), `tensor`.
 
 // Feature-gated items are labelled with their feature on docs built with `--cfg docsrs` (CI).
@@ -35,6 +35,7 @@ mod plan;
 // A load and what it yields.
 mod load;
 mod load_into;
+mod steps;
 mod tensor;
 
 pub use config::*;

@@ -2,10 +2,9 @@
 //! `stg_load_free` and a running `stg_load_next` (on another thread, or from the load's own
 //! destination callback) agree on who frees the load.
 
-use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use safetensors_staging::{Error, Load, LoadReport, Loader};
@@ -14,6 +13,10 @@ use crate::boundary::{c_string, copy_message, free_boxed, guard};
 use crate::config::{construct, stg_config};
 use crate::destination::CallbackDestination;
 use crate::status::{status_of, stg_status};
+use crate::steps::{
+    FREED_IN_CALLBACK, STEP_FREE_PENDING, STEP_FREEING, STEP_IDLE, STEP_RUNNING, STEPPING_HERE,
+    Steps, stepping_here,
+};
 use crate::tensor::{stg_tensor, wrap_tensor};
 
 /// A load in progress: yields tensors in file order.
@@ -27,62 +30,6 @@ pub struct stg_load {
     /// What `stg_load_next` and `stg_load_free` tell each other (and the destination callback).
     steps: Arc<Steps>,
     shared: Mutex<LoadShared>,
-}
-
-/// What a load's `stg_load_next` and `stg_load_free` tell each other; shared with the load's
-/// destination callback, which stops the load when it is being freed.
-pub(crate) struct Steps {
-    /// Whether a `stg_load_next` is running, and whether the load was freed meanwhile: one of
-    /// the `STEP_*` values. Only atomic operations on it decide who frees the load, so that
-    /// whoever did not free it touches nothing of it afterwards.
-    state: AtomicU8,
-    /// Set by a `stg_load_free` from the load's own destination callback (which does not free).
-    freed_in_callback: AtomicBool,
-}
-
-impl Steps {
-    fn new() -> Self {
-        Self {
-            state: AtomicU8::new(STEP_IDLE),
-            freed_in_callback: AtomicBool::new(false),
-        }
-    }
-
-    /// Why the load must stop before the tensor its callback was just asked for, if it must.
-    pub(crate) fn stop_reason(&self) -> Option<&'static str> {
-        if self.freed_in_callback.load(Ordering::Acquire) {
-            Some(FREED_IN_CALLBACK)
-        } else if self.state.load(Ordering::Acquire) == STEP_FREE_PENDING {
-            Some(FREED_ELSEWHERE)
-        } else {
-            None
-        }
-    }
-}
-
-/// No `stg_load_next` is running: `stg_load_free` frees the load at once.
-const STEP_IDLE: u8 = 0;
-/// A `stg_load_next` is running.
-const STEP_RUNNING: u8 = 1;
-/// A `stg_load_next` is running and `stg_load_free` was called from another thread: the step
-/// frees the load when it ends.
-const STEP_FREE_PENDING: u8 = 2;
-/// `stg_load_free` is freeing the load (nothing may start a step).
-const STEP_FREEING: u8 = 3;
-
-thread_local! {
-    /// The loads (by address) whose `stg_load_next` is running on this thread: more than one
-    /// when a destination callback steps another load. `stg_load_free` tells its own callback's
-    /// call from another thread's by it, without reading the load.
-    static STEPPING_HERE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Whether this thread is inside `stg_load_next` of the load at `address` (so a `stg_load_free`
-/// of it comes from its own destination callback).
-fn stepping_here(address: usize) -> bool {
-    STEPPING_HERE
-        .try_with(|loads| loads.borrow().contains(&address))
-        .unwrap_or(false)
 }
 
 /// What a load's other calls read, also from inside its destination callback.
@@ -183,15 +130,6 @@ unsafe fn end_step(load: *mut stg_load) -> StepEnd {
         }
     }
 }
-
-/// The message of a load stopped by a `stg_load_free` from its own callback.
-const FREED_IN_CALLBACK: &str = "stg_load_free was called on this load from its own destination \
-     callback: the load stopped before this tensor was read; free the load after stg_load_next \
-     returns (to stop a load from its callback, return a non-zero value)";
-
-/// Why a load being freed by `stg_load_free` on another thread stops (never read: the load is
-/// gone when its `stg_load_next` returns).
-const FREED_ELSEWHERE: &str = "stg_load_free was called on this load from another thread";
 
 /// The loader the configuration's options give, with the plan rank's selection if one is set.
 pub(crate) fn loader_of(config: &stg_config) -> Result<Loader<'static>, Error> {

@@ -36,9 +36,13 @@ use safetensors_staging::{DestinationError, Dtype, ErrorKind, RawDestination, Te
 use staging_core::DeviceError;
 
 use crate::errors;
-use crate::info::TensorInfo;
 use crate::interrupt::Calls;
-use crate::load::locked;
+use crate::lock::locked;
+use crate::tensor_info::TensorInfo;
+
+/// The error a load closed during a step ends with (the destination is not asked for, or its
+/// answer not taken); the iteration then ends quietly, as after any `close()`.
+const CLOSED_DURING_STEP: &str = "the load was closed while it was loading a tensor";
 
 /// A destination the callback gave: its Python object (handed out as the tensor) and the DLPack
 /// import that keeps its memory alive until then.
@@ -345,7 +349,7 @@ unsafe impl RawDestination for PyDestination {
         space: &'static str,
     ) -> Result<Option<(usize, usize)>, DestinationError> {
         Python::attach(|py| -> PyResult<Option<(usize, usize)>> {
-            let closed = || errors::staging(crate::load::CLOSED_DURING_STEP);
+            let closed = || errors::staging(CLOSED_DURING_STEP);
             if self.calls.is_closed() {
                 return Err(closed());
             }

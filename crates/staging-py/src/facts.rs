@@ -11,8 +11,9 @@ use pyo3::types::PyDict;
 use safetensors_staging::{Dtype, LoadOptions, Selection};
 
 use crate::errors;
-use crate::info::{PyCheckpoint, TensorInfo, read_headers};
+use crate::info::{PyCheckpoint, read_headers};
 use crate::options::{Keywords, spelling};
+use crate::tensor_info::TensorInfo;
 
 /// `_select(paths, **keywords)`: the checkpoint's headers (every tensor, whole) and the tensors a
 /// load with these keywords keeps, in file order, each narrowed as the load narrows it (shape,

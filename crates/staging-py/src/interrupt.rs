@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use safetensors_staging::remote::Interrupt;
 
-use crate::load::locked;
+use crate::lock::locked;
 
 static SIGINTS: AtomicU64 = AtomicU64::new(0);
 static WATCHING: OnceLock<bool> = OnceLock::new();

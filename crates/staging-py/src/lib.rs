@@ -7,14 +7,15 @@
 //!   move, signals checked between tensors) and its report;
 //! - `export`: `_Staged`, one tensor owning its memory, exported zero-copy through DLPack with
 //!   the `dlpark` crate;
-//! - `info`: `open(path)`, metadata without loading;
+//! - `info`: `open(path)`, metadata without loading; `tensor_info`: `TensorInfo`, one tensor's;
 //! - `format`: saving (and parsing bytes) through the `safetensors` crate;
 //! - `load_into`: `_load_into`, a checkpoint read in place into memory the caller holds;
 //! - `reader`: `_Reader`, a checkpoint read tensor by tensor (what `safe_open` stands on);
 //! - `errors`: the `StagingError` hierarchy;
 //! - `options`: the keywords as the library's `LoadOptions`, through its one parser;
 //! - `facts`: the library's answers the Python layer asks for instead of deciding again (the
-//!   tensors and rows a selection keeps, URLs, devices, the dtype table).
+//!   tensors and rows a selection keeps, URLs, devices, the dtype table);
+//! - `interrupt`: Ctrl-C during a load; `lock`: how the mutexes are taken.
 
 mod destination;
 mod errors;
@@ -25,8 +26,10 @@ mod info;
 mod interrupt;
 mod load;
 mod load_into;
+mod lock;
 mod options;
 mod reader;
+mod tensor_info;
 
 use pyo3::prelude::*;
 
@@ -34,7 +37,7 @@ use pyo3::prelude::*;
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(module)?;
     module.add_class::<export::Staged>()?;
-    module.add_class::<info::TensorInfo>()?;
+    module.add_class::<tensor_info::TensorInfo>()?;
     module.add_class::<info::PyCheckpoint>()?;
     module.add_class::<load::PyLoad>()?;
     module.add_class::<reader::PyReader>()?;

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pyo3::exceptions::PyValueError;
@@ -34,17 +34,8 @@ use crate::errors;
 use crate::export::{Memory, Staged};
 use crate::info::interrupted_or;
 use crate::interrupt::Calls;
+use crate::lock::locked;
 use crate::options::{Keywords, rows_spelling};
-
-pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave these maps or the load half-updated in a way
-    // that matters more than the panic itself, which PyO3 already turned into an exception.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The error a load closed during a step ends with (the destination is not asked for, or its
-/// answer not taken); the iteration then ends quietly, as after any `close()`.
-pub(crate) const CLOSED_DURING_STEP: &str = "the load was closed while it was loading a tensor";
 
 /// What `next()` raises while a step of the same load runs.
 const NEXT_DURING_STEP: &str = "next() was called on a load while it is loading a tensor (from \

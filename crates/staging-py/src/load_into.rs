@@ -21,7 +21,7 @@ use safetensors_staging::{Dtype, Error, JsonReport, RawTarget};
 use crate::errors;
 use crate::info::interrupted_or;
 use crate::interrupt::Calls;
-use crate::load::locked;
+use crate::lock::locked;
 use crate::options::Keywords;
 
 /// Reads the checkpoint at `paths` into `targets` (`(name, address, bytes, dtype, shape)`:

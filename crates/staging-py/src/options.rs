@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use safetensors_staging::{Checkpoint, LoadOptions, OptionSpec, escape_name};
 
 use crate::errors;
-use crate::info::TensorInfo;
+use crate::tensor_info::TensorInfo;
 
 /// The keywords, as given; functions of `select`/`rows` kept for [`Keywords::apply_functions`].
 pub(crate) struct Keywords<'py> {

@@ -13,7 +13,8 @@ use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, Sta
 use crate::errors;
 use crate::info::{PyCheckpoint, interrupted_or};
 use crate::interrupt::Calls;
-use crate::load::{locked, staged};
+use crate::load::staged;
+use crate::lock::locked;
 use crate::options::Keywords;
 
 /// A checkpoint opened for reading tensor by tensor.

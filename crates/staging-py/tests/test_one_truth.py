@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import safetensors_staging as st
-from safetensors_staging import _native
+from safetensors_staging import _load, _native
 
 from conftest import BITS, write_safetensors, write_sharded
 from test_engines_vllm import use_standin
@@ -248,7 +248,7 @@ def test_the_engines_hand_every_url_to_the_library(
     local.mkdir()
     write_safetensors(local / "model.safetensors", [("w", "F32", (4,))])
     sources: List[Any] = []
-    monkeypatch.setattr(st, "stage", _Recorded(sources))
+    monkeypatch.setattr(_load, "stage", _Recorded(sources))
 
     class ModelConfig:
         model = model_path = str(config_dir)

@@ -11,7 +11,7 @@ import re
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import quote
 
-from . import _native
+from . import _load, _native
 
 # The load format both engines know this library's loader by.
 LOAD_FORMAT = "staging"
@@ -162,10 +162,8 @@ def stream(
 ) -> Iterator[Tuple[str, Any]]:
     """`(name, tensor)` for every tensor of `source`, each full and owning its memory, on
     `device`; `on_report` gets the load's report once every tensor was handed out."""
-    import safetensors_staging as st
-
     extra = {} if process_group is None else {"process_group": process_group}
-    with st.stage(source, device, **options, **extra) as load:
+    with _load.stage(source, device, **options, **extra) as load:
         yield from load
         on_report(load.report())
 

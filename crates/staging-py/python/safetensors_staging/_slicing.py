@@ -14,13 +14,17 @@ those refuse, in its words.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
 from ._native import _DTYPES, StagingError
 from ._serialize import as_unsigned
 
-if TYPE_CHECKING:
-    from ._safe_open import safe_open
+
+class SliceReader(Protocol):
+    """What reads a slice's rows: a `safe_open` handle (named here by what it does, so that
+    this module needs nothing of the one that uses it)."""
+
+    def _slice(self, name: str, dtype: str, shape: List[int], key: Any) -> Any: ...
 
 
 def covering_rows(key: Any, dim0: int, ndim: int) -> Tuple[Optional[Tuple[int, int]], Any]:
@@ -283,7 +287,7 @@ class safe_slice:
         ```
     """
 
-    def __init__(self, handle: safe_open, name: str, dtype: str, shape: List[int]) -> None:
+    def __init__(self, handle: SliceReader, name: str, dtype: str, shape: List[int]) -> None:
         self._handle = handle
         self._name = name
         self._dtype = dtype

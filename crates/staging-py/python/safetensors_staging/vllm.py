@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Tuple
 
-from . import _engines
+from . import _engines, _load
 from ._engines import EXTRA_CONFIG_KEYS, LOAD_FORMAT
 
 __all__ = [
@@ -157,10 +157,8 @@ def _make_loader_class() -> type:
             source = self._streamed(model, revision, own=True, plain=True) or self._model_dir(
                 model, True
             )
-            import safetensors_staging as st
-
             remote = ("concurrency", "range_size", "retries", "bandwidth", "store_options")
-            with st.open(
+            with _load.open(
                 source, **{k: v for k, v in self.options.items() if k in remote}
             ) as checkpoint:
                 if not any(name.endswith("lm_head.weight") for name in checkpoint.keys()):
