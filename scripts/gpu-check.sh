@@ -21,5 +21,6 @@ python3 -c "import torch, safetensors; print('torch', torch.__version__, 'cuda',
 serve=()
 [ -x "$carry/range_serve" ] && serve=(--range-serve "$carry/range_serve")
 [ -x "$carry/delay_proxy" ] && serve+=(--delay-proxy "$carry/delay_proxy")
+[ -x "$carry/fake_hub" ] && serve+=(--fake-hub "$carry/fake_hub")
 [ -x "$carry/callers_stream" ] && serve+=(--callers-stream "$carry/callers_stream")
 exec python3 "$here/gpu_check.py" --stage "$stage" --size-gib "$size" --out "$out" "${serve[@]}"

@@ -4,6 +4,7 @@
 #   - the release `stage` binary (stripped);
 #   - backend-mock's `range_serve` example (stripped): an HTTP server on loopback for the row
 #     that loads from http:// through the remote reader and pinned bounce buffers;
+#   - backend-mock's `fake_hub` example (stripped): the stand-in Hub, for the hf:// row;
 #   - the `callers_stream` example (stripped): the Rust API on a cudarc stream of the caller's own;
 #   - the Python package as an abi3 wheel (imports on any CPython >= 3.9);
 #   - fastsafetensors' CPython 3.12 wheel, for its row;
@@ -20,8 +21,9 @@ grep -qx 'gpu-check-out/' .git/info/exclude 2>/dev/null || echo 'gpu-check-out/'
 rm -rf "${carry:?}"/*
 cargo build --release -p staging-cli --bin stage
 strip -o "$carry/stage" target/release/stage
-cargo build --release -p backend-mock --example range_serve --example delay_proxy
+cargo build --release -p backend-mock --example range_serve --example delay_proxy --example fake_hub
 strip -o "$carry/range_serve" target/release/examples/range_serve
+strip -o "$carry/fake_hub" target/release/examples/fake_hub
 strip -o "$carry/delay_proxy" target/release/examples/delay_proxy
 cargo build --release --example callers_stream
 strip -o "$carry/callers_stream" target/release/examples/callers_stream

@@ -35,8 +35,8 @@ is carried there alone, with the child scripts it runs kept as text beside the s
 10. The physical limit: a pinned host tensor of the checkpoint's size copied to cuda:0 (GB/s);
    every row shows its ratio to it. fastsafetensors (its wheel carried over), when importable,
    is a row of its own.
-11. `hf://`: the test suite's fake Hugging Face Hub (crates/staging-py/tests/fakehub.py, in the
-   carried working tree) serves the checkpoint on loopback; `stage hf://gpu/ckpt` from an empty
+11. `hf://`: the test suites' stand-in Hugging Face Hub (backend-mock's `fake_hub` example,
+   carried) serves the checkpoint on loopback; `stage hf://gpu/ckpt` from an empty
    Hugging Face cache (streamed onto the device through pinned bounce buffers while the cache
    is written and each shard's SHA-256 checked), its checksums from the cache, then a warm load.
 Peak host RSS comes from wait4() of each child; peak device memory from nvidia-smi sampling
@@ -738,6 +738,9 @@ def main():
         help="backend-mock's delay_proxy example: the http:// row again, 20 ms away",
     )
     ap.add_argument(
+        "--fake-hub", help="backend-mock's fake_hub example: adds the hf:// rows (the stand-in Hub)"
+    )
+    ap.add_argument(
         "--callers-stream",
         help="the callers_stream example: adds rows loading (Rust) on a cudarc "
         "stream of the caller's own, twice through one prepared backend",
@@ -896,27 +899,19 @@ def main():
             server.terminate()
             server.wait(30)
 
-    # A model from the Hugging Face Hub (issue 36): the test suite's fake Hub (carried with the
-    # working tree) serves the checkpoint on loopback, LFS files through a signed-URL "CDN" on a
+    # A model from the Hugging Face Hub (issue 36): the test suites' stand-in Hub (the carried
+    # `fake_hub` binary) serves the checkpoint on loopback, LFS files through a signed-URL "CDN" on a
     # second port; `hf://` streams it onto the device while writing the Hugging Face cache. The
     # cold row starts from an empty cache; its checksum run is then a warm (local) load, so it
     # checks the bytes the cache holds; the warm row times that local load.
-    fakehub = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)),
-        "..",
-        "crates",
-        "staging-py",
-        "tests",
-        "fakehub.py",
-    )
-    if os.path.isfile(fakehub):
+    if args.fake_hub:
         ready = os.path.join(args.out, "fakehub.ready")
         hub_cache = args.dir.rstrip("/") + "-hf-cache"
         shutil.rmtree(hub_cache, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.remove(ready)
         hub = subprocess.Popen(
-            [sys.executable, fakehub, "--repo", f"gpu/ckpt={args.dir}", "--ready-file", ready],
+            [args.fake_hub, "--repo", f"gpu/ckpt={args.dir}", "--ready-file", ready],
             stdout=subprocess.DEVNULL,
         )
         try:

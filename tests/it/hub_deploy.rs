@@ -76,6 +76,28 @@ fn a_renamed_repository_is_followed_to_its_new_name() {
 }
 
 #[test]
+fn a_tree_listed_in_pages_is_read_to_its_last_page() {
+    // One entry a page: the revision's files come from following every `Link` (the Hub pages a
+    // long listing); a load reads the shards of all of them.
+    let f = fixture();
+    f.hub.set_tree_page(1);
+    let (loaded, error, _) = f.load("hf://org/tiny", f.options());
+    assert!(error.is_none(), "{error:?}");
+    assert_exact(&loaded, &f.contents);
+    let pages = f
+        .hub
+        .log()
+        .iter()
+        .filter(|l| l.path.contains("/tree/"))
+        .count();
+    assert!(
+        pages >= f.files.len(),
+        "{pages} pages for {} files",
+        f.files.len()
+    );
+}
+
+#[test]
 fn a_second_storage_hop_to_another_host_needs_allowing_and_is_reported() {
     let f = fixture();
     f.hub.set_faults(HubFaults {

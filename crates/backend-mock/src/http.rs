@@ -268,7 +268,6 @@ pub(crate) fn query_param(query: &str, name: &str) -> Option<String> {
     })
 }
 
-/// `text` percent-decoded; `+` is a space in a query (`plus_is_space`), not in a path.
 /// `text` as one path segment: every byte but the unreserved (`A-Z a-z 0-9 - . _ ~`) as `%XX`.
 pub(crate) fn percent_encode_segment(text: &str) -> String {
     text.bytes()
@@ -282,6 +281,7 @@ pub(crate) fn percent_encode_segment(text: &str) -> String {
         .collect()
 }
 
+/// `text` percent-decoded; `+` is a space in a query (`plus_is_space`), not in a path.
 pub(crate) fn percent_decode(text: &str, plus_is_space: bool) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

@@ -4,10 +4,12 @@ against plain `urllib`: what a Rust Hub client is tested with must be what the H
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,11 +20,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from fakehub import FakeHub, git_blob_oid, lfs_pointer
+from fakehub import FakeHub, fake_hub_binary, git_blob_oid, lfs_pointer
 
 from conftest import write_sharded
-
-FAKEHUB = Path(__file__).with_name("fakehub.py")
 
 # One child per scenario: `calls` is a list of [function of huggingface_hub, kwargs]; each call's
 # result (str) or exception (class, its classes, message) comes back as JSON.
@@ -197,6 +197,35 @@ def test_snapshot_download_leaves_the_cache_huggingface_hub_leaves(
         [("HEAD", p, 302 if p in lfs else 200) for p in expected]
         + [("GET", p, 200) for p in expected if p not in lfs]
     )
+
+
+def test_a_paged_tree_is_followed_by_huggingface_hub(
+    hub: FakeHub, sharded_dir: Path, tmp_path: Path
+) -> None:
+    """Two entries a page: `huggingface_hub` follows the `Link` header to every file, as it
+    does on the Hub's long listings."""
+    hub.set_tree_page(2)
+    cache = tmp_path / "hub"
+    listed, [snapshot] = (
+        run_hf(hub, cache, [("list_repo_files", {"repo_id": "org/sharded"})]),
+        run_hf(hub, cache, [("snapshot_download", {"repo_id": "org/sharded"})]),
+    )
+    expected = sorted(files_of(sharded_dir))
+    assert sorted(ast.literal_eval(listed[0]["ok"])) == expected  # a list's repr
+    got = Path(snapshot["ok"])
+    assert sorted(p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file()) == expected
+    pages = [e for e in hub.log() if "/tree/" in e.path]
+    # 6 files and a directory, 2 a page: 4 pages for each listing, the later ones by cursor.
+    assert len(pages) == 8 and sum(e.query for e in pages) >= 6, pages
+    status, headers, body = fetch(f"{hub.endpoint}/api/models/org/sharded/tree/main?recursive=1")
+    assert len(json.loads(body)) == 2
+    next_url = headers["Link"].split(";")[0].strip("<>")
+    assert next_url.startswith(f"{hub.endpoint}/api/models/org/sharded/tree/main?recursive=1&")
+    assert headers["Link"].endswith('; rel="next"')
+    assert [e["path"] for e in json.loads(fetch(next_url)[2])] == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+    ]
 
 
 def test_local_files_only_finds_the_same_snapshot_without_a_request(
@@ -425,7 +454,7 @@ def test_bad_signature_is_refused(hub: FakeHub) -> None:
 
 
 def test_expire_once_then_a_re_resolved_url_works(hub: FakeHub) -> None:
-    hub.faults.expire_once = True
+    hub.set_faults(expire_once=True)
     first = cdn_url(hub, "org/versions", "model.safetensors")
     status, _, body = fetch(first)
     assert status == 403
@@ -435,7 +464,7 @@ def test_expire_once_then_a_re_resolved_url_works(hub: FakeHub) -> None:
     status, _, body = fetch(second)
     assert (status, body) == (200, V1["model.safetensors"])
     assert fetch(first)[0] == 403  # the expired one stays expired
-    hub.faults.expire_after = 0
+    hub.set_faults(expire_after=0)
     assert fetch(cdn_url(hub, "org/versions", "model.safetensors"))[0] == 403
 
 
@@ -443,7 +472,7 @@ def test_corrupt_flips_exactly_one_byte(hub: FakeHub, sharded_dir: Path) -> None
     path = "model-00002-of-00002.safetensors"  # served from disk
     data = (sharded_dir / path).read_bytes()
     offset = len(data) - 1000
-    hub.faults.corrupt[path] = offset
+    hub.set_faults(corrupt={path: offset})
     url = cdn_url(hub, "org/sharded", path)
     for _ in range(2):  # every time
         status, _, body = fetch(url)
@@ -457,7 +486,7 @@ def test_corrupt_flips_exactly_one_byte(hub: FakeHub, sharded_dir: Path) -> None
 
 def test_truncate_sends_half_then_closes(hub: FakeHub) -> None:
     data = V1["model.safetensors"]
-    hub.faults.truncate.add("model.safetensors")
+    hub.set_faults(truncate=["model.safetensors"])
     url = cdn_url(hub, "org/versions", "model.safetensors")
     with pytest.raises(http.client.IncompleteRead) as e:
         fetch(url)
@@ -472,7 +501,7 @@ def test_truncate_sends_half_then_closes(hub: FakeHub) -> None:
 
 
 def test_redirect_loop_loops(hub: FakeHub) -> None:
-    hub.faults.redirect_loop.add("config.json")
+    hub.set_faults(redirect_loop=["config.json"])
     url = f"{hub.endpoint}/org/versions/resolve/main/config.json"
     status, headers, _ = fetch(url)
     assert (status, headers["Location"]) == (302, url)
@@ -485,7 +514,7 @@ def test_redirect_loop_loops(hub: FakeHub) -> None:
 
 
 def test_fail_first_and_missing(hub: FakeHub) -> None:
-    hub.faults.fail_first = True
+    hub.set_faults(fail_first=True)
     url = cdn_url(hub, "org/versions", "model.safetensors")
     data = V1["model.safetensors"]
     assert fetch(url)[0] == 503
@@ -493,7 +522,7 @@ def test_fail_first_and_missing(hub: FakeHub) -> None:
     ranged = {"Range": "bytes=0-9"}
     assert fetch(url, headers=ranged)[0] == 503
     assert fetch(url, headers=ranged)[2] == data[:10]
-    hub.faults.missing.add("model.safetensors")
+    hub.set_faults(missing=["model.safetensors"])
     status, headers, _ = fetch(f"{hub.endpoint}/org/versions/resolve/main/model.safetensors")
     assert (status, headers["X-Error-Code"]) == (404, "EntryNotFound")
     listing = json.loads(fetch(f"{hub.endpoint}/api/models/org/versions/tree/main")[2])
@@ -532,7 +561,7 @@ def test_rate_caps_the_aggregate_of_four_connections(hub: FakeHub) -> None:
 def test_runs_as_a_process(sharded_dir: Path, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, str(FAKEHUB), "--repo", f"org/disk={sharded_dir}", "--rate", "100MB"]
+        [fake_hub_binary(), "--repo", f"org/disk={sharded_dir}", "--rate", "100MB"]
         + ["--ready-file", str(ready)],
         stdout=subprocess.PIPE,
         text=True,
@@ -552,4 +581,4 @@ def test_runs_as_a_process(sharded_dir: Path, tmp_path: Path) -> None:
         assert (status, body) == (200, (sharded_dir / shard).read_bytes())
     finally:
         proc.terminate()
-    assert proc.wait(timeout=10) == 0
+    assert proc.wait(timeout=10) == -signal.SIGTERM  # it serves until killed

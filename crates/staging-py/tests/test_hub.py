@@ -287,7 +287,7 @@ def test_a_corrupted_byte_fails_naming_the_file_and_leaves_no_blob(
 ) -> None:
     shard = SHARDS[1]
     data = (sharded_dir / shard).read_bytes()
-    hub.faults.corrupt[shard] = len(data) - 100
+    hub.set_faults(corrupt={shard: len(data) - 100})
     with pytest.raises(st.ReadError) as e:
         stt.load_file(f"hf://{REPO}")
     message = str(e.value)

@@ -14,27 +14,37 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
 use crate::http::{parse_range, query_param, resolve as resolve_range};
 
+mod control;
+
 /// A file at least this large is stored in LFS whatever its name (10 MiB).
 pub const LFS_THRESHOLD: usize = 10 << 20;
 
-/// The most bytes one write of a body sends (and so the token bucket's step).
+/// The entries of one page of a tree listing, unless [`FakeHub::set_tree_page`] says otherwise
+/// (the Hub pages long listings; a client follows the `Link` header, whatever the size).
+pub const TREE_PAGE: usize = 1000;
+
+/// The most bytes one write of a body sends under a rate cap (and so the token bucket's step).
 const CHUNK: usize = 64 << 10;
 
 /// The name endings the Hub stores in LFS.
 const LFS_SUFFIXES: [&str; 4] = [".safetensors", ".bin", ".pt", ".model"];
 
-/// Which of the two sockets answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which of the two sockets answered (`"hub"`, `"cdn"` in JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Server {
     /// The Hub (`HF_ENDPOINT`): the API and `resolve`.
     Hub,
@@ -43,7 +53,7 @@ pub enum Server {
 }
 
 /// One request either socket answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HubLogged {
     /// The socket that answered.
     pub server: Server,
@@ -62,11 +72,21 @@ pub struct HubLogged {
     /// The request's `Authorization` header, if any (on both sockets: a CDN should never get
     /// one).
     pub authorization: Option<String>,
+    /// Body bytes sent so far (each piece counted before it is sent; a `HEAD` sends none).
+    pub sent: u64,
+}
+
+/// A log entry and its place in the log.
+#[derive(Debug)]
+struct Logged {
+    seq: u64,
+    entry: HubLogged,
 }
 
 /// What the fake Hub does wrong, on purpose. Paths are paths in a repo (`config.json`,
 /// `model-00001-of-00002.safetensors`), in any repo that has them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct HubFaults {
     /// Seconds a signed CDN URL stays valid (3600 by default); 0: every URL has expired by the
     /// time it is used.
@@ -128,7 +148,7 @@ pub fn git_oid(bytes: &[u8]) -> String {
     let mut sha1 = Sha1::new();
     sha1.update(format!("blob {}\0", bytes.len()).as_bytes());
     sha1.update(bytes);
-    hex(&sha1.finish())
+    hex(&sha1.finalize())
 }
 
 /// The SHA-256 of `bytes` in hex (an LFS file's `oid`, and its `X-Linked-Etag` unquoted).
@@ -141,109 +161,72 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The Git LFS pointer file that stands in the repo for an LFS file.
-fn lfs_pointer(sha256: &str, len: usize) -> String {
+fn lfs_pointer(sha256: &str, len: impl std::fmt::Display) -> String {
     format!("version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len}\n")
 }
 
-/// SHA-1 (FIPS 180-4), for git blob ids only: no crate in the workspace has it.
-struct Sha1 {
-    h: [u32; 5],
-    block: [u8; 64],
-    filled: usize,
-    total: u64,
+/// `files` (path, bytes) as a commit's files.
+fn in_memory(files: &[(&str, Vec<u8>)]) -> BTreeMap<String, Arc<File>> {
+    files
+        .iter()
+        .map(|(path, bytes)| ((*path).to_owned(), Arc::new(File::in_memory(path, bytes))))
+        .collect()
 }
 
-impl Sha1 {
-    fn new() -> Self {
-        Self {
-            h: [
-                0x6745_2301,
-                0xEFCD_AB89,
-                0x98BA_DCFE,
-                0x1032_5476,
-                0xC3D2_E1F0,
-            ],
-            block: [0; 64],
-            filled: 0,
-            total: 0,
+/// A file's bytes: in memory, or in a file on disk read at each request (a checkpoint of
+/// gigabytes is never held).
+#[derive(Debug, Clone)]
+enum Content {
+    Memory(Arc<Vec<u8>>),
+    Disk(Arc<std::fs::File>, u64),
+}
+
+impl Content {
+    fn len(&self) -> u64 {
+        match self {
+            Self::Memory(bytes) => bytes.len() as u64,
+            Self::Disk(_, len) => *len,
         }
     }
 
-    fn update(&mut self, mut data: &[u8]) {
-        self.total = self.total.wrapping_add(data.len() as u64);
-        if self.filled > 0 {
-            let take = (64 - self.filled).min(data.len());
-            self.block[self.filled..self.filled + take].copy_from_slice(&data[..take]);
-            self.filled += take;
-            data = &data[take..];
-            if self.filled < 64 {
-                return;
+    /// `buf.len()` bytes from `offset` (within the content).
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        match self {
+            Self::Memory(bytes) => {
+                let start = usize::try_from(offset).map_err(io::Error::other)?;
+                let part = bytes
+                    .get(start..start + buf.len())
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                buf.copy_from_slice(part);
+                Ok(())
             }
-            let block = self.block;
-            self.compress(&block);
-            self.filled = 0;
+            Self::Disk(file, _) => std::os::unix::fs::FileExt::read_exact_at(&**file, buf, offset),
         }
-        let mut blocks = data.chunks_exact(64);
-        for block in &mut blocks {
-            self.compress(block);
-        }
-        let rest = blocks.remainder();
-        self.block[..rest.len()].copy_from_slice(rest);
-        self.filled = rest.len();
     }
+}
 
-    fn finish(mut self) -> [u8; 20] {
-        let bits = self.total.wrapping_mul(8);
-        self.update(&[0x80]);
-        while self.filled != 56 {
-            self.update(&[0]);
-        }
-        self.update(&bits.to_be_bytes());
-        let mut out = [0; 20];
-        for (dst, word) in out.chunks_exact_mut(4).zip(self.h) {
-            dst.copy_from_slice(&word.to_be_bytes());
-        }
-        out
+/// The SHA-256 and git blob id of `content`, read in pieces.
+fn digests(content: &Content) -> io::Result<(String, String)> {
+    let len = content.len();
+    let mut sha256 = Sha256::new();
+    let mut sha1 = Sha1::new();
+    sha1.update(format!("blob {len}\0").as_bytes());
+    let mut buf = vec![0u8; 8 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = usize::try_from((len - at).min(buf.len() as u64)).map_err(io::Error::other)?;
+        content.read(at, &mut buf[..n])?;
+        sha256.update(&buf[..n]);
+        sha1.update(&buf[..n]);
+        at += n as u64;
     }
-
-    fn compress(&mut self, block: &[u8]) {
-        let mut w = [0u32; 80];
-        for (dst, word) in w.iter_mut().zip(block.chunks_exact(4)) {
-            *dst = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
-        }
-        for i in 16..80 {
-            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
-        }
-        let [mut a, mut b, mut c, mut d, mut e] = self.h;
-        for (i, wi) in w.into_iter().enumerate() {
-            let (f, k) = match i {
-                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
-                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
-                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
-                _ => (b ^ c ^ d, 0xCA62_C1D6),
-            };
-            let t = a
-                .rotate_left(5)
-                .wrapping_add(f)
-                .wrapping_add(e)
-                .wrapping_add(k)
-                .wrapping_add(wi);
-            e = d;
-            d = c;
-            c = b.rotate_left(30);
-            b = a;
-            a = t;
-        }
-        for (h, v) in self.h.iter_mut().zip([a, b, c, d, e]) {
-            *h = h.wrapping_add(v);
-        }
-    }
+    Ok((hex(&sha256.finalize()), hex(&sha1.finalize())))
 }
 
 /// One file of a commit.
 #[derive(Debug)]
 struct File {
-    bytes: Arc<Vec<u8>>,
+    content: Content,
     /// The git blob id: of the bytes for a plain file, of the LFS pointer for an LFS file.
     git_oid: String,
     sha256: String,
@@ -251,20 +234,42 @@ struct File {
 }
 
 impl File {
-    fn new(path: &str, bytes: Vec<u8>) -> Self {
-        let sha256 = sha256_hex(&bytes);
+    fn new(path: &str, content: Content) -> io::Result<Self> {
+        let (sha256, content_oid) = digests(&content)?;
+        let len = usize::try_from(content.len()).map_err(io::Error::other)?;
+        let lfs = is_lfs(path, len);
+        let git_oid = if lfs {
+            git_oid(lfs_pointer(&sha256, len).as_bytes())
+        } else {
+            content_oid
+        };
+        Ok(Self {
+            content,
+            git_oid,
+            sha256,
+            lfs,
+        })
+    }
+
+    /// A file held in memory (its digests cannot fail).
+    fn in_memory(path: &str, bytes: &[u8]) -> Self {
+        let sha256 = sha256_hex(bytes);
         let lfs = is_lfs(path, bytes.len());
         let git_oid = if lfs {
             git_oid(lfs_pointer(&sha256, bytes.len()).as_bytes())
         } else {
-            git_oid(&bytes)
+            git_oid(bytes)
         };
         Self {
-            bytes: Arc::new(bytes),
+            content: Content::Memory(Arc::new(bytes.to_vec())),
             git_oid,
             sha256,
             lfs,
         }
+    }
+
+    fn len(&self) -> u64 {
+        self.content.len()
     }
 }
 
@@ -291,7 +296,7 @@ impl Repo {
 /// faults, which name paths).
 #[derive(Debug)]
 struct Blob {
-    bytes: Arc<Vec<u8>>,
+    content: Content,
     etag: String,
     paths: BTreeSet<String>,
 }
@@ -310,7 +315,11 @@ struct State {
     seen_cut: HashSet<(String, Option<u64>)>,
     /// (repo, path) whose first URL was issued (`expire_once`).
     issued: HashSet<(String, String)>,
-    log: Vec<HubLogged>,
+    log: Vec<Logged>,
+    /// The `seq` of the next entry logged.
+    next_seq: u64,
+    /// The most entries one page of a tree listing holds.
+    tree_page: usize,
     /// The path the Hub is served under (`/api/hf`: a mirror's), empty for none.
     prefix: String,
     /// Old repo id -> new: a renamed repository, whose old name the Hub answers with a 307 to
@@ -325,12 +334,8 @@ impl State {
         &mut self,
         repo_id: &str,
         parent: Option<String>,
-        files: &[(&str, Vec<u8>)],
+        files: BTreeMap<String, Arc<File>>,
     ) -> String {
-        let files: BTreeMap<String, Arc<File>> = files
-            .iter()
-            .map(|(path, bytes)| ((*path).to_owned(), Arc::new(File::new(path, bytes.clone()))))
-            .collect();
         let mut hasher = Sha256::new();
         hasher.update(format!("repo {repo_id}\n"));
         if let Some(parent) = &parent {
@@ -343,7 +348,7 @@ impl State {
                     .blobs
                     .entry(file.sha256.clone())
                     .or_insert_with(|| Blob {
-                        bytes: Arc::clone(&file.bytes),
+                        content: file.content.clone(),
                         // Like S3's (an MD5), 32 hex digits that are not the sha256.
                         etag: sha256_hex(format!("cdn {}", file.sha256).as_bytes())[..32]
                             .to_owned(),
@@ -397,8 +402,29 @@ impl Shared {
         lock(&self.state)
     }
 
-    /// Waits until `n` more bytes may be sent under the rate cap (at once without one).
-    fn throttle(&self, n: usize) -> io::Result<()> {
+    /// The most bytes one write of a body sends: 64 KiB under a rate cap (the bucket's
+    /// step), 1 MiB without.
+    fn piece(&self) -> usize {
+        if lock(&self.bucket).rate.is_some() {
+            CHUNK
+        } else {
+            1 << 20
+        }
+    }
+
+    /// Counts `n` more body bytes sent for the log entry `seq` (gone if the log was cleared).
+    fn count_sent(&self, seq: u64, n: u64) {
+        let mut state = self.state();
+        let at = state.log.partition_point(|l| l.seq < seq);
+        if let Some(logged) = state.log.get_mut(at).filter(|l| l.seq == seq) {
+            logged.entry.sent += n;
+        }
+    }
+
+    /// Waits until `n` more bytes may be sent under the rate cap (at once without one). The
+    /// bucket holds at most 20 ms of credit (or 64 KiB), so a sender that overslept catches
+    /// up, and over a second or more the bytes sent are the rate's.
+    fn throttle(&self, n: u64) -> io::Result<()> {
         let wait = {
             let mut bucket = lock(&self.bucket);
             let Some(rate) = bucket.rate else {
@@ -407,7 +433,7 @@ impl Shared {
             let rate = rate.max(1) as f64;
             let now = Instant::now();
             let refill = now.duration_since(bucket.last).as_secs_f64() * rate;
-            bucket.tokens = (bucket.tokens + refill).min(CHUNK as f64);
+            bucket.tokens = (bucket.tokens + refill).min((rate * 0.02).max(CHUNK as f64));
             bucket.last = now;
             bucket.tokens -= n as f64;
             if bucket.tokens >= 0.0 {
@@ -425,9 +451,10 @@ impl Shared {
         Ok(())
     }
 
-    /// The signature of a CDN URL for `path` that expires at `expires`.
-    fn sign(&self, path: &str, expires: u64) -> String {
-        sha256_hex(format!("{path}\n{expires}\n{}", self.secret).as_bytes())
+    /// The signature of a CDN URL for `path` that expires at `expires` after being valid for
+    /// `life` seconds (every parameter signed, as S3 signs its query).
+    fn sign(&self, path: &str, expires: u64, life: u64) -> String {
+        sha256_hex(format!("{path}\n{expires}\n{life}\n{}", self.secret).as_bytes())
     }
 }
 
@@ -448,7 +475,10 @@ impl FakeHub {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                tree_page: TREE_PAGE,
+                ..State::default()
+            }),
             bucket: Mutex::new(Bucket {
                 rate: None,
                 tokens: 0.0,
@@ -495,6 +525,11 @@ impl FakeHub {
         state.renamed.insert(old.to_owned(), new.to_owned());
     }
 
+    /// Pages tree listings by `entries` (at least 1) from the next request on.
+    pub fn set_tree_page(&self, entries: usize) {
+        self.shared.state().tree_page = entries.max(1);
+    }
+
     /// The CDN's URL, `http://127.0.0.1:PORT` (another port: another host).
     pub fn cdn(&self) -> String {
         format!("http://{}", self.shared.cdn)
@@ -504,22 +539,64 @@ impl FakeHub {
     /// bytes), `main` at it, and returns that commit (40 hex digits). A repo registered before
     /// under that id is replaced (its gate and privacy stay).
     pub fn add_repo(&self, repo_id: &str, files: &[(&str, Vec<u8>)]) -> String {
-        self.shared.state().commit(repo_id, None, files)
+        self.shared.state().commit(repo_id, None, in_memory(files))
     }
 
     /// Adds a newer commit to `repo_id` (registering the repo if it is new) whose files are
     /// exactly `files` (a whole snapshot, not changes), moves `main` to it and returns it. The
     /// older commits stay reachable by their id (and by their tags).
     pub fn add_commit(&self, repo_id: &str, files: &[(&str, Vec<u8>)]) -> String {
+        self.commit_files(repo_id, in_memory(files), false)
+    }
+
+    /// As [`add_repo`](Self::add_repo) (`new_repo`) or [`add_commit`](Self::add_commit), with
+    /// the files of the directory `dir`, walked recursively (`.git/` left out): LFS files are
+    /// read from disk at each request (a checkpoint of gigabytes is never held in memory), the
+    /// others held. An error when `dir` cannot be read.
+    pub fn commit_dir(&self, repo_id: &str, dir: &Path, new_repo: bool) -> io::Result<String> {
+        let mut files = BTreeMap::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(at) = stack.pop() {
+            for entry in std::fs::read_dir(&at)? {
+                let path = entry?.path();
+                let rel = path.strip_prefix(dir).map_err(io::Error::other)?;
+                let name = rel
+                    .to_str()
+                    .ok_or_else(|| io::Error::other(format!("{} is not UTF-8", rel.display())))?
+                    .replace(std::path::MAIN_SEPARATOR, "/");
+                if name == ".git" || name.starts_with(".git/") {
+                    continue;
+                }
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let handle = std::fs::File::open(&path)?;
+                let len = handle.metadata()?.len();
+                let content = if is_lfs(&name, usize::try_from(len).unwrap_or(usize::MAX)) {
+                    Content::Disk(Arc::new(handle), len)
+                } else {
+                    Content::Memory(Arc::new(std::fs::read(&path)?))
+                };
+                files.insert(name.clone(), Arc::new(File::new(&name, content)?));
+            }
+        }
+        Ok(self.commit_files(repo_id, files, new_repo))
+    }
+
+    fn commit_files(
+        &self,
+        repo_id: &str,
+        files: BTreeMap<String, Arc<File>>,
+        new_repo: bool,
+    ) -> String {
         let mut state = self.shared.state();
         let parent = state
             .repos
             .get(repo_id)
+            .filter(|_| !new_repo)
             .and_then(|repo| repo.refs.get("main").cloned());
-        match parent {
-            Some(parent) => state.commit(repo_id, Some(parent), files),
-            None => state.commit(repo_id, None, files),
-        }
+        state.commit(repo_id, parent, files)
     }
 
     /// Points the branch or tag `name` of `repo_id` at `commit` (a commit of the repo, or a
@@ -583,7 +660,8 @@ impl FakeHub {
 
     /// Every request answered so far, both sockets, in order.
     pub fn log(&self) -> Vec<HubLogged> {
-        self.shared.state().log.clone()
+        let state = self.shared.state();
+        state.log.iter().map(|l| l.entry.clone()).collect()
     }
 
     /// Forgets the log.
@@ -735,15 +813,15 @@ fn unix_now() -> u64 {
 #[derive(Debug)]
 enum Body {
     Owned(Vec<u8>),
-    /// `bytes[start..end]` of a file.
-    Slice(Arc<Vec<u8>>, usize, usize),
+    /// `content[start..end]` of a file.
+    Slice(Content, u64, u64),
 }
 
 impl Body {
-    fn bytes(&self) -> &[u8] {
+    fn len(&self) -> u64 {
         match self {
-            Body::Owned(bytes) => bytes,
-            Body::Slice(bytes, start, end) => bytes.get(*start..*end).unwrap_or(&[]),
+            Body::Owned(bytes) => bytes.len() as u64,
+            Body::Slice(_, start, end) => end - start,
         }
     }
 }
@@ -759,7 +837,7 @@ struct Response {
     /// Send the headers and half the body, then close.
     cut: bool,
     /// The body's byte at this index is sent XORed with 0xFF.
-    corrupt: Option<usize>,
+    corrupt: Option<u64>,
 }
 
 impl Response {
@@ -803,11 +881,11 @@ impl Response {
     }
 
     /// A file's bytes, or the range of them asked for (206), or 416.
-    fn file(bytes: &Arc<Vec<u8>>, range: Option<(u64, u64)>) -> Self {
-        let total = bytes.len() as u64;
+    fn file(content: &Content, range: Option<(u64, u64)>) -> Self {
+        let total = content.len();
         let Some(range) = range else {
             let mut response = Self::new(200);
-            response.body = Body::Slice(Arc::clone(bytes), 0, bytes.len());
+            response.body = Body::Slice(content.clone(), 0, total);
             return response;
         };
         let (a, b) = resolve_range(range, total);
@@ -816,10 +894,8 @@ impl Response {
             response.range = Some((a, b));
             return response;
         }
-        // Both within a slice's length, which is a usize.
-        let (start, end) = (a as usize, b as usize + 1);
         let mut response = Self::new(206).header("Content-Range", format!("bytes {a}-{b}/{total}"));
-        response.body = Body::Slice(Arc::clone(bytes), start, end);
+        response.body = Body::Slice(content.clone(), a, b + 1);
         response.range = Some((a, b));
         response
     }
@@ -838,44 +914,96 @@ impl Response {
         self.corrupt = paths
             .iter()
             .find_map(|p| faults.corrupt.get(*p))
-            .and_then(|&at| usize::try_from(at).ok())
-            .filter(|&at| at >= start && at < end)
+            .filter(|&&at| at >= start && at < end)
             .map(|at| at - start);
         self
     }
 
     /// Writes the answer (only its headers to a `HEAD`); `false` if the connection must close.
-    fn write(self, out: &mut impl Write, head: bool, shared: &Shared) -> io::Result<bool> {
-        let body = self.body.bytes();
+    /// Each piece of the body is counted in the log entry `seq` before it is sent, so a client
+    /// that has the bytes finds them counted. A file on disk goes by `sendfile` (no copy
+    /// through this process) where no byte of the piece is to be corrupted.
+    fn write(
+        self,
+        out: &mut BufWriter<TcpStream>,
+        head: bool,
+        shared: &Shared,
+        seq: u64,
+    ) -> io::Result<bool> {
+        let len = self.body.len();
         let mut text = format!("HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
         for (name, value) in &self.headers {
             text.push_str(&format!("{name}: {value}\r\n"));
         }
-        text.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        text.push_str(&format!("Content-Length: {len}\r\n\r\n"));
         out.write_all(text.as_bytes())?;
         if head {
             out.flush()?;
             return Ok(true);
         }
-        let sent = if self.cut {
-            &body[..body.len() / 2]
-        } else {
-            body
-        };
-        for (i, chunk) in sent.chunks(CHUNK).enumerate() {
-            shared.throttle(chunk.len())?;
-            match self.corrupt.and_then(|at| at.checked_sub(i * CHUNK)) {
-                Some(at) if at < chunk.len() => {
-                    let mut copy = chunk.to_vec();
-                    copy[at] ^= 0xFF;
-                    out.write_all(&copy)?;
-                }
-                _ => out.write_all(chunk)?,
+        let (content, start) = match &self.body {
+            Body::Owned(bytes) => {
+                shared.count_sent(seq, len);
+                out.write_all(bytes)?;
+                out.flush()?;
+                return Ok(true);
             }
+            Body::Slice(content, start, _) => (content, *start),
+        };
+        let sent = if self.cut { len / 2 } else { len };
+        let mut buf = Vec::new();
+        let mut done = 0;
+        while done < sent {
+            let piece = (sent - done).min(shared.piece() as u64);
+            shared.throttle(piece)?;
+            shared.count_sent(seq, piece);
+            let at = start + done;
+            let corrupt = self.corrupt.filter(|&c| c >= done && c < done + piece);
+            match (content, corrupt) {
+                (Content::Disk(file, _), None) => {
+                    out.flush()?;
+                    send_file(out.get_ref(), file, at, piece)?;
+                }
+                (Content::Memory(bytes), None) => {
+                    let range = usize::try_from(at).map_err(io::Error::other)?
+                        ..usize::try_from(at + piece).map_err(io::Error::other)?;
+                    out.write_all(bytes.get(range).unwrap_or(&[]))?;
+                }
+                (_, corrupt) => {
+                    buf.resize(usize::try_from(piece).map_err(io::Error::other)?, 0);
+                    content.read(at, &mut buf)?;
+                    if let Some(c) = corrupt
+                        && let Some(byte) =
+                            usize::try_from(c - done).ok().and_then(|i| buf.get_mut(i))
+                    {
+                        *byte ^= 0xFF;
+                    }
+                    out.write_all(&buf)?;
+                }
+            }
+            done += piece;
         }
         out.flush()?;
         Ok(!self.cut)
     }
+}
+
+/// Sends `len` bytes of `file` from `offset` on `socket`, by `sendfile`.
+fn send_file(socket: &TcpStream, file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    let mut offset = offset;
+    let mut left = len;
+    while left > 0 {
+        let want = usize::try_from(left.min(1 << 30)).map_err(io::Error::other)?;
+        let sent = rustix::fs::sendfile(socket, file, Some(&mut offset), want)?;
+        if sent == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the file is shorter than when it was registered",
+            ));
+        }
+        left -= sent as u64;
+    }
+    Ok(())
 }
 
 fn reason(status: u16) -> &'static str {
@@ -904,24 +1032,30 @@ fn serve(stream: TcpStream, server: Server, shared: &Shared) -> io::Result<()> {
         if shared.stop.load(Ordering::Acquire) {
             return Ok(());
         }
-        let response = {
+        let (response, seq) = {
             let mut state = shared.state();
             let response = match server {
                 Server::Hub => route_hub(shared, &mut state, &request),
                 Server::Cdn => route_cdn(shared, &mut state, &request),
             };
-            state.log.push(HubLogged {
-                server,
-                method: request.method.clone(),
-                path: request.path.clone(),
-                has_query: request.query.is_some(),
-                range: response.range.or(request.range),
-                status: response.status,
-                authorization: request.authorization.clone(),
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            state.log.push(Logged {
+                seq,
+                entry: HubLogged {
+                    server,
+                    method: request.method.clone(),
+                    path: request.path.clone(),
+                    has_query: request.query.is_some(),
+                    range: response.range.or(request.range),
+                    status: response.status,
+                    authorization: request.authorization.clone(),
+                    sent: 0,
+                },
             });
-            response
+            (response, seq)
         };
-        let keep = response.write(&mut out, request.method == "HEAD", shared)?;
+        let keep = response.write(&mut out, request.method == "HEAD", shared, seq)?;
         if !keep || request.close {
             return Ok(());
         }
@@ -992,13 +1126,13 @@ fn route_hub(shared: &Shared, state: &mut State, request: &Request) -> Response 
     }
     if let Some(rest) = segments.strip_prefix(&["api".to_owned(), "models".to_owned()]) {
         return match split_repo(state, rest, &["revision", "tree"]) {
-            Some((repo_id, "revision", [rev])) => api(state, request, &repo_id, rev, None),
+            Some((repo_id, "revision", [rev])) => api(shared, state, request, &repo_id, rev, None),
             Some((repo_id, "tree", [rev, path @ ..])) => {
-                api(state, request, &repo_id, rev, Some(&path.join("/")))
+                api(shared, state, request, &repo_id, rev, Some(&path.join("/")))
             }
             // `/api/models/{repo}`: the repo at `main`.
             None if (1..=2).contains(&rest.len()) => {
-                api(state, request, &rest.join("/"), "main", None)
+                api(shared, state, request, &rest.join("/"), "main", None)
             }
             _ => Response::hub_error(404, "NotFound", "Not Found"),
         };
@@ -1050,7 +1184,14 @@ fn visible<'s>(state: &'s State, repo_id: &str, request: &Request) -> Result<&'s
 
 /// The revision endpoint (`tree` None) or the tree endpoint (`tree` the directory, "" for the
 /// root).
-fn api(state: &State, request: &Request, repo_id: &str, rev: &str, tree: Option<&str>) -> Response {
+fn api(
+    shared: &Shared,
+    state: &State,
+    request: &Request,
+    repo_id: &str,
+    rev: &str,
+    tree: Option<&str>,
+) -> Response {
     let repo = match visible(state, repo_id, request) {
         Ok(repo) => repo,
         Err(response) => return response,
@@ -1088,7 +1229,7 @@ fn api(state: &State, request: &Request, repo_id: &str, rev: &str, tree: Option<
         .is_some_and(|v| v == "true" || v == "1");
     let dir = dir.trim_matches('/');
     match tree_listing(files, dir, recursive) {
-        Some(entries) => Response::json(200, &Value::Array(entries)),
+        Some(entries) => tree_page(shared, state, request, entries),
         None => Response::hub_error(
             404,
             "EntryNotFound",
@@ -1096,6 +1237,38 @@ fn api(state: &State, request: &Request, repo_id: &str, rev: &str, tree: Option<
         )
         .header("X-Repo-Commit", commit.clone()),
     }
+}
+
+/// One page of a tree listing: `tree_page` entries from the request's `cursor` (the first
+/// page without one), and a `Link: <URL>; rel="next"` to the next page (the same request with
+/// its `cursor`) while there are more, as the Hub paginates a long listing.
+fn tree_page(shared: &Shared, state: &State, request: &Request, entries: Vec<Value>) -> Response {
+    let query = request.query.as_deref().unwrap_or("");
+    let start: usize = match query_param(query, "cursor") {
+        None => 0,
+        Some(cursor) => match cursor.strip_prefix("page-").and_then(|n| n.parse().ok()) {
+            Some(start) => start,
+            None => return Response::hub_error(400, "BadRequest", "Invalid cursor"),
+        },
+    };
+    let page = state.tree_page.max(1);
+    let end = entries.len().min(start.saturating_add(page));
+    let shown: Vec<Value> = entries
+        .get(start..end)
+        .map(<[Value]>::to_vec)
+        .unwrap_or_default();
+    let response = Response::json(200, &Value::Array(shown));
+    if end >= entries.len() {
+        return response;
+    }
+    let mut pairs: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("cursor="))
+        .collect();
+    let cursor = format!("cursor=page-{end}");
+    pairs.push(&cursor);
+    let next = format!("http://{}{}?{}", shared.hub, request.path, pairs.join("&"));
+    response.header("Link", format!("<{next}>; rel=\"next\""))
 }
 
 /// The tree API's entries under `dir` ("" for the root), sorted by path; `None` if `dir` is
@@ -1132,14 +1305,14 @@ fn tree_listing(
             let mut entry = json!({
                 "type": "file",
                 "oid": file.git_oid,
-                "size": file.bytes.len(),
+                "size": file.len(),
                 "path": path,
             });
             if file.lfs {
-                let pointer = lfs_pointer(&file.sha256, file.bytes.len());
+                let pointer = lfs_pointer(&file.sha256, file.len());
                 entry["lfs"] = json!({
                     "oid": file.sha256,
-                    "size": file.bytes.len(),
+                    "size": file.len(),
                     "pointerSize": pointer.len(),
                 });
             }
@@ -1209,7 +1382,7 @@ fn resolve(
     }
     if !file.lfs {
         let paths = [path.to_owned()];
-        return Response::file(&file.bytes, request.range)
+        return Response::file(&file.content, request.range)
             .faulted(faults, paths.iter())
             .header("ETag", format!("\"{}\"", file.git_oid))
             .header("X-Repo-Commit", commit)
@@ -1225,7 +1398,7 @@ fn resolve(
         now.saturating_add(expire_after)
     };
     let cdn_path = format!("/repos/{}", file.sha256);
-    let signature = shared.sign(&cdn_path, expires);
+    let signature = shared.sign(&cdn_path, expires, expire_after);
     Response::new(302)
         .header(
             "Location",
@@ -1235,7 +1408,7 @@ fn resolve(
             ),
         )
         .header("X-Linked-Etag", format!("\"{}\"", file.sha256))
-        .header("X-Linked-Size", file.bytes.len().to_string())
+        .header("X-Linked-Size", file.len().to_string())
         .header("X-Repo-Commit", commit)
         .header("ETag", format!("\"{}\"", file.git_oid))
 }
@@ -1250,11 +1423,13 @@ fn route_cdn(shared: &Shared, state: &mut State, request: &Request) -> Response 
         );
     }
     let query = request.query.as_deref().unwrap_or("");
-    let expires = query_param(query, "Expires").and_then(|e| e.parse::<u64>().ok());
+    let number = |name| query_param(query, name).and_then(|e| e.parse::<u64>().ok());
     let signature = query_param(query, "X-Amz-Signature");
-    let Some(expires) =
-        expires.filter(|&e| signature.as_deref() == Some(shared.sign(&request.path, e).as_str()))
-    else {
+    let Some(expires) = number("Expires").filter(|&e| {
+        number("X-Amz-Expires").is_some_and(|life| {
+            signature.as_deref() == Some(shared.sign(&request.path, e, life).as_str())
+        })
+    }) else {
         return Response::s3_error(
             403,
             "SignatureDoesNotMatch",
@@ -1286,7 +1461,7 @@ fn route_cdn(shared: &Shared, state: &mut State, request: &Request) -> Response 
     let Some(blob) = state.blobs.get(sha) else {
         return Response::s3_error(404, "NoSuchKey", "The specified key does not exist.");
     };
-    let response = Response::file(&blob.bytes, request.range)
+    let response = Response::file(&blob.content, request.range)
         .header("ETag", format!("\"{}\"", blob.etag))
         .header("Accept-Ranges", "bytes")
         .header("Content-Type", "application/octet-stream");
@@ -1309,14 +1484,14 @@ mod tests {
 
     /// One answer as a raw client reads it.
     #[derive(Debug)]
-    struct Reply {
-        status: u16,
+    pub(super) struct Reply {
+        pub(super) status: u16,
         headers: Vec<(String, String)>,
-        body: Vec<u8>,
+        pub(super) body: Vec<u8>,
     }
 
     impl Reply {
-        fn header(&self, name: &str) -> Option<&str> {
+        pub(super) fn header(&self, name: &str) -> Option<&str> {
             self.headers
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -1383,7 +1558,7 @@ mod tests {
         read_reply(&mut BufReader::new(stream), method == "HEAD")
     }
 
-    fn get(url: &str) -> Reply {
+    pub(super) fn get(url: &str) -> Reply {
         call("GET", url, &[])
     }
 
@@ -1423,34 +1598,6 @@ mod tests {
         );
         assert_eq!(reply.status, 302, "{reply:?}");
         reply.header("Location").unwrap().to_owned()
-    }
-
-    #[test]
-    fn sha1_known_vectors() {
-        let digest = |data: &[u8]| {
-            let mut sha1 = Sha1::new();
-            sha1.update(data);
-            hex(&sha1.finish())
-        };
-        assert_eq!(digest(b""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
-        assert_eq!(digest(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
-        assert_eq!(
-            digest(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-            "84983e441c3bd26ebaae4aa1f95129e5e54670f1"
-        );
-        assert_eq!(
-            digest(&vec![b'a'; 1_000_000]),
-            "34aa973cd4c4daa4f61eeb2bdbad27316534016f"
-        );
-        // Fed in pieces that straddle blocks: the same digest.
-        let mut sha1 = Sha1::new();
-        for piece in b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq".chunks(7) {
-            sha1.update(piece);
-        }
-        assert_eq!(
-            hex(&sha1.finish()),
-            "84983e441c3bd26ebaae4aa1f95129e5e54670f1"
-        );
     }
 
     #[test]
@@ -2023,13 +2170,14 @@ mod tests {
         let token = [("Authorization", "Bearer hf_x")];
         let url = location(&hub, "org/model", "model.safetensors", &token);
         call("GET", &url, &[("Range", "bytes=5-")]);
-        get(&format!(
+        let sha = sha256_hex(&weights());
+        let tree = get(&format!(
             "{}/api/models/org/model/tree/main?recursive=1",
             hub.endpoint()
         ));
-        let sha = sha256_hex(&weights());
+        let log = hub.log();
         assert_eq!(
-            hub.log(),
+            log,
             [
                 HubLogged {
                     server: Server::Hub,
@@ -2039,6 +2187,7 @@ mod tests {
                     range: None,
                     status: 302,
                     authorization: Some("Bearer hf_x".into()),
+                    sent: 0,
                 },
                 HubLogged {
                     server: Server::Cdn,
@@ -2048,6 +2197,7 @@ mod tests {
                     range: Some((5, 99_999)),
                     status: 206,
                     authorization: None,
+                    sent: 99_995,
                 },
                 HubLogged {
                     server: Server::Hub,
@@ -2057,6 +2207,7 @@ mod tests {
                     range: None,
                     status: 200,
                     authorization: None,
+                    sent: tree.body.len() as u64,
                 },
             ]
         );
