@@ -9,14 +9,14 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
+use serde::Deserialize;
 
 use super::HubPath;
 use backend_remote::redacted;
-use backend_remote::{Redirects, transport_failure};
+use backend_remote::{Redirects, RetryPolicy, transport_failure};
 
 /// Redirects followed for one request at most: a `resolve` of a renamed repository (on the
 /// Hub), then the CDN's own.
@@ -289,32 +289,25 @@ impl Api {
         }
     }
 
-    /// Sends a request, retrying a transport failure or a transient status `retries` times.
+    /// Sends a request, retrying a transport failure or a transient status as `retry` says.
     pub(crate) async fn send(
         &self,
         method: Method,
         url: &url::Url,
-        retries: usize,
-        backoff: Duration,
+        retry: RetryPolicy,
     ) -> io::Result<reqwest::Response> {
-        let mut attempt = 0;
+        let mut delays = retry.delays();
         loop {
             let result = self.request(method.clone(), url).send().await;
-            match result {
-                Ok(response) if transient(response.status()) && attempt < retries => {}
-                Ok(response) => return Ok(response),
-                Err(e) if attempt < retries && !e.is_builder() => {
-                    let _ = e;
-                }
-                Err(e) => return Err(transport(&e, url.as_str())),
+            let again = match &result {
+                Ok(response) => transient(response.status()),
+                Err(e) => !e.is_builder(),
+            };
+            match (result, again.then(|| delays.next()).flatten()) {
+                (_, Some(delay)) => tokio::time::sleep(delay).await,
+                (Ok(response), None) => return Ok(response),
+                (Err(e), None) => return Err(transport(&e, url.as_str())),
             }
-            tokio::time::sleep(
-                backoff
-                    .saturating_mul(1 << attempt.min(8))
-                    .min(Duration::from_secs(15)),
-            )
-            .await;
-            attempt += 1;
         }
     }
 
@@ -329,13 +322,12 @@ impl Api {
         url: &url::Url,
         what: &HubPath,
         file: Option<&str>,
-        retries: usize,
-        backoff: Duration,
+        retry: RetryPolicy,
     ) -> io::Result<reqwest::Response> {
         let mut at = url.clone();
         let mut hops = 0;
         let response = loop {
-            let response = self.send(Method::GET, &at, retries, backoff).await?;
+            let response = self.send(Method::GET, &at, retry).await?;
             if !response.status().is_redirection() {
                 break response;
             }
@@ -360,21 +352,20 @@ impl Api {
         Ok(response)
     }
 
-    /// A JSON document of the API, or the Hub's error in words.
-    async fn json(
+    /// A JSON document of the API as `T`, or the Hub's error in words.
+    async fn json<T: serde::de::DeserializeOwned>(
         &self,
         url: &url::Url,
         what: &HubPath,
-        retries: usize,
-        backoff: Duration,
-    ) -> io::Result<serde_json::Value> {
-        let response = self.get_ok(url, what, None, retries, backoff).await?;
+        retry: RetryPolicy,
+    ) -> io::Result<T> {
+        let response = self.get_ok(url, what, None, retry).await?;
         let body = body(response, API_MAX, url.path()).await?;
         serde_json::from_slice(&body).map_err(|e| {
             hub_error(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{}: the Hub's answer is not JSON: {e}",
+                    "{}: the Hub's answer is not what it sends: {e}",
                     redacted(url.as_str())
                 ),
             )
@@ -382,12 +373,7 @@ impl Api {
     }
 
     /// The commit `what`'s revision names (`GET /api/models/{repo}/revision/{rev}`).
-    pub(crate) async fn commit(
-        &self,
-        what: &HubPath,
-        retries: usize,
-        backoff: Duration,
-    ) -> io::Result<String> {
+    pub(crate) async fn commit(&self, what: &HubPath, retry: RetryPolicy) -> io::Result<String> {
         let revision = what.revision_or_main();
         let url = self.url(&["api", "models", &what.repo, "revision"]);
         // The revision is one segment (`refs/pr/1` is sent as `refs%2Fpr%2F1`).
@@ -395,21 +381,17 @@ impl Api {
         if let Ok(mut path) = url.path_segments_mut() {
             path.push(revision);
         }
-        let info = self.json(&url, what, retries, backoff).await?;
-        let sha = info
-            .get("sha")
-            .and_then(|s| s.as_str())
-            .filter(|s| is_commit(s))
-            .ok_or_else(|| {
-                hub_error(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "{}: the Hub's answer names no commit (no 40-hex \"sha\")",
-                        redacted(url.as_str())
-                    ),
-                )
-            })?;
-        Ok(sha.to_owned())
+        let info: RevisionInfo = self.json(&url, what, retry).await?;
+        let sha = info.sha.filter(|s| is_commit(s)).ok_or_else(|| {
+            hub_error(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the Hub's answer names no commit (no 40-hex \"sha\")",
+                    redacted(url.as_str())
+                ),
+            )
+        })?;
+        Ok(sha)
     }
 
     /// Every file of the repository at `commit` (`GET /api/models/{repo}/tree/{commit}?recursive=true`,
@@ -418,8 +400,7 @@ impl Api {
         &self,
         what: &HubPath,
         commit: &str,
-        retries: usize,
-        backoff: Duration,
+        retry: RetryPolicy,
     ) -> io::Result<Vec<TreeFile>> {
         let mut url = self.url(&["api", "models", &what.repo, "tree", commit]);
         url.query_pairs_mut()
@@ -436,26 +417,27 @@ impl Api {
                     format!("{}: the tree listing does not end", what.repo),
                 ));
             }
-            let response = self.get_ok(&url, what, None, retries, backoff).await?;
+            let response = self.get_ok(&url, what, None, retry).await?;
             next = next_link(response.headers())
                 .and_then(|link| url.join(&link).ok())
                 .filter(|link| self.on_hub(link));
             let body = body(response, API_MAX, url.path()).await?;
-            let entries: Vec<serde_json::Value> = serde_json::from_slice(&body).map_err(|e| {
+            let entries: Vec<TreeEntry> = serde_json::from_slice(&body).map_err(|e| {
                 hub_error(
                     io::ErrorKind::InvalidData,
-                    format!("{}: the tree listing is not a JSON list: {e}", what.repo),
+                    format!("{}: the tree listing is not the Hub's: {e}", what.repo),
                 )
             })?;
             for entry in entries {
-                if entry.get("type").and_then(|t| t.as_str()) != Some("file") {
+                let TreeEntry::File(entry) = entry else {
                     continue;
-                }
-                files.push(tree_file(&entry).ok_or_else(|| {
+                };
+                let shown = format!("{entry:?}");
+                files.push(tree_file(entry).ok_or_else(|| {
                     hub_error(
                         io::ErrorKind::InvalidData,
                         format!(
-                            "{}: a tree entry is not a file as the Hub lists one: {entry}",
+                            "{}: a tree entry is not a file as the Hub lists one: {shown}",
                             what.repo
                         ),
                     )
@@ -473,15 +455,14 @@ impl Api {
         url: &url::Url,
         what: &HubPath,
         file: &str,
-        retries: usize,
-        backoff: Duration,
+        retry: RetryPolicy,
     ) -> io::Result<Resolved> {
         let mut at = url.clone();
         for _ in 0..=MAX_HOPS {
             if !self.on_hub(&at) {
                 return Ok(Resolved { url: at });
             }
-            let response = self.send(Method::HEAD, &at, retries, backoff).await?;
+            let response = self.send(Method::HEAD, &at, retry).await?;
             let status = response.status();
             if status.is_redirection() {
                 let target = redirect_target(&at, response.headers())?;
@@ -574,29 +555,56 @@ fn next_link(headers: &HeaderMap) -> Option<String> {
     })
 }
 
-/// A tree entry of type `file` as a [`TreeFile`]; `None` when a field is missing or odd.
-fn tree_file(entry: &serde_json::Value) -> Option<TreeFile> {
-    let path = entry.get("path")?.as_str()?.to_owned();
-    let size = entry.get("size")?.as_u64()?;
-    let oid = entry.get("oid")?.as_str()?.to_owned();
-    if !is_hex(&oid) {
+/// What `GET /api/models/{repo}/revision/{rev}` answers, of what is read here.
+#[derive(Debug, Deserialize)]
+struct RevisionInfo {
+    /// The commit the revision names.
+    sha: Option<String>,
+}
+
+/// One entry of a tree listing: a file, or anything else (a directory), left alone.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum TreeEntry {
+    File(FileEntry),
+    #[serde(other)]
+    Other,
+}
+
+/// A file of a tree listing, as the Hub lists one.
+#[derive(Debug, Deserialize)]
+struct FileEntry {
+    path: String,
+    size: u64,
+    /// The git blob id (of the LFS pointer, for an LFS file).
+    oid: String,
+    /// An LFS file's content: its SHA-256 and size.
+    lfs: Option<LfsEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LfsEntry {
+    oid: String,
+    size: u64,
+}
+
+/// A listed file as a [`TreeFile`]; `None` when its ids are not hex digests (a name made of
+/// them becomes a path in the cache) or its LFS size is not its size.
+fn tree_file(entry: FileEntry) -> Option<TreeFile> {
+    if !is_hex(&entry.oid) {
         return None;
     }
-    let sha256 = match entry.get("lfs") {
-        Some(serde_json::Value::Null) | None => None,
-        Some(lfs) => {
-            let sha = lfs.get("oid")?.as_str()?;
-            let lfs_size = lfs.get("size")?.as_u64()?;
-            if sha.len() != 64 || !is_hex(sha) || lfs_size != size {
-                return None;
-            }
-            Some(sha.to_ascii_lowercase())
+    let sha256 = match entry.lfs {
+        None => None,
+        Some(lfs) if lfs.oid.len() == 64 && is_hex(&lfs.oid) && lfs.size == entry.size => {
+            Some(lfs.oid.to_ascii_lowercase())
         }
+        Some(_) => return None,
     };
     Some(TreeFile {
-        path,
-        size,
-        oid: oid.to_ascii_lowercase(),
+        path: entry.path,
+        size: entry.size,
+        oid: entry.oid.to_ascii_lowercase(),
         sha256,
     })
 }
@@ -614,25 +622,48 @@ pub(crate) fn is_commit(text: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The file of one tree entry, or why it is none.
+    fn file_of(entry: serde_json::Value) -> Result<Option<TreeFile>, String> {
+        match serde_json::from_value::<TreeEntry>(entry).map_err(|e| e.to_string())? {
+            TreeEntry::File(file) => tree_file(file).map(Some).ok_or_else(|| "odd".to_owned()),
+            TreeEntry::Other => Ok(None),
+        }
+    }
+
     #[test]
     fn tree_entries_parse_as_the_hub_lists_them() {
         let lfs = serde_json::json!({"type":"file","oid":"ab12","size":10,"path":"m.safetensors",
-            "lfs":{"oid":"A".repeat(64),"size":10,"pointerSize":134}});
-        let file = tree_file(&lfs).unwrap();
+            "lfs":{"oid":"A".repeat(64),"size":10,"pointerSize":134}, "xetHash": "x"});
+        let file = file_of(lfs).unwrap().unwrap();
         assert_eq!(file.sha256.as_deref(), Some("a".repeat(64).as_str()));
         assert_eq!(file.blob(), "a".repeat(64));
         let plain = serde_json::json!({"type":"file","oid":"cd34","size":3,"path":"config.json"});
-        assert_eq!(tree_file(&plain).unwrap().blob(), "cd34");
+        assert_eq!(file_of(plain).unwrap().unwrap().blob(), "cd34");
+        let null_lfs = serde_json::json!({"type":"file","oid":"cd","size":3,"path":"a","lfs":null});
+        assert_eq!(file_of(null_lfs).unwrap().unwrap().sha256, None);
+        // A directory, or an entry of a kind not known yet: not a file, and no error.
+        let dir = serde_json::json!({"type":"directory","oid":"ab","size":0,"path":"1_Pooling"});
+        assert_eq!(file_of(dir), Ok(None));
+        assert_eq!(
+            file_of(serde_json::json!({"type":"submodule","path":"x"})),
+            Ok(None)
+        );
         for bad in [
             serde_json::json!({"type":"file","oid":"../x","size":3,"path":"a"}),
             serde_json::json!({"type":"file","oid":"ab","size":-1,"path":"a"}),
+            serde_json::json!({"type":"file","oid":"ab","path":"a"}),
             serde_json::json!({"type":"file","oid":"ab","size":3,"path":"a",
                 "lfs":{"oid":"../../etc/passwd","size":3}}),
             serde_json::json!({"type":"file","oid":"ab","size":3,"path":"a",
                 "lfs":{"oid":"a".repeat(64),"size":4}}),
+            serde_json::json!({"oid":"ab","size":3,"path":"a"}),
         ] {
-            assert_eq!(tree_file(&bad), None, "{bad}");
+            assert!(file_of(bad.clone()).is_err(), "{bad}");
         }
+        let info: RevisionInfo =
+            serde_json::from_value(serde_json::json!({"id": "a/b", "sha": "c", "siblings": []}))
+                .unwrap();
+        assert_eq!(info.sha.as_deref(), Some("c"));
     }
 
     #[test]

@@ -53,7 +53,7 @@ use api::{Api, TreeFile, is_commit};
 use cache::RepoCache;
 use staging_core::Error;
 
-use backend_remote::{Options, OwnedRuntime, Redirects, Remote};
+use backend_remote::{Options, OwnedRuntime, Redirects, Remote, RetryPolicy};
 
 /// How a Hub path is read, besides the remote reader's options (`backend_remote::Options`).
 #[derive(Clone)]
@@ -452,7 +452,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         redirects,
         root,
     } = connect(&what, options, hub)?;
-    let (retries, backoff) = (options.max_retries, options.retry_backoff);
+    let retry = options.retry();
     // The Hub cannot serve (no answer, down, rate-limiting): a snapshot in the cache that holds
     // the weights serves, as `huggingface_hub`'s own fallback does (`HF_HUB_OFFLINE` asks
     // first); else the Hub's answer is the error.
@@ -465,17 +465,11 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         }
         Err(error_at(&what, e))
     };
-    let commit = match runtime.block_on(
-        options.interrupt.as_ref(),
-        api.commit(&what, retries, backoff),
-    ) {
+    let commit = match runtime.block_on(options.interrupt.as_ref(), api.commit(&what, retry)) {
         Ok(commit) => commit,
         Err(e) => return from_cache(None, e),
     };
-    let tree = match runtime.block_on(
-        options.interrupt.as_ref(),
-        api.tree(&what, &commit, retries, backoff),
-    ) {
+    let tree = match runtime.block_on(options.interrupt.as_ref(), api.tree(&what, &commit, retry)) {
         Ok(tree) => tree,
         Err(e) => return from_cache(Some(&commit), e),
     };
@@ -510,7 +504,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
                 None => runtime
                     .block_on(
                         options.interrupt.as_ref(),
-                        fetch_whole(&api, &what, &commit, file, (retries, backoff), &counters),
+                        fetch_whole(&api, &what, &commit, file, retry, &counters),
                     )
                     .map_err(|e| error_at(&what, e))?,
             };
@@ -560,7 +554,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
                     Some(bytes) => Ok(bytes.clone()),
                     None => runtime.block_on(
                         options.interrupt.as_ref(),
-                        fetch_whole(&api, &what, &commit, file, (retries, backoff), &counters),
+                        fetch_whole(&api, &what, &commit, file, retry, &counters),
                     ),
                 };
                 // A small file that cannot be fetched now (one `huggingface_hub` never
@@ -607,7 +601,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
                     None => runtime
                         .block_on(
                             options.interrupt.as_ref(),
-                            fetch_whole(&api, &what, &commit, file, (retries, backoff), &counters),
+                            fetch_whole(&api, &what, &commit, file, retry, &counters),
                         )
                         .and_then(|bytes| dirs.put_whole(&commit, file, &bytes)),
                 }
@@ -661,7 +655,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         commit.clone(),
         files.clone(),
         local,
-        (retries, backoff),
+        retry,
         Arc::clone(&counters),
     );
     let remote = Remote::with_store(
@@ -752,16 +746,13 @@ pub fn changes(
         (commit, since_commit, new_files, old_files)
     } else {
         let Connection { api, runtime, .. } = connect(&what, options, hub)?;
-        let (retries, backoff) = (options.max_retries, options.retry_backoff);
+        let retry = options.retry();
         let listing = |of: &HubPath| -> Result<(String, HashMap<String, String>), Error> {
             let commit = runtime
-                .block_on(options.interrupt.as_ref(), api.commit(of, retries, backoff))
+                .block_on(options.interrupt.as_ref(), api.commit(of, retry))
                 .map_err(|e| error_at(of, e))?;
             let tree = runtime
-                .block_on(
-                    options.interrupt.as_ref(),
-                    api.tree(of, &commit, retries, backoff),
-                )
+                .block_on(options.interrupt.as_ref(), api.tree(of, &commit, retry))
                 .map_err(|e| error_at(of, e))?;
             let blobs = tree
                 .into_iter()
@@ -954,15 +945,13 @@ async fn fetch_whole(
     what: &HubPath,
     commit: &str,
     file: &TreeFile,
-    (retries, backoff): (usize, std::time::Duration),
+    retry: RetryPolicy,
     counters: &Counters,
 ) -> io::Result<Vec<u8>> {
     let url = api.url(&[&what.repo, "resolve", commit, &file.path]);
-    let source = api
-        .resolve(&url, what, &file.path, retries, backoff)
-        .await?;
+    let source = api.resolve(&url, what, &file.path, retry).await?;
     let response = api
-        .get_ok(&source.url, what, Some(&file.path), retries, backoff)
+        .get_ok(&source.url, what, Some(&file.path), retry)
         .await?;
     let bytes = api::body(response, file.size.saturating_add(1), &file.path).await?;
     Counters::add(&counters.downloaded, bytes.len() as u64);
@@ -972,19 +961,17 @@ async fn fetch_whole(
 
 /// The shard files an index names (joined under the index's folder), in the order first named.
 fn shards_of(bytes: &[u8], index: &str) -> Result<Vec<String>, String> {
-    let doc: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("{index} is not JSON: {e}"))?;
-    let map = doc
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| format!("{index} has no weight_map"))?;
+    /// An index as far as it is read here: which file holds each tensor.
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: std::collections::BTreeMap<String, String>,
+    }
+    let doc: Index = serde_json::from_slice(bytes)
+        .map_err(|e| format!("{index} is not an index (a weight_map of file names): {e}"))?;
     let dir = index.rsplit_once('/').map_or("", |(d, _)| d);
     let mut seen = std::collections::HashSet::new();
     let mut shards = Vec::new();
-    for value in map.values() {
-        let name = value
-            .as_str()
-            .ok_or_else(|| format!("{index}: a weight_map value is not a file name"))?;
+    for name in doc.weight_map.values() {
         staging_core::checked_components(name)
             .map_err(|why| format!("{index} names a shard {name:?}, which {why}"))?;
         let joined = if dir.is_empty() {
@@ -1116,10 +1103,15 @@ mod tests {
         );
         let hostile = br#"{"weight_map":{"a":"../../etc/passwd"}}"#;
         assert!(shards_of(hostile, "i.json").unwrap_err().contains("'..'"));
-        assert!(
-            shards_of(b"{}", "i.json")
-                .unwrap_err()
-                .contains("no weight_map")
+        for bad in [&b"{}"[..], br#"{"weight_map":{"a":1}}"#, b"[]", b"not json"] {
+            let error = shards_of(bad, "i.json").unwrap_err();
+            assert!(error.starts_with("i.json is not an index"), "{error}");
+        }
+        // Other keys (`metadata`) are the index's business.
+        let with_metadata = br#"{"metadata":{"total_size":8},"weight_map":{"a":"s.safetensors"}}"#;
+        assert_eq!(
+            shards_of(with_metadata, "i.json").unwrap(),
+            ["s.safetensors"]
         );
     }
 }

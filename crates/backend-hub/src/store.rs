@@ -1,5 +1,5 @@
-//! The Hub's files at one commit as an [`ObjectStore`]: what the [`Remote`](crate::Remote)
-//! reads a load through, so that every reader of this crate (concurrency, bandwidth cap,
+//! The Hub's files at one commit as an [`ObjectStore`]: what the
+//! [`Remote`](backend_remote::Remote) reads a load through, so that every reader of this crate (concurrency, bandwidth cap,
 //! interrupt, the GPU backends' bounce buffers) serves the Hub unchanged.
 //!
 //! A key is a file's `resolve` path (`org/name/resolve/<commit>/<path>` under the endpoint).
@@ -7,8 +7,8 @@
 //! ranged `GET` goes to where the file's `resolve` redirects (the CDN's signed URL, asked for
 //! once per file and kept), with no token; a signed URL that has expired (the CDN answers 400,
 //! 401, 403 or 410) is asked for again, at most [`RERESOLVE`] times in a row. A body cut short
-//! is resumed from where it stopped; a transient failure (5xx, 429, no answer) is retried with
-//! backoff, at most `max_retries` times.
+//! is resumed from where it stopped; a transient failure (5xx, 429, no answer) is retried, both
+//! under the load's [`RetryPolicy`] (its waits jittered).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -38,12 +38,12 @@ const RERESOLVE: usize = 3;
 
 /// An error of the Hub, carried through object_store's error as its source: its words are
 /// shown as they are.
-use backend_remote::StoreFailure as HubFailure;
+use backend_remote::{RetryPolicy, StoreFailure};
 
 fn failure(e: io::Error) -> object_store::Error {
     object_store::Error::Generic {
         store: "Hugging Face Hub",
-        source: Box::new(HubFailure(e)),
+        source: Box::new(StoreFailure(e)),
     }
 }
 
@@ -75,8 +75,7 @@ struct Shared {
     local: HashMap<String, Local>,
     /// Where each file's bytes come from, once asked (by key).
     resolved: Mutex<HashMap<String, Resolved>>,
-    retries: usize,
-    backoff: Duration,
+    retry: RetryPolicy,
     /// Bytes received and read from the cache are counted here.
     counters: Arc<super::Counters>,
 }
@@ -88,7 +87,7 @@ impl HubStore {
         commit: String,
         files: HashMap<String, TreeFile>,
         local: HashMap<String, Local>,
-        (retries, backoff): (usize, Duration),
+        retry: RetryPolicy,
         counters: Arc<super::Counters>,
     ) -> Self {
         Self {
@@ -99,8 +98,7 @@ impl HubStore {
                 files,
                 local,
                 resolved: Mutex::new(HashMap::new()),
-                retries,
-                backoff,
+                retry,
                 counters,
             }),
         }
@@ -119,7 +117,7 @@ impl Shared {
             .get(key.as_ref())
             .ok_or_else(|| object_store::Error::NotFound {
                 path: key.to_string(),
-                source: Box::new(HubFailure(io::Error::new(
+                source: Box::new(StoreFailure(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("{} has no file {}", self.what.repo, key.as_ref()),
                 ))),
@@ -134,12 +132,6 @@ impl Shared {
             e_tag: Some(file.blob().to_owned()),
             version: None,
         }
-    }
-
-    fn backoff(&self, attempt: usize) -> Duration {
-        self.backoff
-            .saturating_mul(1 << attempt.min(8))
-            .min(Duration::from_secs(15))
     }
 
     /// Where the file at `key` is read from: asked of the Hub once, then kept (`fresh`: asked
@@ -158,7 +150,7 @@ impl Shared {
             .url(&[&self.what.repo, "resolve", &self.commit, &file.path]);
         let resolved = self
             .api
-            .resolve(&url, &self.what, &file.path, self.retries, self.backoff)
+            .resolve(&url, &self.what, &file.path, self.retry)
             .await?;
         self.resolved
             .lock()
@@ -176,7 +168,7 @@ impl Shared {
     ) -> io::Result<reqwest::Response> {
         let mut fresh = false;
         let mut reresolved = 0;
-        let mut attempt = 0;
+        let mut delays = self.retry.delays();
         loop {
             let source = self.source(key, file, fresh).await?;
             fresh = false;
@@ -189,17 +181,17 @@ impl Shared {
                 );
                 let response = match request.send().await {
                     Ok(response) => response,
-                    Err(e) if attempt < self.retries => {
-                        let _ = e;
-                        break None;
-                    }
-                    Err(e) => {
-                        return Err(io::Error::other(format!(
-                            "{}: {}",
-                            file.path,
-                            backend_remote::transport_failure(&e).unwrap_or_else(|| e.to_string())
-                        )));
-                    }
+                    Err(e) => match delays.next() {
+                        Some(delay) => break Err(delay),
+                        None => {
+                            return Err(io::Error::other(format!(
+                                "{}: {}",
+                                file.path,
+                                backend_remote::transport_failure(&e)
+                                    .unwrap_or_else(|| e.to_string())
+                            )));
+                        }
+                    },
                 };
                 if response.status().is_redirection() {
                     hops += 1;
@@ -211,21 +203,25 @@ impl Shared {
                     url = target;
                     continue;
                 }
-                break Some(response);
+                break Ok(response);
             };
-            let Some(response) = response else {
-                tokio::time::sleep(self.backoff(attempt)).await;
-                attempt += 1;
-                continue;
+            // A transport failure: again, after its wait.
+            let response = match response {
+                Ok(response) => response,
+                Err(delay) => {
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
             };
             let status = response.status();
             if status == StatusCode::PARTIAL_CONTENT || status == StatusCode::OK {
                 check_range(&response, &range, file)?;
                 return Ok(response);
             }
-            if transient(status) && attempt < self.retries {
-                tokio::time::sleep(self.backoff(attempt)).await;
-                attempt += 1;
+            if transient(status)
+                && let Some(delay) = delays.next()
+            {
+                tokio::time::sleep(delay).await;
                 continue;
             }
             let expired = !self.api.on_hub(&url)
@@ -325,6 +321,8 @@ struct Body {
     received: u64,
     stream: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
     resumed: usize,
+    /// The waits before each resumption (the retry policy's).
+    delays: Box<dyn Iterator<Item = Duration> + Send>,
     done: bool,
 }
 
@@ -368,7 +366,7 @@ impl Body {
                 None => "the body ended early".to_owned(),
             };
             self.stream = None;
-            if self.resumed >= self.shared.retries {
+            let Some(delay) = self.delays.next() else {
                 self.done = true;
                 let e = io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -379,8 +377,8 @@ impl Body {
                     ),
                 );
                 return Some((Err(failure(e)), self));
-            }
-            tokio::time::sleep(self.shared.backoff(self.resumed)).await;
+            };
+            tokio::time::sleep(delay).await;
             self.resumed += 1;
         }
     }
@@ -500,6 +498,7 @@ impl ObjectStore for HubStore {
                 received: 0,
                 stream: None,
                 resumed: 0,
+                delays: Box::new(shared.retry.delays()),
                 done: false,
             };
             futures::stream::unfold(body, Body::next).boxed()

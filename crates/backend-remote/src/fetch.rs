@@ -5,7 +5,6 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
@@ -49,22 +48,16 @@ impl Inner {
 
     /// One ranged `GET`, conditional on `object`'s version, streamed into `dst`. Without an
     /// ETag a body cut short is not resumed: the whole range is asked for again, at most
-    /// `max_retries` times (with an ETag object_store resumes it, conditional on the ETag).
+    /// as often as the retry policy allows, after its waits (with an ETag object_store resumes
+    /// it, conditional on the ETag).
     async fn fetch_range(&self, object: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
-        let mut retries = 0;
+        let mut delays = self.retry.delays();
         loop {
             match self.fetch_range_once(object, offset, dst).await {
-                Err(Failure::Body(_))
-                    if object.version.etag.is_none() && retries < self.max_retries =>
-                {
-                    let doubling = 1u32 << retries.min(8);
-                    let backoff = self
-                        .retry_backoff
-                        .saturating_mul(doubling)
-                        .min(Duration::from_secs(15));
-                    retries += 1;
-                    tokio::time::sleep(backoff).await;
-                }
+                Err(Failure::Body(e)) if object.version.etag.is_none() => match delays.next() {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => return Err(e),
+                },
                 Err(Failure::Body(e) | Failure::Request(e)) => return Err(e),
                 Ok(()) => return Ok(()),
             }

@@ -9,7 +9,6 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
@@ -19,6 +18,7 @@ use crate::errors::io_error;
 use crate::location::{Location, Login};
 use crate::options::Interrupt;
 use crate::pace::Pace;
+use crate::retry::RetryPolicy;
 use crate::runtime::OwnedRuntime;
 use crate::version::{Object, Tracked, Validator, Version};
 
@@ -43,8 +43,7 @@ pub(crate) struct Inner {
     pub(crate) permits: tokio::sync::Semaphore,
     pub(crate) pace: Option<Pace>,
     pub(crate) range_size: usize,
-    pub(crate) max_retries: usize,
-    pub(crate) retry_backoff: Duration,
+    pub(crate) retry: RetryPolicy,
     /// Every version of each object (by URL) whose header was read, the latest last: reads
     /// are opened on the latest, and a load whose header is of an older one is refused; what
     /// a response showed of one version (`changed`) is never held against another.
@@ -81,7 +80,7 @@ impl std::fmt::Debug for Inner {
             .field("root", &self.root.root)
             .field("store", &format_args!("<{:?} store>", self.root.scheme))
             .field("range_size", &self.range_size)
-            .field("max_retries", &self.max_retries)
+            .field("retry", &self.retry)
             .field("redirects", &self.redirects)
             .field("stats", &self.stats())
             .finish_non_exhaustive()

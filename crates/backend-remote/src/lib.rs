@@ -27,9 +27,11 @@
 //! `size`). `Last-Modified` has whole seconds: a replacement within the second of the original
 //! write is invisible to it.
 //!
-//! Transient failures (5xx, dropped connections, a body cut short) are retried by
-//! `object_store` with exponential backoff, at most [`Options::max_retries`] times within
-//! [`Options::retry_timeout`]; with an ETag, a body cut short resumes from where it stopped,
+//! Transient failures (5xx, dropped connections, a body cut short) are retried under one
+//! [`RetryPolicy`] ([`Options::retry`]): at most [`Options::max_retries`] times, waiting an
+//! exponential backoff with a random jitter, the waits within [`Options::retry_timeout`]; the
+//! requests object_store makes are retried by it under the same numbers. With an ETag, a body
+//! cut short resumes from where it stopped,
 //! conditional on the same ETag. Without one, a cut body is never resumed (the rest could come
 //! from another version): its whole range is asked for again, conditional and checked like the
 //! first, at most [`Options::max_retries`] times.
@@ -64,6 +66,7 @@ mod location;
 mod options;
 mod pace;
 mod reader;
+mod retry;
 mod runtime;
 mod store;
 mod version;
@@ -79,6 +82,7 @@ pub use location::{REDACTED, Scheme, redacted, redacted_path, redacted_text};
 pub use object_store::ObjectStore;
 pub use options::{Interrupt, Options, is_secret_option, redacted_options};
 pub use reader::RemoteReader;
+pub use retry::{MAX_BACKOFF, RetryPolicy};
 pub use runtime::OwnedRuntime;
 pub use store::Remote;
 pub use version::{Object, Validator};

@@ -7,6 +7,7 @@ use std::time::Duration;
 use object_store::ClientConfigKey;
 
 use crate::location::{REDACTED, redacted};
+use crate::retry::RetryPolicy;
 
 /// How a [`Remote`](crate::Remote) reads. `Debug` shows no secret: the value of every store
 /// option that may hold one ([`is_secret_option`]) reads `<redacted>`.
@@ -20,11 +21,14 @@ pub struct Options {
     /// 4 MiB 1.46, 8 MiB 1.50, 16 MiB 1.16; a far store, with latency per request, favours the
     /// larger ranges.
     pub range_size: usize,
-    /// How many times a request that failed transiently is retried (default 5).
+    /// How many times a request that failed transiently is retried (default 5). With
+    /// `retry_backoff` and `retry_timeout`, the one [`RetryPolicy`] of every request
+    /// ([`Options::retry`]).
     pub max_retries: usize,
-    /// The first retry's backoff; each later one doubles it, up to 15 s (default 100 ms).
+    /// The first retry's backoff; each later one doubles it, up to 15 s, each with a random
+    /// jitter (default 100 ms).
     pub retry_backoff: Duration,
-    /// No retry starts later than this after the first attempt (default 2 min).
+    /// The waits between the tries of one request add up to at most this (default 2 min).
     pub retry_timeout: Duration,
     /// A request that has not finished after this long fails (and is retried) (default 5 min;
     /// a ranged `GET` of 8 MiB takes well under a second on any working link).
@@ -158,6 +162,17 @@ impl Interrupt {
 impl std::fmt::Debug for Interrupt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Interrupt(..)")
+    }
+}
+
+impl Options {
+    /// The retry policy these options give every request.
+    pub fn retry(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_retries: self.max_retries,
+            backoff: self.retry_backoff,
+            timeout: self.retry_timeout,
+        }
     }
 }
 

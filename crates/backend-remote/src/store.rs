@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use object_store::path::Path as Key;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::{ClientOptions, ObjectStore};
 use staging_core::{EntryKind, Error, FileIdentity, Store, StoreFile};
 
 use crate::client::{Connector, Redirects};
@@ -71,15 +71,7 @@ fn build_store(
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
     use object_store::http::HttpBuilder;
 
-    let retry = RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: options.retry_backoff,
-            max_backoff: Duration::from_secs(15),
-            base: 2.0,
-        },
-        max_retries: options.max_retries,
-        retry_timeout: options.retry_timeout,
-    };
+    let retry = options.retry().object_store();
     let client = ClientOptions::new()
         .with_timeout(options.request_timeout)
         .with_connect_timeout(Duration::from_secs(10));
@@ -231,8 +223,7 @@ impl Remote {
                 permits: tokio::sync::Semaphore::new(options.concurrency.max(1)),
                 pace: options.bandwidth.map(Pace::new),
                 range_size: options.range_size.max(4096),
-                max_retries: options.max_retries,
-                retry_backoff: options.retry_backoff,
+                retry: options.retry(),
                 versions: Mutex::new(HashMap::new()),
                 metas: Mutex::new(HashMap::new()),
                 redirects,
