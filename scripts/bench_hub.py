@@ -453,6 +453,8 @@ def tree(root: Path) -> Dict[str, str]:
             out[rel] = "dir"
         elif rel.startswith(".locks/"):
             out[rel] = "lock"
+        elif len(Path(rel).parts) >= 2 and Path(rel).parts[1] == "trees":
+            continue  # huggingface_hub's cache of tree listings, which a load does not list
         else:
             out[rel] = "file sha256 " + hashlib.sha256(p.read_bytes()).hexdigest()
     return out
@@ -507,6 +509,184 @@ def check(args: argparse.Namespace, hub: Hub, repo_id: str, work: Path) -> List[
         return problems
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# New commits: argv = [repo_id, out.json]; snapshot_download as `hf_download` does, its path.
+HF_SNAPSHOT = r"""
+import json, sys
+from huggingface_hub import snapshot_download
+path = snapshot_download(sys.argv[1], allow_patterns=ALLOW)
+open(sys.argv[2], "w").write(json.dumps(path))
+"""
+
+
+def commit_dir(work: Path, source: Path, name: str, change: Dict[str, bytes]) -> Path:
+    """A directory holding `source`'s files (hard links) with the files of `change` replaced:
+    the files of a new commit, served from disk like the first."""
+    out = work / "commits" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for f in repo_files(source):
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        if f in change:
+            (out / f).write_bytes(change[f])
+        else:
+            os.link(source / f, out / f)
+    return out
+
+
+def commits(args: argparse.Namespace, dirs: Dict[str, Path]) -> str:
+    """Bytes moved by a new commit, for each client on the same stand-in (a repo of its own,
+    so each sees the same history): the first load (cache empty), then a commit that edits
+    config.json only, then one that changes one byte of one shard's tensor data. Counted by
+    the Hub (body bytes its CDN, where the weights are, and its API sent), not by the
+    clients; `stage`'s report beside it. `load_into(since=)` runs in this process on a model
+    loaded at the first commit and says the bytes of the tensors it wrote."""
+    from fakehub import FakeHub
+
+    import safetensors_staging.torch as stt
+    from safetensors_staging.torch import load_into
+
+    lines = [
+        "| model | client | step | weights sent (CDN) B | other sent (Hub) B | expected weights B | report: downloaded / from cache / written B | s |",
+        "|---|---|---|---:|---:|---:|---|---:|",
+    ]
+    problems: List[str] = []
+    work = args.work
+    with FakeHub() as hub:
+        for m, d in dirs.items():
+            weights = [f for f in repo_files(d) if f.endswith(".safetensors")]
+            shard = weights[len(weights) // 2]
+            config = json.loads((d / "config.json").read_text())
+            config["edited_by_bench_hub"] = True
+            changed = bytearray((d / shard).read_bytes())
+            changed[-1] ^= 0xFF  # the last byte of the last tensor's data
+            steps = [
+                ("first load", None, sum((d / w).stat().st_size for w in weights)),
+                (
+                    "config.json edited",
+                    commit_dir(
+                        work, d, f"{m}-config", {"config.json": json.dumps(config).encode()}
+                    ),
+                    0,
+                ),
+                (
+                    f"{shard} changed",
+                    commit_dir(
+                        work,
+                        d,
+                        f"{m}-shard",
+                        {"config.json": json.dumps(config).encode(), shard: bytes(changed)},
+                    ),
+                    len(changed),
+                ),
+            ]
+            for client in ("hf_download", "stage", "load_into(since=)"):
+                repo = f"{ORG}/{m}-{client.split('(')[0]}"
+                held = hub.add_repo(repo, d)  # the commit the model holds
+                cache = Path(tempfile.mkdtemp(dir=work, prefix="commits-")) / "hub"
+                env = fresh_env(args, hub, cache)  # type: ignore[arg-type]
+                model: Dict[str, object] = {}
+                try:
+                    for step, files, expected in steps:
+                        if files is not None:
+                            hub.add_commit(repo, files)
+                        hub.clear_log()
+                        t0 = time.monotonic()
+                        note = ""
+                        if client == "hf_download":
+                            out = cache.parent / "snap.json"
+                            code = HF_SNAPSHOT.replace("ALLOW", repr(ALLOW))
+                            r = subprocess.run(
+                                [args.python, "-c", code, repo, str(out)],
+                                env=env,
+                                capture_output=True,
+                                text=True,
+                            )
+                            if r.returncode:
+                                note = f"failed: {first_error(r.stderr)}"
+                        elif client == "stage":
+                            r = subprocess.run(
+                                [args.stage, f"hf://{repo}", "--backend", "host", "--json"],
+                                env=env,
+                                capture_output=True,
+                                text=True,
+                            )
+                            if r.returncode:
+                                note = f"failed: {first_error(r.stderr)}"
+                            else:
+                                h = json.loads(r.stdout)["hub"]
+                                note = (
+                                    f"{h['bytes_downloaded']} / {h['bytes_from_cache']} / "
+                                    f"{h['bytes_written']}"
+                                )
+                        else:
+                            saved = {k: os.environ.get(k) for k in env}
+                            os.environ.update(env)
+                            try:
+                                if not model:
+                                    model.update(stt.load_file(f"hf://{repo}"))
+                                    tensor_bytes = sum(
+                                        t.numel() * t.element_size()  # type: ignore[attr-defined]
+                                        for t in model.values()
+                                    )
+                                    note = f"load_file: {len(model)} tensors, {tensor_bytes} B"
+                                else:
+                                    res = load_into(model, f"hf://{repo}", since=held)
+                                    rep = res.report
+                                    since = rep["since"]
+                                    note = (
+                                        f"wrote {rep['tensors']} tensors, {rep['bytes']} B; "
+                                        f"files changed {since['changed']}"
+                                    )
+                                    want = shard_tensor_bytes(d / shard) if expected else 0
+                                    if rep["bytes"] != want:
+                                        problems.append(
+                                            f"{m} load_into(since=) after {step}: wrote "
+                                            f"{rep['bytes']} B, {want} B expected"
+                                        )
+                                    held = since["commit"]
+                            finally:
+                                for k, v in saved.items():
+                                    if v is None:
+                                        os.environ.pop(k, None)
+                                    else:
+                                        os.environ[k] = v
+                        seconds = time.monotonic() - t0
+                        log = hub.log()
+                        cdn = sum(e.sent for e in log if e.server == "cdn")
+                        other = sum(e.sent for e in log if e.server == "hub")
+                        if not note.startswith("failed") and abs(cdn - expected) > 0.01 * max(
+                            expected, 1
+                        ):
+                            problems.append(
+                                f"{m} {client} after {step}: {cdn} weight bytes sent, "
+                                f"{expected} expected"
+                            )
+                        lines.append(
+                            f"| {m} | {client} | {step} | {cdn} | {other} | {expected} | "
+                            f"{note} | {seconds:.2f} |"
+                        )
+                        print(lines[-1], flush=True)
+                finally:
+                    shutil.rmtree(cache.parent, ignore_errors=True)
+    shutil.rmtree(work / "commits", ignore_errors=True)
+    verdict = "Goals (config edit: 0 weight bytes; one shard changed: its bytes within 1%): " + (
+        "met by every client." if not problems else "NOT met: " + "; ".join(problems)
+    )
+    return "\n".join(lines) + "\n\n" + verdict
+
+
+def shard_tensor_bytes(path: Path) -> int:
+    """The bytes of the tensors of one safetensors file (its data, not its header)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return sum(
+        v["data_offsets"][1] - v["data_offsets"][0]
+        for k, v in header.items()
+        if k != "__metadata__"
+    )
 
 
 def fmt_range(xs: List[float]) -> str:
@@ -583,6 +763,11 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="add the cuda rows")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check")
     ap.add_argument(
+        "--commits",
+        action="store_true",
+        help="measure the bytes new commits move (config edit, one shard changed), then the rows",
+    )
+    ap.add_argument(
         "--report", type=Path, default=None, help="print the tables of a --json file and exit"
     )
     ap.add_argument("--python", default=sys.executable)
@@ -654,6 +839,13 @@ def main() -> int:
 
     samples: List[dict] = []
     report: List[str] = []
+    if args.commits:
+        print("## new commits", flush=True)
+        text = commits(args, dirs)
+        report.append(f"### new commits\n\n{text}\n")
+        print(text, flush=True)
+        if args.rounds == 0:
+            return 0
     checked = False
     for rate in args.rates.split(","):
         hub = Hub(repos, rate, args.work)

@@ -144,9 +144,39 @@ pub(crate) fn stage(
             total_bytes: total,
             ended: false,
             progress: bar,
+            into: None,
         }),
         load: Mutex::new(Some(load)),
     })
+}
+
+impl PyLoad {
+    /// A load opened on a handle's backend (`_Reader.stream`): its calls are the handle's (a
+    /// close of either ends both), and its final report is added to the handle's
+    /// (`into`) when it ends.
+    pub(crate) fn on_handle(
+        load: Load<'static>,
+        device_index: i32,
+        calls: Arc<Calls>,
+        into: Arc<Mutex<Option<LoadReport>>>,
+    ) -> Self {
+        PyLoad {
+            held: load.held_memory(),
+            device_index,
+            given: GivenMap::default(),
+            calls,
+            stepping: AtomicBool::new(false),
+            info: Mutex::new(Info {
+                records: Vec::new(),
+                report: load.report(),
+                total_bytes: load.checkpoint().total_bytes(),
+                ended: false,
+                progress: None,
+                into: Some(into),
+            }),
+            load: Mutex::new(Some(load)),
+        }
+    }
 }
 
 /// What the methods other than `next` read: updated after each step, never locked across the
@@ -158,6 +188,8 @@ struct Info {
     total_bytes: u64,
     ended: bool,
     progress: Option<ProgressBar>,
+    /// A handle's report, which this load's final report is added to when it ends.
+    into: Option<Arc<Mutex<Option<LoadReport>>>>,
 }
 
 impl Info {
@@ -165,6 +197,12 @@ impl Info {
     fn end(&mut self, load: Option<Load<'static>>) {
         if let Some(load) = load {
             self.report = load.report();
+            if let Some(into) = self.into.take() {
+                match &mut *locked(&into) {
+                    Some(total) => total.absorb(&self.report),
+                    empty @ None => *empty = Some(self.report.clone()),
+                }
+            }
         }
         self.ended = true;
         if let Some(bar) = self.progress.take() {

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use safetensors_staging::{Checkpoint, Error, LoadReport, Prepared, RowRange, StagingPath, Tensor};
+use safetensors_staging::{
+    Checkpoint, Error, LoadReport, Prepared, RowRange, Selection, StagingPath, Tensor,
+};
 
 use crate::errors;
 use crate::info::{PyCheckpoint, interrupted_or};
 use crate::interrupt::Calls;
-use crate::load::staged;
+use crate::load::{PyLoad, staged};
 use crate::lock::locked;
 use crate::options::Keywords;
 
@@ -23,8 +25,9 @@ pub(crate) struct PyReader {
     /// `None` once closed: the backend, its buffers and the files kept open are let go.
     prepared: Mutex<Option<Prepared<'static>>>,
     checkpoint: Checkpoint,
-    /// Every read so far, as one report (`None` before the first).
-    report: Mutex<Option<LoadReport>>,
+    /// Every read so far, as one report (`None` before the first); a stream's is added when
+    /// it ends.
+    report: Arc<Mutex<Option<LoadReport>>>,
     backend: &'static str,
     /// Whether its reads hand out mappings of the files (`Prepared::maps`).
     maps: bool,
@@ -89,7 +92,7 @@ pub(crate) fn reader(
         map_asked,
         prepared: Mutex::new(Some(prepared)),
         checkpoint,
-        report: Mutex::new(None),
+        report: Arc::new(Mutex::new(None)),
         device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
         calls,
     })
@@ -191,6 +194,36 @@ impl PyReader {
                 Failure::Error(e) => interrupted_or(py, e),
             })?;
         staged(py, tensor, self.device_index)
+    }
+
+    /// The tensors `names` read in file order by one load on the handle's backend, as
+    /// `stage` reads them (its I/O threads and read-ahead across tensors): a `_Load` to iterate
+    /// for `(name, tensor)`. Its report is added to the handle's when it ends; closing the
+    /// handle ends it, and closing it closes the handle.
+    fn stream(&self, py: Python<'_>, names: Vec<String>) -> PyResult<PyLoad> {
+        let narrowed = self
+            .checkpoint
+            .select(&Selection::names(names))
+            .map_err(|e| errors::to_py(Error::from(e)))?;
+        let _call = self.calls.enter();
+        let load = py
+            .detach(|| -> Result<_, Failure> {
+                let mut prepared = locked(&self.prepared);
+                let Some(prepared) = prepared.as_mut().filter(|_| !self.calls.is_closed()) else {
+                    return Err(Failure::Closed);
+                };
+                Ok(prepared.open_checkpoint(narrowed)?)
+            })
+            .map_err(|e| match e {
+                Failure::Closed => errors::staging("File is closed"),
+                Failure::Error(e) => interrupted_or(py, e),
+            })?;
+        Ok(PyLoad::on_handle(
+            load,
+            self.device_index,
+            Arc::clone(&self.calls),
+            Arc::clone(&self.report),
+        ))
     }
 
     /// Columns `columns` (`(start, end)` of dimension 1) of the tensor `name` (of its rows

@@ -611,6 +611,35 @@ def test_transformers_helper_takes_a_model_id(
     assert_same_state(safetensors.torch.load_file(saved), ours)
 
 
+def test_transformers_helper_streaming_a_corrupted_byte_fails_naming_the_file(
+    bert_repo: FakeHub, berts: Tuple[Path, Path]
+) -> None:
+    """The weights are read ahead while the model is built: a wrong byte in them still fails
+    the load naming the file (none of it cached), and the thread reading ahead is gone."""
+    import threading
+
+    from safetensors_staging.transformers import from_pretrained
+
+    data = (berts[1] / "model.safetensors").read_bytes()
+    bert_repo.set_faults(corrupt={"model.safetensors": len(data) - 10})
+    with pytest.raises(st.ReadError) as e:
+        from_pretrained("org/bert")
+    message = str(e.value)
+    assert (
+        "model.safetensors: the bytes received do not match the SHA-256 the Hub lists" in message
+    ), message
+    assert not [t for t in threading.enumerate() if t.name == "from_pretrained-read-ahead"]
+    blobs = bert_repo.cache / "models--org--bert" / "blobs"
+    assert hashlib.sha256(data).hexdigest() not in {p.name for p in blobs.iterdir()}
+    # Whole again: the same call loads the model.
+    bert_repo.set_faults(corrupt={})
+    from transformers import AutoModel
+
+    assert_same_state(
+        state_of(from_pretrained("org/bert")), state_of(AutoModel.from_pretrained(berts[1]))
+    )
+
+
 def test_transformers_helper_without_the_cache_gets_the_config_from_transformers(
     bert_repo: FakeHub, berts: Tuple[Path, Path], tmp_path: Path
 ) -> None:

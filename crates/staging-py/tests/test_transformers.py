@@ -126,6 +126,58 @@ def test_each_weight_is_read_once_and_options_reach_the_loader(tmp_path: Path) -
     assert 0 < headers < 64 * 1024, "everything but the headers read, once"
 
 
+@pytest.mark.parametrize("ahead_bytes", [None, 1])
+def test_weights_read_ahead_are_the_ones_handed_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead_bytes: Any
+) -> None:
+    """A handle that reads (here `map=False`; a Hub stream, a GPU) reads every weight ahead, in
+    file order, while the model is built: each is read once, handed out to the weight it is
+    (bit-equal to `transformers`'), and nothing is left held. With room for one tensor ahead
+    (`ahead_bytes=1`), the weights asked for out of turn are read by the caller instead."""
+    from transformers import AutoModelForCausalLM
+
+    import safetensors_staging.transformers as helper
+
+    if ahead_bytes is not None:
+        monkeypatch.setattr(helper, "_AHEAD_BYTES", ahead_bytes)
+    path = small_causal_lm("qwen2", tmp_path)
+    handed: dict = {"ahead": 0, "own": 0}
+    aheads: list = []
+    take = helper._ReadAhead.take
+
+    def counting(self: Any, name: str) -> Any:
+        tensor = take(self, name)
+        handed["ahead" if tensor is not None else "own"] += 1
+        if self not in aheads:
+            aheads.append(self)
+        return tensor
+
+    monkeypatch.setattr(helper._ReadAhead, "take", counting)
+    handles: list = []
+    original = st.safe_open
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def close(self) -> None:
+            if not handles:
+                handles.append(self.report())
+            super().close()
+
+    monkeypatch.setattr(helper, "safe_open", Recording)
+    model = from_pretrained(path, AutoModelForCausalLM, map=False).eval()
+    reference = AutoModelForCausalLM.from_pretrained(path).eval()
+    same_state(model, reference)
+    tensors = len(model.state_dict())
+    assert handed["ahead"] + handed["own"] == tensors
+    if ahead_bytes is None:
+        assert handed == {"ahead": tensors, "own": 0}, handed
+    else:
+        assert handed["ahead"] >= 1 and handed["own"] >= 1, handed
+    (report,) = handles
+    assert report["tensors"] == tensors, "each weight read once"
+    (ahead,) = aheads
+    assert ahead._read == {} and ahead._held == 0 and not ahead._thread.is_alive()
+
+
 def test_a_wrong_model_class_is_refused(minilm_dir: Path) -> None:
     from transformers import AutoModelForImageClassification
 

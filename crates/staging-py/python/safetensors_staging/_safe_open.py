@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._convert import ToJax, ToNumpy, ToTorch
@@ -197,6 +197,15 @@ class safe_open:
         if self._mapped and staged.path != "mapped":
             self._mapped = False  # no memory for a mapping: this handle reads, and reads ahead
         return self._convert.convert(staged, info.dtype, list(info.shape), name)
+
+    def _stream(self, names: List[str]) -> Iterator[Tuple[str, Any]]:
+        """The tensors `names`, read in file order by one load on this handle's backend (as
+        `stage` reads), as `(name, tensor)`: for a caller that reads ahead itself. Its reads
+        count in `report()` once it ends; closing the handle ends it."""
+        self._check_open()
+        for name, staged in self._reader.stream(names):
+            info = self._infos[name]
+            yield name, self._convert.convert(staged, info.dtype, list(info.shape), name)
 
     def _read_ahead_after(self, name: str) -> Optional[Future[Any]]:
         """The read of `name` already under way, if any; and the next tensor read ahead when
