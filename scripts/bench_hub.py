@@ -46,6 +46,13 @@ the page cache (warm) except in the `(cold)` rows; the cache each sample writes 
 it and `sync` runs before each sample (both outside the timing), so no sample pays for the
 writeback of another's.
 
+With `--commits`, first: the bytes new commits move. For `snapshot_download`, `stage` and
+`load_into(since=)` (each with a repository of its own on one stand-in in `--control` mode, so
+each sees the same history): a first load, then a commit editing `config.json` only (goal: 0
+weight bytes), then one changing the last byte of one shard (goal: that shard's bytes, within
+1%). Counted by the stand-in (body bytes its CDN and its API sent), `stage`'s report and the
+tensors `load_into` wrote beside them. `--rounds 0 --commits` runs this alone.
+
 Once per model, before the timed rows: the tensors of our load equal `safetensors`' of the
 files `snapshot_download` fetched (sha256 of every tensor's bytes), and our cache tree equals
 `snapshot_download`'s of the same files (names, link targets, blob bytes; `.locks` by name).
@@ -54,7 +61,7 @@ Usage:
 
     PYTHONPATH=/work/artifacts/site python scripts/bench_hub.py [--rounds 5]
         [--rates 100MB,300MB,unlimited] [--models minilm,synthetic] [--synthetic-size 1GiB]
-        [--work DIR] [--json OUT] [--only ROWS] [--cold] [--gpu]
+        [--work DIR] [--json OUT] [--only ROWS] [--cold] [--gpu] [--commits]
 """
 
 from __future__ import annotations
@@ -447,14 +454,14 @@ def tree(root: Path) -> Dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
+        if len(Path(rel).parts) >= 2 and Path(rel).parts[1] == "trees":
+            continue  # huggingface_hub's cache of tree listings, which a load does not list
         if p.is_symlink():
             out[rel] = "link -> " + os.readlink(p)
         elif p.is_dir():
             out[rel] = "dir"
         elif rel.startswith(".locks/"):
             out[rel] = "lock"
-        elif len(Path(rel).parts) >= 2 and Path(rel).parts[1] == "trees":
-            continue  # huggingface_hub's cache of tree listings, which a load does not list
         else:
             out[rel] = "file sha256 " + hashlib.sha256(p.read_bytes()).hexdigest()
     return out

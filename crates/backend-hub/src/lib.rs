@@ -586,6 +586,9 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         dirs.prepare().map_err(|e| error_at(&what, e))?;
         dirs.write_ref(what.revision_or_main(), &commit)
             .map_err(|e| error_at(&what, e))?;
+        // The small files the cache lacks are asked for at once (a dozen requests of a few
+        // kB each: their round trips, not their bytes, are what they cost), then written.
+        let mut fetch = Vec::new();
         for file in &small {
             if linked(file) {
                 continue;
@@ -598,15 +601,31 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
                     .filter(|_| Some(&file.path) == index.as_ref())
                 {
                     Some(bytes) => dirs.put_whole(&commit, file, bytes),
-                    None => runtime
-                        .block_on(
-                            options.interrupt.as_ref(),
-                            fetch_whole(&api, &what, &commit, file, retry, &counters),
-                        )
-                        .and_then(|bytes| dirs.put_whole(&commit, file, &bytes)),
+                    None => {
+                        fetch.push(*file);
+                        Ok(0)
+                    }
                 }
             };
             Counters::add(&counters.written, fetched.map_err(|e| error_at(&what, e))?);
+        }
+        let fetched = runtime
+            .block_on(options.interrupt.as_ref(), async {
+                use futures::{StreamExt, TryStreamExt};
+                futures::stream::iter(fetch.iter().map(|file| async {
+                    let bytes = fetch_whole(&api, &what, &commit, file, retry, &counters).await?;
+                    Ok::<_, io::Error>((*file, bytes))
+                }))
+                .buffer_unordered(SMALL_FILES_AT_ONCE)
+                .try_collect::<Vec<_>>()
+                .await
+            })
+            .map_err(|e| error_at(&what, e))?;
+        for (file, bytes) in fetched {
+            let written = dirs
+                .put_whole(&commit, file, &bytes)
+                .map_err(|e| error_at(&what, e))?;
+            Counters::add(&counters.written, written);
         }
         // Weights already in the cache (read at another commit, or by an earlier load that
         // stopped) are linked, and read from the cache, not the network.
@@ -938,6 +957,9 @@ fn open_offline(
     };
     Ok(local_load(what, dirs, commit, counters))
 }
+
+/// Small files (configs, tokenizer) asked for at once, at most.
+const SMALL_FILES_AT_ONCE: usize = 8;
 
 /// A small file's bytes, whole, checked against the listing.
 async fn fetch_whole(

@@ -179,6 +179,22 @@ impl PyLoad {
     }
 }
 
+impl Drop for PyLoad {
+    /// A load dropped before it ended (a stream left part-way: its iterator let go of) ends
+    /// here, so that its reads still reach the handle's report (`Info::into`).
+    fn drop(&mut self) {
+        let load = self
+            .load
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let info = self.info.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !info.ended {
+            info.end(load);
+        }
+    }
+}
+
 /// What the methods other than `next` read: updated after each step, never locked across the
 /// destination callback.
 struct Info {

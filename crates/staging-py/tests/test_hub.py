@@ -616,14 +616,29 @@ def test_transformers_helper_streaming_a_corrupted_byte_fails_naming_the_file(
 ) -> None:
     """The weights are read ahead while the model is built: a wrong byte in them still fails
     the load naming the file (none of it cached), and the thread reading ahead is gone."""
+    import gc
     import threading
 
+    import safetensors_staging.transformers as helper
     from safetensors_staging.transformers import from_pretrained
+
+    started: list = []
+    start = helper._ReadAhead.start
+
+    def recording(self: Any) -> bool:
+        started.append(start(self))
+        return started[-1]
 
     data = (berts[1] / "model.safetensors").read_bytes()
     bert_repo.set_faults(corrupt={"model.safetensors": len(data) - 10})
-    with pytest.raises(st.ReadError) as e:
-        from_pretrained("org/bert")
+    helper._ReadAhead.start = recording  # type: ignore[method-assign]
+    try:
+        with pytest.raises(st.ReadError) as e:
+            from_pretrained("org/bert")
+    finally:
+        helper._ReadAhead.start = start  # type: ignore[method-assign]
+    assert started == [True], "the weights were read ahead"
+    assert gc.isenabled()
     message = str(e.value)
     assert (
         "model.safetensors: the bytes received do not match the SHA-256 the Hub lists" in message

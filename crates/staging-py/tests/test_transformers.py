@@ -178,6 +178,58 @@ def test_weights_read_ahead_are_the_ones_handed_out(
     assert ahead._read == {} and ahead._held == 0 and not ahead._thread.is_alive()
 
 
+@pytest.mark.parametrize("ahead_bytes", [None, 1])
+def test_tensors_the_model_does_not_take_are_read_ahead_and_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead_bytes: Any
+) -> None:
+    """A base model from a causal LM's checkpoint: `lm_head.weight` is in the checkpoint and
+    never asked for. It is read ahead and held (with room for one tensor, the thread then waits
+    for room and the rest are read by their callers), and the load ends all the same, with the
+    model `transformers` builds from the same files, the thread gone and the GC on again."""
+    import gc
+    import threading
+
+    from transformers import AutoModel
+
+    import safetensors_staging.transformers as helper
+
+    if ahead_bytes is not None:
+        monkeypatch.setattr(helper, "_AHEAD_BYTES", ahead_bytes)
+    path = small_causal_lm("qwen2", tmp_path)
+    ours = from_pretrained(path, AutoModel, map=False).eval()
+    reference = AutoModel.from_pretrained(path).eval()
+    assert type(ours) is type(reference)
+    same_state(ours, reference)
+    assert not [t for t in threading.enumerate() if t.name == "from_pretrained-read-ahead"]
+    assert gc.isenabled()
+
+
+def test_a_stream_of_a_handle_counts_in_its_report_also_when_left_part_way(
+    tmp_path: Path,
+) -> None:
+    """`safe_open._stream` (what the read ahead iterates): one load on the handle's backend
+    whose reads are added to the handle's report when it ends, or when it is let go of
+    part-way; the handle reads on after it."""
+    import gc
+
+    path = small_causal_lm("qwen2", tmp_path)
+    with st.safe_open(path, framework="pt", map=False) as handle:
+        names = handle.offset_keys()
+        stream = handle._stream(names)
+        got = [next(stream) for _ in range(3)]
+        assert [name for name, _ in got] == names[:3]
+        for name, tensor in got:
+            assert torch.equal(tensor, handle.get_slice(name)[...]), name
+        before = handle.report()["tensors"]
+        assert before == 3, "the three slices; the stream counts when it ends"
+        del stream
+        gc.collect()
+        report = handle.report()
+        assert report["tensors"] == before + 3
+        assert report["bytes"] == 2 * sum(t.numel() * t.element_size() for _, t in got)
+        assert list(handle.get_tensor(names[5]).shape) == handle.get_slice(names[5]).get_shape()
+
+
 def test_a_wrong_model_class_is_refused(minilm_dir: Path) -> None:
     from transformers import AutoModelForImageClassification
 

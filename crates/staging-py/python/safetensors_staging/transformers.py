@@ -69,15 +69,32 @@ class _ReadAhead:
         self._thread = threading.Thread(
             target=self._run, name="from_pretrained-read-ahead", daemon=True
         )
-        self._thread.start()
+
+    def start(self) -> bool:
+        """Starts the thread; False when none can be started (a limit on threads): the slices
+        then read for themselves, as without a read ahead."""
+        try:
+            self._thread.start()
+        except RuntimeError:
+            with self._cond:
+                self._stopped = True
+            return False
+        return True
 
     def _run(self) -> None:
+        try:
+            self._read_groups()
+        finally:
+            # However the thread ends (done, a failure, a close), no caller waits for it.
+            with self._cond:
+                self._stopped = True
+                self._cond.notify_all()
+
+    def _read_groups(self) -> None:
         while True:
             with self._cond:
                 group = self._group()
                 if self._stopped or not group:
-                    self._stopped = True
-                    self._cond.notify_all()
                     return
                 need = sum(self._sizes[name] for name in group)
                 if self._held and self._held + need > _AHEAD_BYTES:
@@ -86,7 +103,7 @@ class _ReadAhead:
                     self._cond.wait()
                     self._waiting_for_room = False
                     continue
-                end = self._names.index(group[-1], self._next) + 1
+                end = self._handle._position[group[-1]] + 1
             try:
                 # One load of the group, as `stage` reads (its I/O threads, its reads across
                 # tensors), not a load per tensor.
@@ -100,9 +117,6 @@ class _ReadAhead:
             except BaseException:
                 # Any failure (a read, a close): the callers read for themselves, and their
                 # reads raise what is wrong, naming their tensor.
-                with self._cond:
-                    self._stopped = True
-                    self._cond.notify_all()
                 return
             with self._cond:
                 self._next = end
@@ -129,7 +143,7 @@ class _ReadAhead:
                     self._held -= self._sizes[name]
                     self._cond.notify_all()
                     return self._read.pop(name)
-                position = self._position(name)
+                position = self._handle._position.get(name)
                 coming = (
                     not self._stopped
                     and position is not None
@@ -139,14 +153,9 @@ class _ReadAhead:
                 )
                 if not coming:
                     self._skip.add(name)
+                    self._cond.notify_all()  # a group waiting for room may fit now
                     return None
                 self._cond.wait()
-
-    def _position(self, name: str) -> Optional[int]:
-        try:
-            return self._names.index(name, self._next)
-        except ValueError:
-            return None
 
     def stop(self) -> None:
         """Ends the reads ahead (one under way ends with the handle's close) and drops what
@@ -158,7 +167,8 @@ class _ReadAhead:
             self._cond.notify_all()
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
 
 
 class _AheadSlice:
@@ -177,7 +187,7 @@ class _AheadSlice:
         return str(self._inner.get_dtype())
 
     def __getitem__(self, key: Any) -> Any:
-        if key is Ellipsis or key == slice(None):
+        if key is Ellipsis or (isinstance(key, slice) and key == slice(None)):
             tensor = self._ahead.take(self._name)
             if tensor is not None:
                 return tensor
@@ -294,8 +304,10 @@ def from_pretrained(
         # tensors are handed out: 0.5 s of a 1 GiB model's 4.5 s on a 2-core VM (2026-12-06),
         # on the core the reads ahead share. Cycles made meanwhile are collected after.
         collecting = gc.isenabled()
-        gc.disable()
         try:
+            gc.disable()
+            if ahead is not None and not ahead.start():
+                ahead = None
             return _build(handle, ahead, model_class, config, kwargs, device, loader_options)
         finally:
             if collecting:
