@@ -37,7 +37,7 @@ const CACHEDIR_TAG: &str = "Signature: 8a477f597d28d172789f06886806bc55\n\
 #\thttps://bford.info/cachedir/\n";
 
 /// Bytes hashed per read of the written prefix.
-const HASH_CHUNK: usize = 8 << 20;
+const HASH_CHUNK: usize = 1 << 20;
 
 /// An error about the cache at `path`.
 fn cache_error(path: &Path, e: &io::Error) -> io::Error {
