@@ -678,12 +678,7 @@ mod tests {
         dirs.prepare().unwrap();
         let bytes = vec![3u8; 4096];
         let file = tree_file("model.safetensors", &bytes, true);
-        let cache = HubCache::new(
-            dirs.clone(),
-            COMMIT.into(),
-            HashMap::from([("k".to_owned(), file.clone())]),
-            Arc::default(),
-        );
+        let cache = cache_of_one(&dirs, &file);
         cache.write("k", 0, &bytes).unwrap();
         cache.commit_if_whole("k").unwrap();
         assert_eq!(LOCK_FREE_AT_RENAME.with(std::cell::Cell::get), Some(false));
@@ -742,6 +737,16 @@ mod tests {
 
     const COMMIT: &str = "c0ffee0000000000000000000000000000000000";
 
+    /// A cache for one file, under the key `"k"`, at [`COMMIT`].
+    fn cache_of_one(dirs: &RepoCache, file: &TreeFile) -> HubCache {
+        HubCache::new(
+            dirs.clone(),
+            COMMIT.into(),
+            HashMap::from([("k".to_owned(), file.clone())]),
+            Arc::default(),
+        )
+    }
+
     #[test]
     fn a_file_written_out_of_order_is_committed_once_whole_and_right() {
         let dir = tempfile::tempdir().unwrap();
@@ -751,12 +756,7 @@ mod tests {
             .map(|i| (i % 251) as u8)
             .collect();
         let file = tree_file("sub/model.safetensors", &bytes, true);
-        let cache = HubCache::new(
-            dirs.clone(),
-            COMMIT.into(),
-            HashMap::from([("k".to_owned(), file.clone())]),
-            Arc::default(),
-        );
+        let cache = cache_of_one(&dirs, &file);
         let half = bytes.len() / 2;
         cache.write("k", half as u64, &bytes[half..]).unwrap();
         cache.commit_if_whole("k").unwrap();
@@ -786,12 +786,7 @@ mod tests {
         dirs.prepare().unwrap();
         let bytes = vec![7u8; 1000];
         let file = tree_file("model.safetensors", &bytes, true);
-        let cache = HubCache::new(
-            dirs.clone(),
-            COMMIT.into(),
-            HashMap::from([("k".to_owned(), file.clone())]),
-            Arc::default(),
-        );
+        let cache = cache_of_one(&dirs, &file);
         let mut wrong = bytes.clone();
         wrong[500] ^= 0xff;
         cache.write("k", 0, &wrong).unwrap();

@@ -52,6 +52,15 @@ def hf_cache(hub: FakeHub) -> Path:
     return cache
 
 
+def both_cached(hub: FakeHub) -> Path:
+    """The repo downloaded by `huggingface_hub` (into the cache returned) and loaded by the
+    library (into the test's own cache): where each case starts from a cached model."""
+    cache = hf_cache(hub)
+    hf_snapshot(hub, cache)
+    ours(hub)
+    return cache
+
+
 def snapshot_files(result: Dict[str, Any]) -> Dict[str, bytes]:
     assert "ok" in result, result
     return files_of(Path(result["ok"]))
@@ -74,9 +83,7 @@ def test_a_mirror_addressed_with_a_path(hub: FakeHub, sharded_dir: Path, monkeyp
 def test_an_outage_or_a_rate_limit_serves_the_cache(
     hub: FakeHub, sharded_dir: Path, status: int
 ) -> None:
-    theirs_cache = hf_cache(hub)
-    hf_snapshot(hub, theirs_cache)
-    ours(hub)
+    theirs_cache = both_cached(hub)
     hub.set_faults(outage=status)
     theirs, their_bytes = hf_snapshot(hub, theirs_cache)
     assert snapshot_files(theirs) == files_of(sharded_dir), status
@@ -98,9 +105,7 @@ def test_an_outage_without_the_model_cached_fails_both(hub: FakeHub) -> None:
 def test_a_commit_that_leaves_the_weights_alone_downloads_none(
     hub: FakeHub, sharded_dir: Path
 ) -> None:
-    theirs_cache = hf_cache(hub)
-    hf_snapshot(hub, theirs_cache)
-    ours(hub)
+    theirs_cache = both_cached(hub)
     files = files_of(sharded_dir)
     files["config.json"] = b'{"model_type": "bert", "edited": true}'
     commit = hub.add_commit(REPO, files)
@@ -117,9 +122,7 @@ def test_a_commit_that_leaves_the_weights_alone_downloads_none(
 def test_one_changed_shard_of_a_new_commit_is_the_only_download(
     hub: FakeHub, sharded_dir: Path, tmp_path: Path
 ) -> None:
-    theirs_cache = hf_cache(hub)
-    hf_snapshot(hub, theirs_cache)
-    ours(hub)
+    theirs_cache = both_cached(hub)
     files = files_of(sharded_dir)
     changed = bytearray(files[SHARDS[1]])
     changed[-1] ^= 0xFF  # the last byte of a tensor's data
@@ -152,9 +155,7 @@ def test_a_complete_read_only_cache_without_locks_loads_as_it_is(
 ) -> None:
     """A copied or mounted model volume: both clients read it and write nothing (where the file
     system cannot make root read-only, the test still sees nothing written)."""
-    theirs_cache = hf_cache(hub)
-    hf_snapshot(hub, theirs_cache)
-    ours(hub)
+    theirs_cache = both_cached(hub)
     caches = (theirs_cache, hub.cache)
     for cache in caches:
         subprocess.run(["rm", "-rf", str(cache / ".locks")], check=True)
