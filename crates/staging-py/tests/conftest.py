@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import textwrap
@@ -16,6 +17,14 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+# A runner that starts this suite in the background with job control off (`cmd &` in a
+# script) leaves SIGINT ignored, and every process it starts inherits that: the Ctrl-C tests
+# would wait for an interrupt that never comes. Python's own handler again (a child started
+# from here gets the default disposition, and installs Python's).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Every dtype the format knows, with its bits per element.
 BITS = {

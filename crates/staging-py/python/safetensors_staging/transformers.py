@@ -274,6 +274,11 @@ def from_pretrained(
         **loader_options: this library's options (`backend`, `memory_cap`, `chunk_size`,
             remote options, ...), as for `load_file`.
 
+    Where the weights are read rather than mapped (the Hub, a URL, a GPU) and no `tp_plan` is
+    given, they are read on a thread of their own while the model is built (at most 2 GiB
+    held before `transformers` takes them), and Python's cyclic garbage collector is paused
+    until this returns (see the module's docs).
+
     Returns:
         The model, built by `model_class.from_pretrained(None, config=..., state_dict=...)`.
 
