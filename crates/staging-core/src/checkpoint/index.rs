@@ -5,7 +5,7 @@
 //! index cannot reach outside its directory by what it says. Symlinks are followed wherever they
 //! point, as Python `safetensors` and `transformers` do, so hub-cache snapshots load as they are.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -86,12 +86,18 @@ impl Checkpoint {
         for path in &shard_paths {
             parsed.push(read_header(store, path)?);
         }
-        // The index and the headers must agree both ways.
+        // The index and the headers must agree both ways. Each shard's names as a set: a
+        // scan of the shard per name listed was quadratic in the tensors of a shard (60,000
+        // tensors in one file: 6.3 s of a 6.6 s load).
+        let held: Vec<HashSet<&str>> = parsed
+            .iter()
+            .map(|p| p.tensors.iter().map(|t| t.name.as_str()).collect())
+            .collect();
         for (tensor, shard_name) in &index.weight_map {
             let slot = shard_of_name.get(shard_name.as_str()).copied();
             let found = slot
-                .and_then(|s| parsed.get(s))
-                .is_some_and(|p| p.tensors.iter().any(|t| &t.name == tensor));
+                .and_then(|s| held.get(s))
+                .is_some_and(|names| names.contains(tensor.as_str()));
             if !found {
                 return Err(Error::index(
                     index_path,
