@@ -119,7 +119,6 @@ pub(crate) fn stage(
         .detach(move || prepared.open_checkpoint(checkpoint))
         .map_err(|e| interrupted_or(py, e))?;
     drop(call);
-    let report = load.report();
     let total = load.checkpoint().total_bytes();
     let bar = if progress && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total);
@@ -132,22 +131,14 @@ pub(crate) fn stage(
     } else {
         None
     };
-    Ok(PyLoad {
-        held: load.held_memory(),
-        device_index: i32::try_from(gpu).unwrap_or(i32::MAX),
+    Ok(PyLoad::new(
+        load,
+        i32::try_from(gpu).unwrap_or(i32::MAX),
         given,
         calls,
-        stepping: AtomicBool::new(false),
-        info: Mutex::new(Info {
-            records: Vec::new(),
-            report,
-            total_bytes: total,
-            ended: false,
-            progress: bar,
-            into: None,
-        }),
-        load: Mutex::new(Some(load)),
-    })
+        bar,
+        None,
+    ))
 }
 
 impl PyLoad {
@@ -160,10 +151,28 @@ impl PyLoad {
         calls: Arc<Calls>,
         into: Arc<Mutex<Option<LoadReport>>>,
     ) -> Self {
+        Self::new(
+            load,
+            device_index,
+            GivenMap::default(),
+            calls,
+            None,
+            Some(into),
+        )
+    }
+
+    fn new(
+        load: Load<'static>,
+        device_index: i32,
+        given: GivenMap,
+        calls: Arc<Calls>,
+        progress: Option<ProgressBar>,
+        into: Option<Arc<Mutex<Option<LoadReport>>>>,
+    ) -> Self {
         PyLoad {
             held: load.held_memory(),
             device_index,
-            given: GivenMap::default(),
+            given,
             calls,
             stepping: AtomicBool::new(false),
             info: Mutex::new(Info {
@@ -171,8 +180,8 @@ impl PyLoad {
                 report: load.report(),
                 total_bytes: load.checkpoint().total_bytes(),
                 ended: false,
-                progress: None,
-                into: Some(into),
+                progress,
+                into,
             }),
             load: Mutex::new(Some(load)),
         }
@@ -195,6 +204,14 @@ impl Drop for PyLoad {
     }
 }
 
+/// Adds `report` to the running report `into` (its first, when empty).
+pub(crate) fn absorb(into: &Mutex<Option<LoadReport>>, report: &LoadReport) {
+    match &mut *locked(into) {
+        Some(total) => total.absorb(report),
+        empty @ None => *empty = Some(report.clone()),
+    }
+}
+
 /// What the methods other than `next` read: updated after each step, never locked across the
 /// destination callback.
 struct Info {
@@ -214,10 +231,7 @@ impl Info {
         if let Some(load) = load {
             self.report = load.report();
             if let Some(into) = self.into.take() {
-                match &mut *locked(&into) {
-                    Some(total) => total.absorb(&self.report),
-                    empty @ None => *empty = Some(self.report.clone()),
-                }
+                absorb(&into, &self.report);
             }
         }
         self.ended = true;

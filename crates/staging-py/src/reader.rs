@@ -15,7 +15,7 @@ use safetensors_staging::{
 use crate::errors;
 use crate::info::{PyCheckpoint, interrupted_or};
 use crate::interrupt::Calls;
-use crate::load::{PyLoad, staged};
+use crate::load::{PyLoad, absorb, staged};
 use crate::lock::locked;
 use crate::options::Keywords;
 
@@ -99,6 +99,28 @@ pub(crate) fn reader(
 }
 
 impl PyReader {
+    /// `f` on the handle's backend, locked for its length; `Failure::Closed` once closed.
+    fn with_prepared<T>(
+        &self,
+        f: impl FnOnce(&mut Prepared<'static>) -> Result<T, Error>,
+    ) -> Result<T, Failure> {
+        let mut prepared = locked(&self.prepared);
+        match prepared.as_mut().filter(|_| !self.calls.is_closed()) {
+            Some(prepared) => Ok(f(prepared)?),
+            None => Err(Failure::Closed),
+        }
+    }
+
+    /// The Python error for a read that failed: "File is closed" for a handle closed before
+    /// or during it (a read its close interrupted, too), else the library's error.
+    fn to_py(&self, py: Python<'_>, failure: Failure) -> PyErr {
+        match failure {
+            Failure::Closed => errors::staging("File is closed"),
+            Failure::Error(_) if self.calls.is_closed() => errors::staging("File is closed"),
+            Failure::Error(e) => interrupted_or(py, e),
+        }
+    }
+
     /// One load of `name` (its rows `rows` when given), on the handle's backend. With
     /// `columns` (of dimension 1), the caller takes only those columns of what it reads: a
     /// tensor mapped from its file then counts only their bytes as read (the caller's view
@@ -115,13 +137,7 @@ impl PyReader {
             .map_err(Error::from)?;
         // The backend is locked only to open the load (a load owns what it reads with), so
         // reads of several threads, and a read ahead, move bytes at once.
-        let mut load = {
-            let mut prepared = locked(&self.prepared);
-            let Some(prepared) = prepared.as_mut().filter(|_| !self.calls.is_closed()) else {
-                return Err(Failure::Closed);
-            };
-            prepared.open_checkpoint(narrowed)?
-        };
+        let mut load = self.with_prepared(|prepared| prepared.open_checkpoint(narrowed))?;
         let tensor = match load.next() {
             Some(tensor) => tensor?,
             None => {
@@ -146,10 +162,7 @@ impl PyReader {
                 report.read_requests = report.read_requests.saturating_sub(1);
             }
         }
-        match &mut *locked(&self.report) {
-            Some(total) => total.absorb(&report),
-            empty @ None => *empty = Some(report),
-        }
+        absorb(&self.report, &report);
         Ok(tensor)
     }
 }
@@ -187,12 +200,7 @@ impl PyReader {
         let _call = self.calls.enter();
         let tensor = py
             .detach(|| self.load_one(name, rows, columns))
-            .map_err(|e| match e {
-                // A read the handle's close() interrupted, too.
-                Failure::Closed => errors::staging("File is closed"),
-                Failure::Error(_) if self.calls.is_closed() => errors::staging("File is closed"),
-                Failure::Error(e) => interrupted_or(py, e),
-            })?;
+            .map_err(|e| self.to_py(py, e))?;
         staged(py, tensor, self.device_index)
     }
 
@@ -207,17 +215,8 @@ impl PyReader {
             .map_err(|e| errors::to_py(Error::from(e)))?;
         let _call = self.calls.enter();
         let load = py
-            .detach(|| -> Result<_, Failure> {
-                let mut prepared = locked(&self.prepared);
-                let Some(prepared) = prepared.as_mut().filter(|_| !self.calls.is_closed()) else {
-                    return Err(Failure::Closed);
-                };
-                Ok(prepared.open_checkpoint(narrowed)?)
-            })
-            .map_err(|e| match e {
-                Failure::Closed => errors::staging("File is closed"),
-                Failure::Error(e) => interrupted_or(py, e),
-            })?;
+            .detach(|| self.with_prepared(|prepared| prepared.open_checkpoint(narrowed)))
+            .map_err(|e| self.to_py(py, e))?;
         Ok(PyLoad::on_handle(
             load,
             self.device_index,
@@ -244,30 +243,18 @@ impl PyReader {
                 .checkpoint
                 .only(name, rows.as_ref())
                 .map_err(Error::from)?;
-            let read = {
-                let mut prepared = locked(&self.prepared);
-                let Some(prepared) = prepared.as_mut().filter(|_| !self.calls.is_closed()) else {
-                    return Err(Failure::Closed);
-                };
-                prepared.read_columns(&narrowed, columns.0..columns.1)?
-            };
+            let read = self
+                .with_prepared(|prepared| prepared.read_columns(&narrowed, columns.0..columns.1))?;
             let Some((tensor, report)) = read else {
                 return Ok(None);
             };
-            match &mut *locked(&self.report) {
-                Some(total) => total.absorb(&report),
-                empty @ None => *empty = Some(report),
-            }
+            absorb(&self.report, &report);
             Ok(Some(tensor))
         });
         match read {
             Ok(Some(tensor)) => staged(py, tensor, self.device_index).map(Some),
             Ok(None) => Ok(None),
-            Err(Failure::Closed) => Err(errors::staging("File is closed")),
-            Err(Failure::Error(_)) if self.calls.is_closed() => {
-                Err(errors::staging("File is closed"))
-            }
-            Err(Failure::Error(e)) => Err(interrupted_or(py, e)),
+            Err(failure) => Err(self.to_py(py, failure)),
         }
     }
 

@@ -55,10 +55,10 @@ class _ReadAhead:
     asks for), one asked for twice, one after the thread stopped on an error (the caller's own
     read then says what failed, for its tensor). A tensor a caller reads is not read here."""
 
-    def __init__(self, handle: safe_open, names: List[str], sizes: Dict[str, int]) -> None:
+    def __init__(self, handle: safe_open) -> None:
         self._handle = handle
-        self._names = names
-        self._sizes = sizes
+        self._names = handle.offset_keys()
+        self._sizes = {name: handle._infos[name].nbytes for name in self._names}
         self._cond = threading.Condition()
         self._read: Dict[str, Any] = {}  # read, not yet taken
         self._skip: Set[str] = set()  # taken by a caller's own read: not read here
@@ -301,8 +301,7 @@ def from_pretrained(
     with safe_open(hub or path, framework="pt", device=device, **loader_options) as handle:
         ahead = None
         if not handle._mapped and "tp_plan" not in kwargs:
-            names = handle.offset_keys()
-            ahead = _ReadAhead(handle, names, {n: handle._infos[n].nbytes for n in names})
+            ahead = _ReadAhead(handle)
         # Python's cyclic garbage collector is paused while the model is built, and restored
         # after: its full collections scan every object torch and transformers have made (a
         # million and more), again and again while the model's module is imported and its
