@@ -11,10 +11,12 @@ import errno
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -26,17 +28,20 @@ HINT = "the system refused another thread"
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint another user may read (the child runs as `nobody`)."""
-    directory = tmp_path_factory.mktemp("resources")
-    # Two tensors: a handle reading them in order reads the second ahead, on a thread.
-    write_safetensors(directory / "model.safetensors", [("v", "F32", (8,)), ("w", "F32", (64, 64))])
-    for path in (directory, directory / "model.safetensors"):
-        os.chmod(path, 0o755)
-    for parent in directory.parents:
-        if parent.is_relative_to(Path(tmp_path_factory.getbasetemp()).parent):
-            os.chmod(parent, os.stat(parent).st_mode | 0o005)
-    return directory / "model.safetensors"
+def shared() -> Iterator[Path]:
+    """A checkpoint another user may read (the child runs as `nobody`): in a directory of its
+    own under the system's temporary directory, not pytest's, whose root (`pytest-of-<user>`)
+    is 0700 and which any other pytest run of the same user makes 0700 again when it starts."""
+    directory = Path(tempfile.mkdtemp(prefix="staging-resources-"))
+    try:
+        # Two tensors: a handle reading them in order reads the second ahead, on a thread.
+        path = directory / "model.safetensors"
+        write_safetensors(path, [("v", "F32", (8,)), ("w", "F32", (64, 64))])
+        for each in (directory, path):
+            os.chmod(each, 0o755)
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def no_more_threads() -> None:
