@@ -114,6 +114,8 @@ pub(crate) struct Staged {
     address: usize,
     device: DLDevice,
     element: Option<DLDataType>,
+    /// Its dtype, for the conversions that choose by it (`Fast`).
+    kind: Dtype,
     bits: usize,
     owner: Arc<Owner>,
     /// Exported as `uint8` of its bytes rather than its own dtype.
@@ -157,6 +159,7 @@ impl Staged {
             address,
             device,
             element: dlpack_dtype(meta.dtype),
+            kind: meta.dtype,
             bits: meta.dtype.bitsize(),
             owner: Arc::new(Owner {
                 _memory: Mutex::new(memory),
@@ -165,8 +168,31 @@ impl Staged {
         }
     }
 
+    /// `count` zero elements of `dtype` (shape `[count]`) in host memory of their own.
+    pub(crate) fn zeros(dtype: Dtype, count: usize) -> PyResult<Self> {
+        let len = (count * dtype.bitsize()).div_ceil(8);
+        let bytes = HostBytes::zeroed(len, 64)
+            .ok_or_else(|| pyo3::exceptions::PyMemoryError::new_err("no memory for a probe"))?;
+        let meta = TensorMeta {
+            name: "probe".into(),
+            dtype,
+            shape: vec![count],
+            file: std::sync::Arc::from(std::path::Path::new("")),
+            file_index: 0,
+            offset: 0,
+            len,
+            row_range: None,
+        };
+        Ok(Self::new(&meta, "host", None, Memory::Host(bytes), 0))
+    }
+
+    /// Its dtype, and whether it is exported as bytes rather than as that dtype.
+    pub(crate) fn kind(&self) -> (Dtype, bool) {
+        (self.kind, self.as_bytes)
+    }
+
     /// A fresh DLPack header for `M`, holding one more reference to the memory.
-    fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
+    pub(crate) fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
         let (shape, dtype) = if self.as_bytes {
             (
                 byte_shape(&self.shape, self.bits, self.nbytes),

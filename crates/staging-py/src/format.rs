@@ -119,7 +119,7 @@ impl View for &Saved<'_> {
     }
 }
 
-fn dtype_of(name: &str) -> PyResult<Dtype> {
+pub(crate) fn dtype_of(name: &str) -> PyResult<Dtype> {
     serde_json::from_value(serde_json::Value::String(name.to_owned()))
         .map_err(|_| invalid(format!("{name:?} is not a safetensors dtype")))
 }

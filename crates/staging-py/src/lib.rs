@@ -7,6 +7,7 @@
 //!   move, signals checked between tensors) and its report;
 //! - `export`: `_Staged`, one tensor owning its memory, exported zero-copy through DLPack with
 //!   the `dlpark` crate;
+//! - `fast`: `_Fast`, loaded tensors made into torch's from Rust (its DLPack importer);
 //! - `info`: `open(path)`, metadata without loading; `tensor_info`: `TensorInfo`, one tensor's;
 //! - `format`: saving (and parsing bytes) through the `safetensors` crate;
 //! - `load_into`: `_load_into`, a checkpoint read in place into memory the caller holds;
@@ -21,6 +22,7 @@ mod destination;
 mod errors;
 mod export;
 mod facts;
+mod fast;
 mod format;
 mod info;
 mod interrupt;
@@ -37,6 +39,7 @@ use pyo3::prelude::*;
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(module)?;
     module.add_class::<export::Staged>()?;
+    module.add_class::<fast::Fast>()?;
     module.add_class::<tensor_info::TensorInfo>()?;
     module.add_class::<info::PyCheckpoint>()?;
     module.add_class::<load::PyLoad>()?;
@@ -48,6 +51,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(load_into::load_into, module)?)?;
     module.add_function(wrap_pyfunction!(info::open, module)?)?;
     module.add_function(wrap_pyfunction!(load::resolve_rows, module)?)?;
+    module.add_function(wrap_pyfunction!(fast::probe_staged, module)?)?;
     module.add_function(wrap_pyfunction!(options::options, module)?)?;
     module.add_function(wrap_pyfunction!(options::option_table, module)?)?;
     facts::register(module)?;

@@ -32,6 +32,7 @@ use safetensors_staging::{
 use crate::destination::{GivenMap, PyDestination};
 use crate::errors;
 use crate::export::{Memory, Staged};
+use crate::fast::Fast;
 use crate::info::interrupted_or;
 use crate::interrupt::Calls;
 use crate::lock::locked;
@@ -184,6 +185,7 @@ impl PyLoad {
                 into,
             }),
             load: Mutex::new(Some(load)),
+            failed: Mutex::new(None),
         }
     }
 }
@@ -258,15 +260,22 @@ pub(crate) struct PyLoad {
     given: GivenMap,
     held: HeldMemory,
     device_index: i32,
+    /// The error that ended the load after tensors `take` handed out: raised by the next call.
+    failed: Mutex<Option<PyErr>>,
 }
 
 /// What `next` hands out: `(name, tensor)`, or `None` once the load has ended.
 type Handed = Option<(String, Py<PyAny>)>;
 
-enum Step {
-    Tensor(Box<Tensor>),
+/// What `take` hands out: `[(name, tensor)]`.
+type Taken = Vec<(String, Py<PyAny>)>;
+
+/// How steps ended the load.
+enum End {
     Done,
     Failed(Error),
+    /// Closed (by `close()`, from the callback or another thread): the caller ends it.
+    Closed,
 }
 
 /// A step marked as running (`stepping`) until dropped, also by a panic.
@@ -288,40 +297,56 @@ impl Drop for Stepping<'_> {
 }
 
 impl PyLoad {
-    /// One tensor from the load (with `stepping` marked by the caller).
-    fn step(&self) -> Step {
+    /// Up to `most` tensors from the load (at least one unless it ends), and no more once they
+    /// hold `bytes` together; with how the load ended, if it did (with `stepping` marked by
+    /// the caller). Closed during the steps, nothing read is handed out.
+    fn step(&self, most: usize, bytes: usize) -> (Vec<Tensor>, Option<End>) {
         let mut load = locked(&self.load);
-        if self.calls.is_closed() {
-            return Step::Done;
-        }
-        let item = load.as_mut().and_then(Iterator::next);
-        if self.calls.is_closed() {
-            // Closed during the step: what it read is not handed out, and the load ends (the
-            // caller ends it, once the step is over).
-            return Step::Done;
+        let mut tensors: Vec<Tensor> = Vec::new();
+        let mut taken = 0usize;
+        let mut end = None;
+        while tensors.len() < most.max(1) && (tensors.is_empty() || taken < bytes) {
+            if self.calls.is_closed() {
+                return (Vec::new(), Some(End::Closed));
+            }
+            let item = load.as_mut().and_then(Iterator::next);
+            if self.calls.is_closed() {
+                // Closed during the step: what it read is not handed out, and the load ends
+                // (the caller ends it, once the step is over).
+                return (Vec::new(), Some(End::Closed));
+            }
+            match item {
+                Some(Ok(tensor)) => {
+                    taken = taken.saturating_add(tensor.len());
+                    tensors.push(tensor);
+                }
+                Some(Err(error)) => {
+                    end = Some(End::Failed(error));
+                    break;
+                }
+                None => {
+                    end = Some(End::Done);
+                    break;
+                }
+            }
         }
         let mut info = locked(&self.info);
-        match item {
-            Some(Ok(tensor)) => {
-                info.records
-                    .push(TensorRecord::new(tensor.meta(), tensor.path()));
-                if let Some(bar) = &info.progress {
-                    bar.inc(tensor.len() as u64);
-                }
+        for tensor in &tensors {
+            info.records
+                .push(TensorRecord::new(tensor.meta(), tensor.path()));
+            if let Some(bar) = &info.progress {
+                bar.inc(tensor.len() as u64);
+            }
+        }
+        match end {
+            None => {
                 if let Some(load) = load.as_ref() {
                     info.report = load.report();
                 }
-                Step::Tensor(Box::new(tensor))
             }
-            Some(Err(error)) => {
-                info.end(load.take());
-                Step::Failed(error)
-            }
-            None => {
-                info.end(load.take());
-                Step::Done
-            }
+            Some(_) => info.end(load.take()),
         }
+        (tensors, end)
     }
 
     /// Ends the load now, freeing its buffers, and lets go of the destinations not handed out.
@@ -337,27 +362,60 @@ impl PyLoad {
         drop(given);
     }
 
-    /// The step of `next`, and whether the load has ended (done, failed or interrupted).
-    fn next_tensor(&self, py: Python<'_>) -> (PyResult<Handed>, bool) {
+    /// The steps of `next` and `take`: up to `most` tensors (see `step`), each handed out
+    /// (through `convert`), and whether the load has ended (done, failed,
+    /// closed or interrupted). An error after some tensors is kept for the next call
+    /// (`failed`), and those tensors handed out.
+    fn next_tensors(
+        &self,
+        py: Python<'_>,
+        most: usize,
+        bytes: usize,
+        convert: Convert<'_>,
+    ) -> (PyResult<Taken>, bool) {
+        if let Some(error) = locked(&self.failed).take() {
+            return (Err(error), true);
+        }
         let _call = self.calls.enter();
-        match py.detach(|| self.step()) {
-            Step::Done => (Ok(None), true),
-            Step::Failed(error) => (Err(interrupted_or(py, error)), true),
-            Step::Tensor(tensor) => {
-                if let Err(interrupted) = py.check_signals() {
-                    drop(tensor);
-                    self.close(py);
-                    return (Err(interrupted), true);
+        let (tensors, end) = py.detach(|| self.step(most, bytes));
+        if !tensors.is_empty()
+            && let Err(interrupted) = py.check_signals()
+        {
+            drop(tensors);
+            self.close(py);
+            return (Err(interrupted), true);
+        }
+        let mut out = Vec::with_capacity(tensors.len());
+        for tensor in tensors {
+            let name = tensor.name().to_owned();
+            match self.hand_out(py, tensor, convert) {
+                Ok(object) => out.push((name, object)),
+                // The load ends with the error: what it still holds is freed.
+                Err(error) => return (Err(error), true),
+            }
+        }
+        match end {
+            None => (Ok(out), false),
+            Some(End::Done | End::Closed) => (Ok(out), true),
+            Some(End::Failed(error)) => {
+                let error = interrupted_or(py, error);
+                if out.is_empty() {
+                    return (Err(error), true);
                 }
-                let name = tensor.name().to_owned();
-                (self.hand_out(py, *tensor).map(|t| Some((name, t))), false)
+                *locked(&self.failed) = Some(error);
+                (Ok(out), true)
             }
         }
     }
 
     /// The Python object for a loaded tensor: the caller's own object when it was read into
     /// the destination's memory, else a `_Staged` owning the memory.
-    fn hand_out(&self, py: Python<'_>, tensor: Tensor) -> PyResult<Py<PyAny>> {
+    fn hand_out(
+        &self,
+        py: Python<'_>,
+        tensor: Tensor,
+        convert: Convert<'_>,
+    ) -> PyResult<Py<PyAny>> {
         if tensor.path() == StagingPath::Destination {
             let given = locked(&self.given).remove(tensor.name());
             return given.map(|g| g.object.clone_ref(py)).ok_or_else(|| {
@@ -367,12 +425,35 @@ impl PyLoad {
                 ))))
             });
         }
-        staged(py, tensor, self.device_index)
+        let staged = staged_value(tensor, self.device_index)?;
+        if let Some(fast) = convert.fast
+            && let Some(converted) = fast.tensor(py, &staged)?
+        {
+            return Ok(converted.unbind());
+        }
+        let staged = Py::new(py, staged)?.into_any();
+        match convert.other {
+            Some(other) => other.call1((staged,)).map(Bound::unbind),
+            None => Ok(staged),
+        }
     }
+}
+
+/// How `take` hands tensors out: through `fast` where it converts them, else through `other`
+/// (a Python function of a `_Staged`), else as `_Staged`.
+#[derive(Clone, Copy, Default)]
+struct Convert<'a> {
+    fast: Option<&'a Fast>,
+    other: Option<&'a Bound<'a, PyAny>>,
 }
 
 /// A tensor the library allocated, as a `_Staged` owning its memory (device or host).
 pub(crate) fn staged(py: Python<'_>, tensor: Tensor, device_index: i32) -> PyResult<Py<PyAny>> {
+    Ok(Py::new(py, staged_value(tensor, device_index)?)?.into_any())
+}
+
+/// A tensor the library allocated, owning its memory (device or host), as `_Staged` holds it.
+pub(crate) fn staged_value(tensor: Tensor, device_index: i32) -> PyResult<Staged> {
     let fallback = tensor.fallback().map(|f| format!("{f:?}"));
     let (meta, path, memory) = match tensor.path() {
         StagingPath::Device => {
@@ -389,8 +470,7 @@ pub(crate) fn staged(py: Python<'_>, tensor: Tensor, device_index: i32) -> PyRes
         }
         StagingPath::Destination => return Err(unexpected(&tensor)),
     };
-    let staged = Staged::new(&meta, path, fallback, memory, device_index);
-    Ok(Py::new(py, staged)?.into_any())
+    Ok(Staged::new(&meta, path, fallback, memory, device_index))
 }
 
 fn unexpected(tensor: &Tensor) -> PyErr {
@@ -413,9 +493,41 @@ impl PyLoad {
         let Some(stepping) = Stepping::begin(&self.stepping) else {
             return Err(errors::staging(NEXT_DURING_STEP));
         };
-        let (next, ended) = self.next_tensor(py);
+        let (next, ended) = self.next_tensors(py, 1, 0, Convert::default());
         drop(stepping);
         // A `close()` during the step (from the callback or another thread) left the end to it.
+        if ended || self.calls.is_closed() {
+            self.end(py);
+        }
+        next.map(|tensors| tensors.into_iter().next())
+    }
+
+    /// Up to `most` tensors as `[(name, tensor)]`, fewer once they hold `bytes` together (at
+    /// least one unless the load has ended; `[]` once it has): each through `fast` where it
+    /// converts it, else through `convert` (a function of the `_Staged`) when given, else as
+    /// `next()` gives it (a tensor read into a destination is the destination's object). A
+    /// conversion that raises ends the load. Several tensors are read before the first is
+    /// handed out, so not with a destination whose regions are reused (each is asked for
+    /// before the tensors before it are handed out). An error after some tensors is raised by
+    /// the next call.
+    #[pyo3(signature = (most, bytes, fast=None, convert=None))]
+    fn take(
+        &self,
+        py: Python<'_>,
+        most: usize,
+        bytes: usize,
+        fast: Option<PyRef<'_, Fast>>,
+        convert: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Taken> {
+        let Some(stepping) = Stepping::begin(&self.stepping) else {
+            return Err(errors::staging(NEXT_DURING_STEP));
+        };
+        let convert = Convert {
+            fast: fast.as_deref(),
+            other: convert.as_ref(),
+        };
+        let (next, ended) = self.next_tensors(py, most, bytes, convert);
+        drop(stepping);
         if ended || self.calls.is_closed() {
             self.end(py);
         }

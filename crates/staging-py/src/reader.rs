@@ -4,6 +4,7 @@
 //! (kept open for the life of the handle) are shared by every read.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
@@ -13,9 +14,10 @@ use safetensors_staging::{
 };
 
 use crate::errors;
+use crate::fast::Fast;
 use crate::info::{PyCheckpoint, interrupted_or};
 use crate::interrupt::Calls;
-use crate::load::{PyLoad, absorb, staged};
+use crate::load::{PyLoad, absorb, staged, staged_value};
 use crate::lock::locked;
 use crate::options::Keywords;
 
@@ -33,6 +35,9 @@ pub(crate) struct PyReader {
     maps: bool,
     /// Whether mappings were asked for (`map=true`), not left to `auto`.
     map_asked: bool,
+    /// Whether the last tensor `read` handed out was a mapping of its file (`maps`, until a
+    /// mapping finds no memory and the tensor is read into memory of its own).
+    last_mapped: AtomicBool,
     /// What a Hub path opened to (the report's `hub` before any read).
     hub: Option<staging_core::HubReport>,
     device_index: i32,
@@ -90,6 +95,7 @@ pub(crate) fn reader(
         hub: prepared.hub_report(),
         maps,
         map_asked,
+        last_mapped: AtomicBool::new(maps),
         prepared: Mutex::new(Some(prepared)),
         checkpoint,
         report: Arc::new(Mutex::new(None)),
@@ -188,20 +194,31 @@ impl PyReader {
     ///
     /// With `columns` (`(start, end)` of dimension 1), the caller takes only those columns:
     /// a tensor mapped from its file counts only their bytes as read.
-    #[pyo3(signature = (name, rows=None, columns=None))]
+    ///
+    /// With `fast`, the tensor is that converter's (a framework's tensor) where it converts it.
+    #[pyo3(signature = (name, rows=None, columns=None, fast=None))]
     fn read(
         &self,
         py: Python<'_>,
         name: &str,
         rows: Option<(usize, usize)>,
         columns: Option<(usize, usize)>,
+        fast: Option<PyRef<'_, Fast>>,
     ) -> PyResult<Py<PyAny>> {
         let rows = rows.map(|(start, end)| RowRange::Rows(start..end));
         let _call = self.calls.enter();
         let tensor = py
             .detach(|| self.load_one(name, rows, columns))
             .map_err(|e| self.to_py(py, e))?;
-        staged(py, tensor, self.device_index)
+        self.last_mapped
+            .store(tensor.path() == StagingPath::Mapped, Ordering::Relaxed);
+        let staged = staged_value(tensor, self.device_index)?;
+        if let Some(fast) = fast
+            && let Some(converted) = fast.tensor(py, &staged)?
+        {
+            return Ok(converted.unbind());
+        }
+        Ok(Py::new(py, staged)?.into_any())
     }
 
     /// The tensors `names` read in file order by one load on the handle's backend, as
@@ -296,6 +313,12 @@ impl PyReader {
     #[getter]
     fn maps(&self) -> bool {
         self.maps
+    }
+
+    /// Whether the last tensor `read` gave was a mapping of its file.
+    #[getter]
+    fn last_mapped(&self) -> bool {
+        self.last_mapped.load(Ordering::Relaxed)
     }
 
     /// Whether mappings were asked for (`map=True`), rather than left to `auto`: NumPy's

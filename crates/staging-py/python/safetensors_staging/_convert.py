@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, List, Optional
 
+from . import _native
 from ._device import torch_device
 from ._dtypes import torch_view
 from ._native import _DTYPES, UnsupportedDtypeError
@@ -22,6 +23,42 @@ def to_torch(staged: Any, unsupported_dtypes: str) -> torch.Tensor:
 
     raw = torch.from_dlpack(staged.as_bytes())
     return torch_from_bytes(raw, staged.dtype, list(staged.shape), unsupported_dtypes, staged.name)
+
+
+_TORCH_FAST: Optional[Any] = None
+
+
+def torch_fast() -> Any:
+    """The converter of loaded tensors into torch's from Rust (`_native._Fast`: torch's DLPack
+    importer called per tensor, with no Python between two), for the dtypes whose import gives
+    exactly what `to_torch` gives: the same dtype, shape and strides, checked once per process
+    on a probe tensor of each dtype. Tensors of other dtypes are left to `to_torch`.
+    """
+    global _TORCH_FAST
+    if _TORCH_FAST is None:
+        import torch
+
+        importer = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+        example = torch.empty(0)
+        trial = _native._Fast(example, importer, list(_DTYPES))
+        kept = []
+        for dtype in _DTYPES:
+            staged = _native._probe_staged(dtype)
+            try:
+                expected = to_torch(staged, "raise")
+                got = trial.convert(staged)
+            except Exception:  # torch has no such dtype, or its importer refuses it
+                continue
+            if (
+                isinstance(got, torch.Tensor)
+                and got.dtype == expected.dtype
+                and got.shape == expected.shape
+                and got.stride() == expected.stride()
+                and got.device == expected.device
+            ):
+                kept.append(dtype)
+        _TORCH_FAST = _native._Fast(example, importer, kept)
+    return _TORCH_FAST
 
 
 def written_in_place(tensors: Iterable[Any]) -> None:
@@ -101,9 +138,13 @@ class ToTorch:
     def __init__(self, gpu: Optional[int]) -> None:
         need("torch", 'framework="pt"')
         self.gpu = gpu
+        # Reads convert to torch's tensors as they hand them out, where they can.
+        self.fast = torch_fast()
 
     def convert(self, staged: Any, dtype: str, shape: List[int], name: str) -> Any:
-        tensor = to_torch(staged, "raise")
+        """`staged` as torch's tensor (`staged` is one already where the read converted it
+        through `fast`)."""
+        tensor = to_torch(staged, "raise") if isinstance(staged, _native._Staged) else staged
         if self.gpu is not None and tensor.device.type == "cpu":
             # Device memory ran short and the policy assembled it in host memory: a drop-in
             # for `safetensors` hands out what was asked for, so it is moved (and raises
@@ -130,6 +171,7 @@ class ToNumpy:
     of the mapping."""
 
     name = "np"
+    fast = None  # NumPy's arrays are made in Python
 
     def __init__(self, views: bool = False) -> None:
         self.views_of_mappings = views
@@ -159,6 +201,7 @@ class ToJax:
 
     name = "flax"
     views_of_mappings = False
+    fast = None  # JAX's arrays are made in Python
 
     def __init__(self) -> None:
         need("jax.numpy", 'framework="flax"')

@@ -18,7 +18,7 @@ from typing import (
 )
 
 from . import _native
-from ._convert import to_torch, torch_from_bytes, written_in_place
+from ._convert import to_torch, torch_fast, torch_from_bytes, written_in_place
 from ._device import resolve_device
 from ._dtypes import check_unsupported_dtypes, torch_view
 from ._native import Checkpoint, InvalidOptionError, TensorInfo
@@ -50,6 +50,14 @@ def copy_unless_mapping_asked(options: Dict[str, Any]) -> None:
         options["map"] = False
 
 
+# What `Stage` takes from the load at once (`_native._Load.take`): iterating, one tensor, read
+# when it is asked for (a stalled read, a Ctrl-C, `close()` and `report()` concern that tensor);
+# for `load_file` (`Stage.all`), up to `_ALL_MOST` tensors or `_ALL_BYTES`, between which
+# Ctrl-C is checked.
+_ALL_MOST = 4096
+_ALL_BYTES = 256 << 20
+
+
 class Stage:
     """A load in progress: an iterator of `(name, tensor)` in file order.
 
@@ -66,22 +74,40 @@ class Stage:
         ```
     """
 
-    def __init__(self, native: Any, convert: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        native: Any,
+        convert: Callable[[Any], Any],
+        fast: Optional[Any] = None,
+        one_by_one: bool = False,
+    ) -> None:
         self._native = native
         self._convert = convert
+        self._fast = fast
+        # Whether `all()` takes one tensor at a time (where a destination is given).
+        self._one_by_one = one_by_one
 
     def __iter__(self) -> Stage:
         return self
 
     def __next__(self) -> Tuple[str, Any]:
-        name, obj = next(self._native)
-        if isinstance(obj, _native._Staged):
-            try:
-                obj = self._convert(obj)
-            except BaseException:
-                self.close()
-                raise
-        return name, obj
+        # A conversion that raises ends the load (`take` does), as a failed read does.
+        got = self._native.take(1, 0, self._fast, self._convert)
+        if not got:
+            raise StopIteration
+        return got[0]
+
+    def all(self) -> Dict[str, Any]:
+        """Every tensor not handed out yet, by name, in file order: taken in batches, with no
+        Python between two tensors (destinations are asked for a batch's tensors before any
+        is handed out, so `load_file` takes them one at a time)."""
+        out: Dict[str, Any] = {}
+        most, size = (1, 0) if self._one_by_one else (_ALL_MOST, _ALL_BYTES)
+        while True:
+            got = self._native.take(most, size, self._fast, self._convert)
+            if not got:
+                return out
+            out.update(got)
 
     def __enter__(self) -> Stage:
         return self
@@ -146,13 +172,15 @@ def stage_with(
     device: str,
     convert: Callable[[Any], Any],
     *,
+    fast: Optional[Any] = None,
     destination: Optional[Callable[[str, TensorInfo], Any]] = None,
     progress: bool = False,
     rows: Union[None, Mapping[str, RowSpec], Callable[[str, TensorInfo], Optional[RowSpec]]] = None,
     store_options: Optional[Mapping[str, str]] = None,
     **options: Any,
 ) -> Stage:
-    """A `Stage` of `path` on `device` (the library's spelling), each tensor through `convert`."""
+    """A `Stage` of `path` on `device` (the library's spelling), each tensor through `fast`
+    (`_native._Fast`) where it converts it, else through `convert`."""
     # Every other keyword is a key of the library's options, spelled and parsed there (an
     # unknown one is a TypeError, a bad value an InvalidOptionError).
     if rows is not None and not callable(rows):
@@ -168,7 +196,7 @@ def stage_with(
         store_options=None if store_options is None else dict(store_options),
         **options,
     )
-    return Stage(native, convert)
+    return Stage(native, convert, fast, one_by_one=destination is not None)
 
 
 def stage(
@@ -288,7 +316,13 @@ def stage(
             batch_bytes,
             options,
         )
-    return stage_with(path, spelled, lambda staged: to_torch(staged, unsupported_dtypes), **options)
+    return stage_with(
+        path,
+        spelled,
+        lambda staged: to_torch(staged, unsupported_dtypes),
+        fast=torch_fast(),
+        **options,
+    )
 
 
 def stage_in_group(
@@ -353,7 +387,9 @@ def load_file(path: Paths, device: Any = "cpu", **options: Any) -> Dict[str, tor
         StagingError: as `stage` raises.
     """
     with stage(path, device, **options) as tensors:
-        return dict(tensors)
+        if isinstance(tensors, Stage):
+            return tensors.all()
+        return dict(tensors)  # a process group's
 
 
 def open(path: Paths, **remote: Any) -> Checkpoint:

@@ -38,6 +38,8 @@ __all__ = [
     "UnsupportedDtypeError",
     "ResourceError",
     "_Staged",
+    "_Fast",
+    "_probe_staged",
     "TensorInfo",
     "Checkpoint",
     "_Load",
@@ -228,6 +230,21 @@ class _Staged:
     def as_bytes(self) -> _Staged: ...
 
 @final
+class _Fast:
+    """Loaded tensors made into a framework's tensors from Rust, for the dtypes given."""
+
+    def __new__(
+        cls, example: Any, from_capsule: Callable[[Any], Any], dtypes: List[str]
+    ) -> _Fast: ...
+    @property
+    def exchange(self) -> bool: ...
+    @property
+    def dtypes(self) -> List[str]: ...
+    def convert(self, staged: _Staged) -> Optional[Any]: ...
+
+def _probe_staged(dtype: str) -> _Staged: ...
+
+@final
 class _Load:
     """A load in progress."""
 
@@ -237,6 +254,16 @@ class _Load:
     def total_bytes(self) -> int: ...
     def __iter__(self) -> _Load: ...
     def __next__(self) -> Tuple[str, Any]: ...
+    def take(
+        self,
+        most: int,
+        bytes: int,
+        fast: Optional[_Fast] = None,
+        convert: Optional[Callable[[_Staged], Any]] = None,
+    ) -> List[Tuple[str, Any]]:
+        """Up to `most` tensors, fewer once they hold `bytes` (`[]` once the load ended), each
+        `fast`'s tensor where `fast` converts it, else `convert(staged)` when given, else as
+        `__next__` gives it."""
     def close(self) -> None: ...
     def report_json(self) -> str: ...
     def held(self) -> Dict[str, int]: ...
@@ -325,12 +352,16 @@ class _Reader:
     def maps(self) -> bool: ...
     @property
     def map_asked(self) -> bool: ...
+    @property
+    def last_mapped(self) -> bool: ...
     def read(
         self,
         name: str,
         rows: Optional[Tuple[int, int]] = None,
         columns: Optional[Tuple[int, int]] = None,
-    ) -> _Staged: ...
+        fast: Optional[_Fast] = None,
+    ) -> Any:
+        """The tensor `name` as a `_Staged`, or `fast`'s tensor where `fast` converts it."""
     def read_columns(
         self, name: str, rows: Optional[Tuple[int, int]], columns: Tuple[int, int]
     ) -> Optional[_Staged]: ...

@@ -193,9 +193,9 @@ class safe_open:
                 # reads the tensor itself, and a real error comes again from there.
                 staged = None
         if staged is None:
-            staged = self._reader.read(name)
-        if self._mapped and staged.path != "mapped":
-            self._mapped = False  # no memory for a mapping: this handle reads, and reads ahead
+            staged = self._reader.read(name, fast=self._convert.fast)
+            if self._mapped and not self._reader.last_mapped:
+                self._mapped = False  # no memory for a mapping: this handle reads ahead
         return self._convert.convert(staged, info.dtype, list(info.shape), name)
 
     def _stream(self, names: List[str]) -> Iterator[Tuple[str, Any]]:
