@@ -219,7 +219,7 @@ impl<'d> Loader<'d> {
                 &self.hub,
             )?;
             if let Some((source, found, _)) = found {
-                return source.read_headers(&found);
+                return source.read_headers(&found, None);
             }
         }
         super::prepared::refuse_hub_among(paths)?;
@@ -234,7 +234,7 @@ impl<'d> Loader<'d> {
                 )?)
             },
         )?;
-        source.read_headers(paths)
+        source.read_headers(paths, None)
     }
 
     /// Reads URLs through the caller's own object store (its credentials, client and

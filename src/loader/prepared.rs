@@ -9,7 +9,7 @@ use std::sync::Arc;
 use staging_core::host::HostReader;
 use staging_core::{
     Checkpoint, Destination, DeviceAllocator, HostMemory, IoThreads, KeepOpen, OpenFiles,
-    RawDestination, Reader, Selection, ShardFile, StagingPolicy,
+    RawDestination, Reader, Selection, ShardFile, StagingPolicy, Wanted,
 };
 
 #[cfg(doc)]
@@ -132,12 +132,15 @@ impl<'d> Prepared<'d> {
     /// directory).
     pub fn open(&mut self, path: impl AsRef<Path>) -> Result<Load<'d>> {
         let path = path.as_ref();
+        let selection = self.selection.clone();
+        let wants = |name: &str| selection.wants(name);
+        let wanted: Option<Wanted<'_>> = self.narrows().then_some(&wants);
         if let Some((source, paths)) = self.hub_source(path)? {
-            let checkpoint = source.read_headers(&paths)?;
+            let checkpoint = source.read_headers(&paths, wanted)?;
             return self.load(checkpoint, source);
         }
         let source = self.source_of(path, Revalidate::Yes)?;
-        let checkpoint = source.open(path)?;
+        let checkpoint = source.open(path, wanted)?;
         self.load(checkpoint, source)
     }
 
@@ -279,20 +282,57 @@ impl<'d> Prepared<'d> {
     /// [`Loader::read_headers`]), through the store this load will read from: a load of the
     /// result ([`open_checkpoint`](Self::open_checkpoint)) opens no second client and asks
     /// nothing again of what was asked here.
+    ///
+    /// With a selection ([`select`](Self::select), or the loader's), a checkpoint with an
+    /// index reads only the headers of the shards holding a selected tensor, and holds only
+    /// those shards ([`Checkpoint::open_for_in`]); its
+    /// [`headers_read`](Checkpoint::headers_read) says how many were read.
     pub fn read_headers<P: AsRef<Path>>(&mut self, paths: &[P]) -> Result<Checkpoint> {
+        let selection = self.selection.clone();
+        let wants = |name: &str| selection.wants(name);
+        let wanted: Option<Wanted<'_>> = self.narrows().then_some(&wants);
+        self.read_headers_wanted(paths, wanted)
+    }
+
+    /// [`read_headers`](Self::read_headers) for the tensors that both the selection and
+    /// `wanted` accept (a caller's own choice, made by name): a checkpoint with an index reads
+    /// only the headers of the shards holding one. `wanted` is asked once for each name the
+    /// index lists (none when there is no index), before any header is read.
+    pub fn read_headers_for<P: AsRef<Path>>(
+        &mut self,
+        paths: &[P],
+        wanted: Wanted<'_>,
+    ) -> Result<Checkpoint> {
+        let selection = self.selection.clone();
+        let narrows = self.narrows();
+        let both = |name: &str| (!narrows || selection.wants(name)) && wanted(name);
+        self.read_headers_wanted(paths, Some(&both))
+    }
+
+    fn read_headers_wanted<P: AsRef<Path>>(
+        &mut self,
+        paths: &[P],
+        wanted: Option<Wanted<'_>>,
+    ) -> Result<Checkpoint> {
         if let [one] = paths
             && let Some((source, found)) = self.hub_source(one.as_ref())?
         {
-            return source.read_headers(&found);
+            return source.read_headers(&found, wanted);
         }
         refuse_hub_among(paths)?;
         self.hub = None;
         match paths.first() {
             Some(first) => self
                 .source_of(first.as_ref(), Revalidate::Yes)?
-                .read_headers(paths),
+                .read_headers(paths, wanted),
             None => Ok(Checkpoint::from_files::<_, &Path>([])?),
         }
+    }
+
+    /// Whether the selection narrows what is loaded (then an index reads only the headers of
+    /// the shards holding what it selects).
+    fn narrows(&self) -> bool {
+        !self.selection.is_all()
     }
 
     /// Keeps the files loads open open for the loads after it (on cuFile and hipFile,
@@ -488,12 +528,20 @@ impl<'d> Prepared<'d> {
             // Copied in batches where the destination promises disjoint regions.
             let batches =
                 matches!(&self.destination, AnyDestination::Raw(raw) if raw.regions_disjoint());
+            let declines_all = matches!(self.destination, AnyDestination::None);
             let destination = <HostMemory as crate::space::sealed::Sealed>::unwrap(
                 std::mem::replace(&mut self.destination, AnyDestination::None),
                 "host",
             )?;
             let cache = self.maps.as_ref();
-            match MappedLoad::open(checkpoint.clone(), cache, destination, threads, batches)? {
+            match MappedLoad::open(
+                checkpoint.clone(),
+                cache,
+                destination,
+                threads,
+                batches,
+                declines_all,
+            )? {
                 Ok(mapped) => {
                     return Ok(Load {
                         inner: Box::new(mapped),

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use staging_core::Checkpoint;
+use staging_core::{Checkpoint, Wanted};
 
 #[cfg(not(feature = "remote"))]
 use crate::error::Error;
@@ -106,9 +106,14 @@ impl Source {
         }
     }
 
-    /// The checkpoint at `path` (a directory, an index or one file).
-    pub(super) fn open(&self, path: &Path) -> Result<Checkpoint> {
-        Ok(Checkpoint::open_in(self.store(), &self.public(path)?)?)
+    /// The checkpoint at `path` (a directory, an index or one file), for the tensors `wanted`
+    /// accepts (see [`Checkpoint::open_for_in`]).
+    pub(super) fn open(&self, path: &Path, wanted: Option<Wanted<'_>>) -> Result<Checkpoint> {
+        Ok(Checkpoint::open_for_in(
+            self.store(),
+            &self.public(path)?,
+            wanted,
+        )?)
     }
 
     /// These files as one checkpoint.
@@ -121,9 +126,13 @@ impl Source {
     }
 
     /// One path as [`open`](Self::open) takes it, several as files.
-    pub(super) fn read_headers<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Checkpoint> {
+    pub(super) fn read_headers<P: AsRef<Path>>(
+        &self,
+        paths: &[P],
+        wanted: Option<Wanted<'_>>,
+    ) -> Result<Checkpoint> {
         match paths {
-            [one] => self.open(one.as_ref()),
+            [one] => self.open(one.as_ref(), wanted),
             many => self.open_files(many),
         }
     }

@@ -30,6 +30,7 @@ mod loader;
 mod malformed;
 mod mapped;
 mod modules;
+mod narrowed;
 mod order;
 mod parsing_properties;
 #[cfg(feature = "remote")]

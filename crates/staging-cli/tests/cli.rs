@@ -50,6 +50,7 @@ fn synthetic_load_reports_every_tensor_and_cleans_up() {
             "backend",
             "mode",
             "files",
+            "headers_read",
             "tensors",
             "bytes",
             "seconds",

@@ -94,6 +94,9 @@ pub struct LoadReport {
     pub mode_reason: Option<String>,
     /// Files in the checkpoint.
     pub files: usize,
+    /// Headers read to open the checkpoint: every file's, or, where a selection narrowed a
+    /// checkpoint with an index, those of the shards holding a selected tensor.
+    pub headers_read: usize,
     /// Tensors staged so far.
     pub tensors: usize,
     /// Bytes staged so far.
@@ -188,6 +191,7 @@ impl LoadReport {
         self.read_requests += other.read_requests;
         self.bytes_read += other.bytes_read;
         self.files = self.files.max(other.files);
+        self.headers_read = self.headers_read.max(other.headers_read);
         self.mode = other.mode;
         for redirect in &other.redirects {
             if !self.redirects.contains(redirect) {

@@ -3,6 +3,7 @@
 //! (`_is_url`, `_url_store`), what a device spelling means (`_device`), and every dtype of the
 //! format with its bits and its names in torch, NumPy and `ml_dtypes` (`_DTYPES`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use backend_remote::Scheme;
@@ -29,7 +30,7 @@ pub(crate) fn select(
     let mut keywords = Keywords::parse(kwargs)?;
     let checkpoint = read_headers(py, &keywords.options, paths)?;
     // As `_stage` chooses: functions applied to these headers, nothing chosen loading nothing.
-    keywords.apply_functions(&checkpoint)?;
+    keywords.apply_functions(&checkpoint, &HashMap::new())?;
     let selection = if keywords.select_none {
         Selection::names(Vec::<String>::new())
     } else {

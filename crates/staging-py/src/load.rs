@@ -100,17 +100,26 @@ pub(crate) fn stage(
         ));
     }
     // The backend opened for the source, then the headers read through the store the load
-    // reads from (one client, no second HEAD of any file), then the load.
+    // reads from (one client, no second HEAD of any file), then the load. A `select` function
+    // is asked of each name an index lists first: only the shards holding what it chooses
+    // are read.
     let first = paths.first().cloned().unwrap_or_default();
-    let (mut prepared, checkpoint) = py
-        .detach(move || -> Result<_, Error> {
-            let mut prepared = loader.prepare_for(&first)?;
-            let checkpoint = prepared.read_headers(&paths)?;
-            Ok((prepared, checkpoint))
-        })
-        .map_err(|e| interrupted_or(py, e))?;
+    let asker = keywords.select_function().map(Asker::new);
+    let read = py.detach(|| -> Result<_, Error> {
+        let mut prepared = loader.prepare_for(&first)?;
+        let checkpoint = match &asker {
+            Some(asker) => prepared.read_headers_for(&paths, &|name| asker.wants(name))?,
+            None => prepared.read_headers(&paths)?,
+        };
+        Ok((prepared, checkpoint))
+    });
+    let asked = match asker {
+        Some(asker) => asker.answers()?,
+        None => HashMap::new(),
+    };
+    let (mut prepared, checkpoint) = read.map_err(|e| interrupted_or(py, e))?;
     if keywords.has_functions() {
-        keywords.apply_functions(&checkpoint)?;
+        keywords.apply_functions(&checkpoint, &asked)?;
         prepared.select(keywords.options.selection().map_err(errors::to_py)?);
     }
     if keywords.select_none {
@@ -140,6 +149,57 @@ pub(crate) fn stage(
         bar,
         None,
     ))
+}
+
+/// A `select` function asked of names from a thread without the GIL (reading an index's
+/// headers), each answer kept; the first error it raised is kept, and the names after it are
+/// not chosen.
+struct Asker {
+    select: Py<PyAny>,
+    answers: Mutex<HashMap<String, bool>>,
+    failed: Mutex<Option<PyErr>>,
+}
+
+impl Asker {
+    fn new(select: Py<PyAny>) -> Self {
+        Self {
+            select,
+            answers: Mutex::new(HashMap::new()),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// Whether the function chooses `name` (attaching to Python to ask it).
+    fn wants(&self, name: &str) -> bool {
+        if locked(&self.failed).is_some() {
+            return false;
+        }
+        let answer = Python::attach(|py| {
+            self.select
+                .bind(py)
+                .call1((name,))
+                .and_then(|chosen| chosen.is_truthy())
+        });
+        match answer {
+            Ok(chosen) => {
+                locked(&self.answers).insert(name.to_owned(), chosen);
+                chosen
+            }
+            Err(error) => {
+                locked(&self.failed).get_or_insert(error);
+                false
+            }
+        }
+    }
+
+    /// The answers given, or the error the function raised.
+    fn answers(self) -> PyResult<HashMap<String, bool>> {
+        let failed = self.failed.into_inner().unwrap_or_else(|p| p.into_inner());
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(self.answers.into_inner().unwrap_or_else(|p| p.into_inner())),
+        }
+    }
 }
 
 impl PyLoad {

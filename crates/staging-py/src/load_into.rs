@@ -10,6 +10,7 @@
 //! in each state), which the Python layer turns into its `PartialLoadError`.
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -59,7 +60,7 @@ pub(crate) fn load_into(
             ((loader, paths), headers)
         });
         let checkpoint = headers.map_err(|e| interrupted_or(py, e))?;
-        keywords.apply_functions(&checkpoint)?;
+        keywords.apply_functions(&checkpoint, &HashMap::new())?;
         let selection = keywords.options.selection().map_err(errors::to_py)?;
         (loader, paths) = (read.0.select(selection), read.1);
     }

@@ -6,6 +6,8 @@
 //! and `rows` given as functions, which are called once per tensor of the checkpoint and become
 //! exact names.
 
+use std::collections::HashMap;
+
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -143,13 +145,28 @@ impl<'py> Keywords<'py> {
         Ok(())
     }
 
+    /// The `select` function, when one was given.
+    pub(crate) fn select_function(&self) -> Option<Py<PyAny>> {
+        self.select_fn.as_ref().map(|f| f.clone().unbind())
+    }
+
     /// Calls `select` and `rows` given as functions on every tensor of `checkpoint` (before
-    /// anything is read) and adds what they chose as exact names.
-    pub(crate) fn apply_functions(&mut self, checkpoint: &Checkpoint) -> PyResult<()> {
+    /// anything is read) and adds what they chose as exact names. `select`'s answers already
+    /// given (`asked`: an index's names, asked before its headers were read) are not asked
+    /// again.
+    pub(crate) fn apply_functions(
+        &mut self,
+        checkpoint: &Checkpoint,
+        asked: &HashMap<String, bool>,
+    ) -> PyResult<()> {
         if let Some(select) = self.select_fn.take() {
             let mut any = false;
             for tensor in checkpoint.tensors() {
-                if select.call1((tensor.name.as_str(),))?.is_truthy()? {
+                let chosen = match asked.get(&tensor.name) {
+                    Some(&chosen) => chosen,
+                    None => select.call1((tensor.name.as_str(),))?.is_truthy()?,
+                };
+                if chosen {
                     self.set_text("select", &escape_name(&tensor.name))?;
                     any = true;
                 }

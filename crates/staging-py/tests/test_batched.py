@@ -179,3 +179,58 @@ def test_take_stops_at_its_count_and_at_its_bytes(tmp_path: Path) -> None:
     assert load.take(100, 1 << 30) == []
     report = st.Stage(load, lambda s: s).report()
     assert report["tensors"] == 10 and len(report["tensor_list"]) == 10
+
+
+def sharded_with_broken_shards(folder: Path) -> Dict[str, torch.Tensor]:
+    """Five shards of three tensors (`s{i}.t{j}`) with an index; every shard but the second
+    unreadable (its header length huge), so a load that reads their headers fails."""
+    import json
+
+    tensors: Dict[str, torch.Tensor] = {}
+    weight_map = {}
+    for i in range(5):
+        file = f"model-{i + 1:05d}-of-00005.safetensors"
+        part = {f"s{i}.t{j}": torch.full((4 + j,), float(10 * i + j)) for j in range(3)}
+        safetensors.torch.save_file(part, folder / file)
+        tensors.update(part)
+        weight_map.update({name: file for name in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for i in (1, 3, 4, 5):
+        path = folder / f"model-{i:05d}-of-00005.safetensors"
+        data = bytearray(path.read_bytes())
+        data[:8] = (2**64 - 1).to_bytes(8, "little")
+        path.write_bytes(bytes(data))
+    return tensors
+
+
+def test_a_select_function_reads_only_the_headers_of_the_shards_it_chooses(
+    tmp_path: Path,
+) -> None:
+    tensors = sharded_with_broken_shards(tmp_path)
+    asked = []
+
+    def keep(name: str) -> bool:
+        asked.append(name)
+        return name.startswith("s1.")
+
+    with st.stage(tmp_path, select=keep) as it:
+        got = dict(it)
+        report = it.report()
+    assert sorted(got) == ["s1.t0", "s1.t1", "s1.t2"]
+    for name, tensor in got.items():
+        same(tensor, tensors[name])
+    assert (report["headers_read"], report["files"]) == (1, 1)
+    # Asked once for each name the index lists, before any header was read.
+    assert sorted(asked) == sorted(tensors)
+    # The same through load_file and a list of globs.
+    assert sorted(st_torch.load_file(tmp_path, select=["s1.*"])) == sorted(got)
+    # Everything: every header read, and the broken ones fail.
+    with pytest.raises(st.StagingError, match="model-00001-of-00005"):
+        st_torch.load_file(tmp_path)
+
+    # A function that raises: its error, nothing loaded.
+    def refuse(name: str) -> bool:
+        raise KeyError(name)
+
+    with pytest.raises(KeyError):
+        st_torch.load_file(tmp_path, select=refuse)

@@ -92,7 +92,14 @@ pub struct Checkpoint {
     files: Vec<ShardFile>,
     tensors: Vec<TensorMeta>,
     by_name: HashMap<String, usize>,
+    /// The headers read to make it (an index narrowed to the tensors wanted reads only the
+    /// shards holding them).
+    headers_read: usize,
 }
+
+/// Which tensors a checkpoint is opened for: those whose names it accepts. An index then reads
+/// only the headers of the shards holding one (see [`Checkpoint::open_for_in`]).
+pub type Wanted<'a> = &'a dyn Fn(&str) -> bool;
 
 impl Checkpoint {
     /// Opens a checkpoint from a directory (its index, else its `model.safetensors`, else its
@@ -104,11 +111,22 @@ impl Checkpoint {
     /// [`open`](Self::open) with the files of `store` (an object store's prefix as a
     /// directory, say): the same discovery and every check of a local open.
     pub fn open_in(store: &dyn Store, path: &Path) -> Result<Self> {
+        Self::open_for_in(store, path, None)
+    }
+
+    /// [`open_in`](Self::open_in) for the tensors `wanted` accepts (all when `None`): a
+    /// checkpoint with an index reads only the headers of the shards the index says hold one
+    /// of them, and holds only those shards and their tensors (every tensor of each, wanted or
+    /// not: the caller's selection narrows further). The index is checked against the headers
+    /// read, both ways; a shard it names must exist whether read or not. One file, or a
+    /// directory without an index, is read whole (nothing says where a tensor lies without
+    /// its header).
+    pub fn open_for_in(store: &dyn Store, path: &Path, wanted: Option<Wanted<'_>>) -> Result<Self> {
         match store.kind(path)? {
-            EntryKind::Dir => Self::open_dir(store, path),
+            EntryKind::Dir => Self::open_dir(store, path, wanted),
             EntryKind::Other => Err(Error::NotAFile { path: path.into() }),
             EntryKind::File if path.extension().is_some_and(|ext| ext == "json") => {
-                Self::from_index_in(store, path)
+                Self::from_index_for_in(store, path, wanted)
             }
             EntryKind::File => Self::from_files_in(store, [path]),
         }
@@ -144,7 +162,7 @@ impl Checkpoint {
         Self::assemble(parsed)
     }
 
-    fn open_dir(store: &dyn Store, dir: &Path) -> Result<Self> {
+    fn open_dir(store: &dyn Store, dir: &Path, wanted: Option<Wanted<'_>>) -> Result<Self> {
         let entry = |name: &str| {
             store.entry(dir, name).map_err(|why| {
                 Error::io(
@@ -158,7 +176,7 @@ impl Checkpoint {
         };
         let index = entry(INDEX_FILE_NAME)?;
         if store.exists(&index) {
-            return Self::from_index_in(store, &index);
+            return Self::from_index_for_in(store, &index, wanted);
         }
         let single = entry(SINGLE_FILE_NAME)?;
         if store.exists(&single) {
@@ -181,6 +199,7 @@ impl Checkpoint {
     }
 
     fn assemble(parsed: Vec<ParsedFile>) -> Result<Self> {
+        let headers_read = parsed.len();
         let mut owner: HashMap<String, usize> = HashMap::new();
         let mut files: Vec<ShardFile> = Vec::with_capacity(parsed.len());
         let mut tensors = Vec::new();
@@ -204,6 +223,7 @@ impl Checkpoint {
             files,
             tensors,
             by_name: owner,
+            headers_read,
         })
     }
 
@@ -223,8 +243,8 @@ impl Checkpoint {
     }
 
     /// A checkpoint of `files` and `tensors` (names unique, each tensor's `file_index` pointing
-    /// into `files`).
-    fn from_parts(files: Vec<ShardFile>, tensors: Vec<TensorMeta>) -> Self {
+    /// into `files`), made from one whose opening read `headers_read` headers.
+    fn from_parts(files: Vec<ShardFile>, tensors: Vec<TensorMeta>, headers_read: usize) -> Self {
         let by_name = tensors
             .iter()
             .enumerate()
@@ -234,7 +254,14 @@ impl Checkpoint {
             files,
             tensors,
             by_name,
+            headers_read,
         }
+    }
+
+    /// The headers read to open it: its files', or, for an index opened for some tensors
+    /// ([`open_for_in`](Self::open_for_in)), those of the shards holding them.
+    pub fn headers_read(&self) -> usize {
+        self.headers_read
     }
 
     /// Total tensor bytes.

@@ -254,7 +254,7 @@ mod tests {
             },
             metadata: None,
         };
-        Checkpoint::from_parts(vec![shard], metas)
+        Checkpoint::from_parts(vec![shard], metas, 0)
     }
 
     /// Every tensor's bytes covered exactly once, pieces in order, one piece per rank per tensor.

@@ -185,6 +185,12 @@ impl Selection {
             && self.required.is_empty()
     }
 
+    /// Whether the tensor `name` is selected, or required: what a checkpoint is opened for
+    /// ([`Checkpoint::open_for_in`]).
+    pub fn wants(&self, name: &str) -> bool {
+        self.keeps(name) || self.required.contains(name)
+    }
+
     fn keeps(&self, name: &str) -> bool {
         self.names.as_ref().is_none_or(|names| names.contains(name))
             && self.predicate.as_ref().is_none_or(|keep| keep(name))
@@ -214,23 +220,41 @@ impl Checkpoint {
                 None => tensors.push(meta.clone()),
             }
         }
-        Ok(Checkpoint::from_parts(self.files.clone(), tensors))
+        Ok(Checkpoint::from_parts(
+            self.files.clone(),
+            tensors,
+            self.headers_read,
+        ))
     }
 }
 
 impl Checkpoint {
     /// The checkpoint narrowed to one tensor, cut to `rows` when given: what
     /// [`select`](Self::select) gives for `Selection::names([name])`, found by name instead of by
-    /// a walk over every tensor (a reader asking for tensors one at a time).
+    /// a walk over every tensor (a reader asking for tensors one at a time), and holding only
+    /// that tensor's file (its `file_index` 0): a read of one tensor copies one file's facts,
+    /// not every file's.
     pub fn only(&self, name: &str, rows: Option<&RowRange>) -> Result<Checkpoint> {
         let meta = self.tensor(name).ok_or_else(|| Error::UnknownTensor {
             name: name.to_owned(),
         })?;
-        let meta = match rows {
+        let mut meta = match rows {
             Some(rows) => narrow(meta, rows)?,
             None => meta.clone(),
         };
-        Ok(Checkpoint::from_parts(self.files.clone(), vec![meta]))
+        let file = self.files.get(meta.file_index).cloned().ok_or_else(|| {
+            Error::Internal(format!(
+                "tensor {name:?} names file {} of {}",
+                meta.file_index,
+                self.files.len()
+            ))
+        })?;
+        meta.file_index = 0;
+        Ok(Checkpoint::from_parts(
+            vec![file],
+            vec![meta],
+            self.headers_read,
+        ))
     }
 }
 

@@ -202,6 +202,7 @@ where
             passed_over: Vec::new(),
             mode_reason: None,
             files: self.checkpoint.files().len(),
+            headers_read: self.checkpoint.headers_read(),
             tensors,
             bytes,
             seconds,

@@ -152,6 +152,12 @@ class ToTorch:
             tensor = tensor.to(torch_device(self.gpu))
         return tensor
 
+    def converted(self, tensor: Any) -> Any:
+        """A tensor `fast` made: on the handle's GPU, as `convert` gives it."""
+        if self.gpu is not None and tensor.device.type == "cpu":
+            tensor = tensor.to(torch_device(self.gpu))  # see `convert`
+        return tensor
+
     def own(self, tensor: Any) -> Any:
         """A compact copy of a view."""
         import torch

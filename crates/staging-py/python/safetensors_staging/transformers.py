@@ -58,7 +58,7 @@ class _ReadAhead:
     def __init__(self, handle: safe_open) -> None:
         self._handle = handle
         self._names = handle.offset_keys()
-        self._sizes = {name: handle._infos[name].nbytes for name in self._names}
+        self._sizes = {info.name: info.nbytes for info in handle._checkpoint.tensors()}
         self._cond = threading.Condition()
         self._read: Dict[str, Any] = {}  # read, not yet taken
         self._skip: Set[str] = set()  # taken by a caller's own read: not read here
