@@ -583,6 +583,73 @@ def test_expert_parallel_ranks_read_only_their_experts(vllm: Any, tmp_path: Path
     assert loader.last_report["bytes_read"] == total - skipped, "the skipped experts never read"
 
 
+def test_an_expert_parallel_rank_reads_only_the_headers_of_its_shards(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """The same filter on a sharded checkpoint with an index: the rank's load goes through the
+    index, so only the shards holding what it keeps have their headers read (issue 50)."""
+    import json
+
+    import safetensors.torch
+    from vllm import config as vllm_config
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    import safetensors_staging.vllm as plugin
+
+    folder = tmp_path / "moe"
+    folder.mkdir()
+    weight_map = {}
+    shards = {
+        1: {"embed.weight": torch.ones(8, 4)},
+        **{2 + e: {f"mlp.experts.{e}.weight": torch.full((4, 4), float(e))} for e in range(4)},
+    }
+    for number, tensors in shards.items():
+        file = f"model-{number:05d}-of-00005.safetensors"
+        safetensors.torch.save_file(tensors, folder / file)
+        weight_map.update({name: file for name in tensors})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    config = ModelConfig(str(folder))
+    config.is_moe = True
+
+    class Moe(torch.nn.Module):
+        def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+            self.got = {name: tensor.clone() for name, tensor in weights}
+
+    vllm_config.set_current_vllm_config(
+        vllm_config.VllmConfig(
+            parallel_config=vllm_config.ParallelConfig(
+                enable_expert_parallel=True, local_expert_ids={1, 3}
+            )
+        )
+    )
+    try:
+        got = {}
+        plugin.register()
+        for load_format in ("safetensors", "staging"):
+            loader = get_model_loader(LoadConfig(load_format=load_format))
+            model = Moe()
+            loader.load_weights(model, config)
+            got[load_format] = model.got
+    finally:
+        vllm_config.set_current_vllm_config(None)
+    assert (
+        sorted(got["staging"])
+        == sorted(got["safetensors"])
+        == [
+            "embed.weight",
+            "mlp.experts.1.weight",
+            "mlp.experts.3.weight",
+        ]
+    )
+    for name, tensor in got["staging"].items():
+        assert torch.equal(tensor, got["safetensors"][name]), name
+    report = loader.last_report
+    # The embedding's shard and the two experts' shards: three headers of five.
+    assert (report["headers_read"], report["files"]) == (3, 3)
+    assert report["bytes_read"] == 8 * 4 * 4 + 2 * 4 * 4 * 4
+
+
 class TiedConfig(ModelConfig):
     """A model config whose `hf_config` says whether the word embeddings are tied, naming the
     stand-in `load_model`'s model class."""

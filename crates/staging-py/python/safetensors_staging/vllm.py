@@ -212,6 +212,7 @@ def _make_loader_class() -> type:
                 keep = lambda name: (  # noqa: E731
                     not should_skip_weight(name, experts) and (named is None or named(name))
                 )
+                files, keep = _through_index(files, keep)
             weights = self._read(files, keep)
             if self.counter_before_loading_weights == 0.0:
                 self.counter_before_loading_weights = time.perf_counter()
@@ -242,6 +243,36 @@ def _make_loader_class() -> type:
             return files
 
     return StagingModelLoader
+
+
+def _through_index(files: Any, keep: Any) -> Tuple[Any, Any]:
+    """vLLM's chosen `files` and a rank's `keep` as the checkpoint's index and a `keep` of the
+    names the index puts in those files: a load then reads only the headers of the shards
+    holding what this rank keeps (an expert-parallel rank of a 163-shard MoE model, a few),
+    where a list of files has every header read. The files and `keep` as they were where the
+    files are not all in one folder with a `model.safetensors.index.json` listing them (in
+    the natural order of their names, as vLLM reads them)."""
+    import json
+    import os
+
+    if not isinstance(files, (list, tuple)) or not files or not isinstance(files[0], str):
+        return files, keep
+    folder = os.path.dirname(files[0])
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.isfile(index) or any(os.path.dirname(f) != folder for f in files):
+        return files, keep
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return files, keep  # the load reads the files, and says what is wrong with them
+    chosen = {os.path.basename(f) for f in files}
+    listed = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    if not chosen <= listed:
+        return files, keep
+    # The library orders an index's shards naturally by name, as vLLM orders the files.
+    names = {name for name, file in weight_map.items() if file in chosen}
+    return index, lambda name: name in names and keep(name)
 
 
 __getattr__ = _engines.lazy_class(_make_loader_class, "StagingModelLoader", __name__)
