@@ -157,6 +157,9 @@ pub(crate) struct MappedLoad<'d> {
     maps: Vec<Option<Arc<Mapping>>>,
     /// Descriptors of the mapped files (the reader's, when a reader keeps its files).
     descriptors: Arc<Descriptors>,
+    /// The file of the run mapped last (`map_run`), by its position, with a descriptor of it:
+    /// each tensor of the run is checked against it as it is handed out.
+    run_file: Option<(usize, Arc<File>)>,
     report: LoadReport,
     started: Option<Instant>,
     failed: bool,
@@ -211,6 +214,7 @@ impl<'d> MappedLoad<'d> {
             ready: VecDeque::new(),
             maps,
             descriptors,
+            run_file: None,
             checkpoint,
             next: 0,
             report,
@@ -309,7 +313,7 @@ impl<'d> MappedLoad<'d> {
     /// tensor's bytes inside it and resident: the whole span from the first to the last where
     /// the gaps between them are small, else tensor by tensor; then the file checked unchanged
     /// (see `populate_checked`).
-    fn map_together(&self, run: &[TensorMeta]) -> staging_core::Result<Arc<Mapping>> {
+    fn map_together(&mut self, run: &[TensorMeta]) -> staging_core::Result<Arc<Mapping>> {
         let Some(first) = run.first() else {
             return Err(staging_core::Error::Internal("an empty run".into()));
         };
@@ -338,6 +342,7 @@ impl<'d> MappedLoad<'d> {
         if let Some(file) = &file {
             still_unchanged(shard, file)?;
         }
+        self.run_file = file.map(|file| (first.file_index, file));
         Ok(mapping)
     }
 }
@@ -739,7 +744,17 @@ impl super::ErasedLoad for MappedLoad<'_> {
                 self.fill_ready(meta);
             }
         }
-        let result = self.ready.pop_front()?;
+        let mut result = self.ready.pop_front()?;
+        // A run's tensors were made resident together: each is checked again as it is handed
+        // out (one `statx`), so that a file cut short since is an error, not a fault.
+        if let (Ok((meta, Data::Mapped(_), _)), Some((index, file))) = (&result, &self.run_file)
+            && meta.file_index == *index
+            && let Some(shard) = self.checkpoint.files().get(*index)
+            && let Err(changed) = still_unchanged(shard, file)
+        {
+            self.ready.clear();
+            result = Err(changed);
+        }
         match result {
             Ok((meta, data, path)) => {
                 let len = meta.len as u64;

@@ -531,84 +531,16 @@ def test_a_bad_option_of_this_library_is_this_librarys_error(vllm: Any, tmp_path
         bad.load_weights(Model(), ModelConfig(str(tmp_path / "model")))
 
 
-def test_expert_parallel_ranks_read_only_their_experts(vllm: Any, tmp_path: Path) -> None:
-    """vLLM's expert-parallel filter: a rank's loader skips the other ranks' expert weights
-    before reading them; with staging they are never read either."""
-    import safetensors.torch
+def load_as_expert_rank_1_and_3(folder: Path) -> Tuple[Dict[str, Any], Any]:
+    """The MoE checkpoint in `folder` loaded by vLLM's own loader and by staging's, as the
+    expert-parallel rank holding experts 1 and 3: each load's tensors by format, and staging's
+    loader (its `last_report`)."""
     from vllm import config as vllm_config
     from vllm.config.load import LoadConfig
     from vllm.model_executor.model_loader import get_model_loader
 
     import safetensors_staging.vllm as plugin
 
-    (tmp_path / "moe").mkdir()
-    experts = {
-        f"mlp.experts.{e}.{kind}": torch.full((4, 4), float(e))
-        for e in range(4)
-        for kind in ("weight", "scale")
-    }
-    safetensors.torch.save_file(
-        {**experts, "embed.weight": torch.ones(8, 4)}, tmp_path / "moe" / "model.safetensors"
-    )
-    config = ModelConfig(str(tmp_path / "moe"))
-    config.is_moe = True
-
-    class Moe(torch.nn.Module):
-        def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
-            self.got = {name: tensor.clone() for name, tensor in weights}
-
-    vllm_config.set_current_vllm_config(
-        vllm_config.VllmConfig(
-            parallel_config=vllm_config.ParallelConfig(
-                enable_expert_parallel=True, local_expert_ids={1, 3}
-            )
-        )
-    )
-    try:
-        got = {}
-        plugin.register()
-        for load_format in ("safetensors", "staging"):
-            loader = get_model_loader(LoadConfig(load_format=load_format))
-            model = Moe()
-            loader.load_weights(model, config)
-            got[load_format] = model.got
-    finally:
-        vllm_config.set_current_vllm_config(None)
-    assert sorted(got["staging"]) == sorted(got["safetensors"])
-    assert "mlp.experts.0.weight" not in got["staging"] and "mlp.experts.0.scale" in got["staging"]
-    for name, tensor in got["staging"].items():
-        assert torch.equal(tensor, got["safetensors"][name]), name
-    skipped = sum(experts[f"mlp.experts.{e}.weight"].nbytes for e in (0, 2))
-    total = sum(t.nbytes for t in experts.values()) + 8 * 4 * 4
-    assert loader.last_report["bytes_read"] == total - skipped, "the skipped experts never read"
-
-
-def test_an_expert_parallel_rank_reads_only_the_headers_of_its_shards(
-    vllm: Any, tmp_path: Path
-) -> None:
-    """The same filter on a sharded checkpoint with an index: the rank's load goes through the
-    index, so only the shards holding what it keeps have their headers read (issue 50)."""
-    import json
-
-    import safetensors.torch
-    from vllm import config as vllm_config
-    from vllm.config.load import LoadConfig
-    from vllm.model_executor.model_loader import get_model_loader
-
-    import safetensors_staging.vllm as plugin
-
-    folder = tmp_path / "moe"
-    folder.mkdir()
-    weight_map = {}
-    shards = {
-        1: {"embed.weight": torch.ones(8, 4)},
-        **{2 + e: {f"mlp.experts.{e}.weight": torch.full((4, 4), float(e))} for e in range(4)},
-    }
-    for number, tensors in shards.items():
-        file = f"model-{number:05d}-of-00005.safetensors"
-        safetensors.torch.save_file(tensors, folder / file)
-        weight_map.update({name: file for name in tensors})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     config = ModelConfig(str(folder))
     config.is_moe = True
 
@@ -633,6 +565,55 @@ def test_an_expert_parallel_rank_reads_only_the_headers_of_its_shards(
             got[load_format] = model.got
     finally:
         vllm_config.set_current_vllm_config(None)
+    return got, loader
+
+
+def test_expert_parallel_ranks_read_only_their_experts(vllm: Any, tmp_path: Path) -> None:
+    """vLLM's expert-parallel filter: a rank's loader skips the other ranks' expert weights
+    before reading them; with staging they are never read either."""
+    import safetensors.torch
+
+    (tmp_path / "moe").mkdir()
+    experts = {
+        f"mlp.experts.{e}.{kind}": torch.full((4, 4), float(e))
+        for e in range(4)
+        for kind in ("weight", "scale")
+    }
+    safetensors.torch.save_file(
+        {**experts, "embed.weight": torch.ones(8, 4)}, tmp_path / "moe" / "model.safetensors"
+    )
+    got, loader = load_as_expert_rank_1_and_3(tmp_path / "moe")
+    assert sorted(got["staging"]) == sorted(got["safetensors"])
+    assert "mlp.experts.0.weight" not in got["staging"] and "mlp.experts.0.scale" in got["staging"]
+    for name, tensor in got["staging"].items():
+        assert torch.equal(tensor, got["safetensors"][name]), name
+    skipped = sum(experts[f"mlp.experts.{e}.weight"].nbytes for e in (0, 2))
+    total = sum(t.nbytes for t in experts.values()) + 8 * 4 * 4
+    assert loader.last_report["bytes_read"] == total - skipped, "the skipped experts never read"
+
+
+def test_an_expert_parallel_rank_reads_only_the_headers_of_its_shards(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """The same filter on a sharded checkpoint with an index: the rank's load goes through the
+    index, so only the shards holding what it keeps have their headers read (issue 50)."""
+    import json
+
+    import safetensors.torch
+
+    folder = tmp_path / "moe"
+    folder.mkdir()
+    weight_map = {}
+    shards = {
+        1: {"embed.weight": torch.ones(8, 4)},
+        **{2 + e: {f"mlp.experts.{e}.weight": torch.full((4, 4), float(e))} for e in range(4)},
+    }
+    for number, tensors in shards.items():
+        file = f"model-{number:05d}-of-00005.safetensors"
+        safetensors.torch.save_file(tensors, folder / file)
+        weight_map.update({name: file for name in tensors})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    got, loader = load_as_expert_rank_1_and_3(folder)
     assert (
         sorted(got["staging"])
         == sorted(got["safetensors"])
