@@ -485,18 +485,30 @@ impl PyLoad {
                 ))))
             });
         }
-        let staged = staged_value(tensor, self.device_index)?;
-        if let Some(fast) = convert.fast
-            && let Some(converted) = fast.tensor(py, &staged)?
-        {
-            return Ok(converted.unbind());
-        }
-        let staged = Py::new(py, staged)?.into_any();
+        let handed = converted(py, tensor, self.device_index, convert.fast)?;
         match convert.other {
-            Some(other) => other.call1((staged,)).map(Bound::unbind),
-            None => Ok(staged),
+            Some(other) if handed.bind(py).is_instance_of::<Staged>() => {
+                other.call1((handed,)).map(Bound::unbind)
+            }
+            _ => Ok(handed),
         }
     }
+}
+
+/// A tensor the library allocated, as `fast`'s tensor where it converts it, else a `_Staged`.
+pub(crate) fn converted(
+    py: Python<'_>,
+    tensor: Tensor,
+    device_index: i32,
+    fast: Option<&Fast>,
+) -> PyResult<Py<PyAny>> {
+    let staged = staged_value(tensor, device_index)?;
+    if let Some(fast) = fast
+        && let Some(converted) = fast.tensor(py, &staged)?
+    {
+        return Ok(converted.unbind());
+    }
+    Ok(Py::new(py, staged)?.into_any())
 }
 
 /// How `take` hands tensors out: through `fast` where it converts them, else through `other`

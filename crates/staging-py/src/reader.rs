@@ -17,7 +17,7 @@ use crate::errors;
 use crate::fast::Fast;
 use crate::info::{PyCheckpoint, interrupted_or};
 use crate::interrupt::Calls;
-use crate::load::{PyLoad, absorb, staged, staged_value};
+use crate::load::{PyLoad, absorb, converted, staged};
 use crate::lock::locked;
 use crate::options::Keywords;
 
@@ -212,13 +212,7 @@ impl PyReader {
             .map_err(|e| self.to_py(py, e))?;
         self.last_mapped
             .store(tensor.path() == StagingPath::Mapped, Ordering::Relaxed);
-        let staged = staged_value(tensor, self.device_index)?;
-        if let Some(fast) = fast
-            && let Some(converted) = fast.tensor(py, &staged)?
-        {
-            return Ok(converted.unbind());
-        }
-        Ok(Py::new(py, staged)?.into_any())
+        converted(py, tensor, self.device_index, fast.as_deref())
     }
 
     /// The tensors `names` read in file order by one load on the handle's backend, as
