@@ -90,9 +90,9 @@ pub use tensor::{BackendMemory, DeviceMemory, Tensor};
 
 pub use staging_core::{
     Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, ErrorKind, FallbackCause,
-    Fallbacks, HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, LoadReport, MemorySpace,
-    PathCount, PathTotals, Piece, Plan, PolicyBuilder, RawDestination, RowRange, Selection,
-    ShardFile, StagingPath, StagingPolicy, TensorMeta, TensorRecord, is_url,
+    Fallbacks, HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, KINDS_IN_DOORS, KindInDoors,
+    LoadReport, MemorySpace, PathCount, PathTotals, Piece, Plan, PolicyBuilder, RawDestination,
+    RowRange, Selection, ShardFile, StagingPath, StagingPolicy, TensorMeta, TensorRecord, is_url,
 };
 
 /// NVIDIA GPUs: the cuFile backend's options, its memory space and device, the hand-over of a

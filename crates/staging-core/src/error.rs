@@ -473,6 +473,151 @@ impl ErrorKind {
     }
 }
 
+/// What each door makes of an error kind: the one table that the Python package (the exception
+/// class it raises), the C library (the status it returns) and the generated reference
+/// (`docs/reference/errors.md`) all read, so that no door keeps a mapping of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KindInDoors {
+    /// The kind.
+    pub kind: ErrorKind,
+    /// What it means, one or two sentences for the reference.
+    pub meaning: &'static str,
+    /// The name of the exception class Python raises (every one derives from `StagingError`).
+    pub python_class: &'static str,
+    /// The name of the `stg_status` C returns.
+    pub c_status: &'static str,
+}
+
+/// The table, one row per kind, in the order of [`ErrorKind::ALL`].
+pub const KINDS_IN_DOORS: [KindInDoors; 17] = {
+    const fn row(
+        kind: ErrorKind,
+        meaning: &'static str,
+        python_class: &'static str,
+        c_status: &'static str,
+    ) -> KindInDoors {
+        KindInDoors {
+            kind,
+            meaning,
+            python_class,
+            c_status,
+        }
+    }
+    use ErrorKind::*;
+    [
+        row(
+            NotFound,
+            "A path (a file, a directory, an object) does not exist.",
+            "PathNotFoundError",
+            "STG_NOT_FOUND",
+        ),
+        row(
+            PermissionDenied,
+            "A path the process may not open.",
+            "PathPermissionError",
+            "STG_PERMISSION_DENIED",
+        ),
+        row(
+            Io,
+            "Any other failure to open, inspect or read a file while reading the headers.",
+            "ReadError",
+            "STG_IO",
+        ),
+        row(
+            InvalidCheckpoint,
+            "A header or index is malformed, disagrees with the files, or a file is shorter than its header says.",
+            "MalformedCheckpointError",
+            "STG_INVALID_CHECKPOINT",
+        ),
+        row(
+            NotACheckpoint,
+            "A path is not a regular file, or a directory holds no checkpoint.",
+            "MalformedCheckpointError",
+            "STG_NOT_A_CHECKPOINT",
+        ),
+        row(
+            Read,
+            "A read failed during the load, or a file changed under it.",
+            "ReadError",
+            "STG_READ",
+        ),
+        row(
+            DeviceAllocation,
+            "A device allocation failed where the policy had no fallback left (the staging buffer), or failed with something other than out-of-memory.",
+            "OutOfMemoryError",
+            "STG_ALLOCATION",
+        ),
+        row(
+            HostAllocation,
+            "Host memory for a host-assembled tensor could not be allocated.",
+            "OutOfMemoryError",
+            "STG_HOST_ALLOCATION",
+        ),
+        row(
+            Device,
+            "A device operation (memory query, copy) failed.",
+            "DeviceError",
+            "STG_DEVICE",
+        ),
+        row(
+            Destination,
+            "The caller's destination failed, or gave memory of the wrong kind.",
+            "DestinationError",
+            "STG_DESTINATION",
+        ),
+        row(
+            DestinationTooSmall,
+            "The caller's destination is shorter than the tensor.",
+            "DestinationError",
+            "STG_DESTINATION_TOO_SMALL",
+        ),
+        row(
+            Selection,
+            "A selection names a tensor the checkpoint does not hold, or rows a tensor does not have.",
+            "SelectionError",
+            "STG_SELECTION",
+        ),
+        row(
+            InvalidOption,
+            "An option's value is malformed, out of range, or inconsistent with the others; an unknown key; a backend and a device that do not go together.",
+            "InvalidOptionError",
+            "STG_INVALID_ARGUMENT",
+        ),
+        row(
+            BackendUnavailable,
+            "The backend or device asked for cannot run here (no driver, no device, no library, not built in), or a GPU was asked for and none can be used.",
+            "BackendUnavailableError",
+            "STG_BACKEND_UNAVAILABLE",
+        ),
+        row(
+            Usage,
+            "A tensor's bytes cannot be had the way asked for (already taken, another path).",
+            "StagingError",
+            "STG_INVALID_ARGUMENT",
+        ),
+        row(
+            Resource,
+            "The system refused a resource the load needs to run: its threads (a limit on processes or threads, memory for their stacks) or descriptors. The message names the limit.",
+            "ResourceError",
+            "STG_RESOURCE",
+        ),
+        row(
+            Internal,
+            "An invariant of the library did not hold: a bug.",
+            "StagingError",
+            "STG_INTERNAL",
+        ),
+    ]
+};
+
+impl ErrorKind {
+    /// The kind's row of [`KINDS_IN_DOORS`]: its Python class and C status.
+    pub fn in_doors(self) -> &'static KindInDoors {
+        // Every kind has its row at its place in `ALL` (the test below).
+        &KINDS_IN_DOORS[self as usize]
+    }
+}
+
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -579,6 +724,23 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_has_its_row_in_the_doors_table_at_its_place() {
+        for (place, kind) in ErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, place, "{kind}");
+            assert_eq!(KINDS_IN_DOORS[place].kind, kind);
+            assert_eq!(kind.in_doors().kind, kind);
+            let row = kind.in_doors();
+            assert!(
+                row.python_class.ends_with("Error"),
+                "{kind}: {}",
+                row.python_class
+            );
+            assert!(row.c_status.starts_with("STG_"), "{kind}: {}", row.c_status);
+            assert!(row.meaning.ends_with('.'), "{kind}: {}", row.meaning);
+        }
+    }
 
     #[test]
     fn no_thread_or_no_descriptor_is_a_resource_naming_the_limit() {

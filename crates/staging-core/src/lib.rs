@@ -66,7 +66,8 @@ pub use checkpoint::{
     StoreFile, TensorMeta, Wanted, checked_components, is_url, natural_cmp,
 };
 pub use error::{
-    AllocError, DestinationError, DeviceError, Error, ErrorKind, ReadError, Result, io_words,
+    AllocError, DestinationError, DeviceError, Error, ErrorKind, KINDS_IN_DOORS, KindInDoors,
+    ReadError, Result, io_words,
 };
 pub use kept::{IoThreads, KeepOpen, OpenFiles, Recent};
 pub use memory::{DeviceRegion, HostBytes, HostMemory, MemorySpace, host_bytes};

@@ -175,26 +175,53 @@ pub(crate) fn status_of(error: &Error) -> stg_status {
     status_of_kind(error.kind())
 }
 
-/// The status of each kind of error. Every kind but `Internal` has a status of its own kind;
-/// `tests::every_kind_has_a_status` checks none falls through.
+/// The status of each kind of error, as the library's table of kinds names it
+/// (`KINDS_IN_DOORS`, which Python and the reference read too). Every kind but `Internal` has a
+/// status of its own kind; `tests::every_kind_has_a_status` checks none falls through.
 fn status_of_kind(kind: ErrorKind) -> stg_status {
-    match kind {
-        ErrorKind::NotFound => stg_status::STG_NOT_FOUND,
-        ErrorKind::PermissionDenied => stg_status::STG_PERMISSION_DENIED,
-        ErrorKind::Io => stg_status::STG_IO,
-        ErrorKind::InvalidCheckpoint => stg_status::STG_INVALID_CHECKPOINT,
-        ErrorKind::NotACheckpoint => stg_status::STG_NOT_A_CHECKPOINT,
-        ErrorKind::Read => stg_status::STG_READ,
-        ErrorKind::DeviceAllocation => stg_status::STG_ALLOCATION,
-        ErrorKind::HostAllocation => stg_status::STG_HOST_ALLOCATION,
-        ErrorKind::Device => stg_status::STG_DEVICE,
-        ErrorKind::Destination => stg_status::STG_DESTINATION,
-        ErrorKind::DestinationTooSmall => stg_status::STG_DESTINATION_TOO_SMALL,
-        ErrorKind::Selection => stg_status::STG_SELECTION,
-        ErrorKind::InvalidOption | ErrorKind::Usage => stg_status::STG_INVALID_ARGUMENT,
-        ErrorKind::BackendUnavailable => stg_status::STG_BACKEND_UNAVAILABLE,
-        ErrorKind::Resource => stg_status::STG_RESOURCE,
-        _ => stg_status::STG_INTERNAL,
+    stg_status::named(kind.in_doors().c_status).unwrap_or(stg_status::STG_INTERNAL)
+}
+
+impl stg_status {
+    /// Every status, in the order of their numbers.
+    const ALL: [stg_status; 26] = {
+        use stg_status::*;
+        [
+            STG_OK,
+            STG_END,
+            STG_NULL_ARGUMENT,
+            STG_INVALID_UTF8,
+            STG_INVALID_ARGUMENT,
+            STG_NOT_A_DEVICE_BUFFER,
+            STG_LENGTH_MISMATCH,
+            STG_BUSY,
+            STG_LOAD_FREED,
+            STG_IO,
+            STG_INVALID_CHECKPOINT,
+            STG_NOT_A_CHECKPOINT,
+            STG_NOT_FOUND,
+            STG_PERMISSION_DENIED,
+            STG_READ,
+            STG_ALLOCATION,
+            STG_HOST_ALLOCATION,
+            STG_DEVICE,
+            STG_DESTINATION,
+            STG_DESTINATION_TOO_SMALL,
+            STG_BACKEND_UNAVAILABLE,
+            STG_INVALID_CONFIG,
+            STG_SELECTION,
+            STG_RESOURCE,
+            STG_PANIC,
+            STG_INTERNAL,
+        ]
+    };
+
+    /// The status whose C name is `name` (`"STG_NOT_FOUND"`): the name `Debug` gives, which is
+    /// the enum's in `staging_ffi.h` (cbindgen writes the variants as they are).
+    fn named(name: &str) -> Option<stg_status> {
+        Self::ALL
+            .into_iter()
+            .find(|status| format!("{status:?}") == name)
     }
 }
 
@@ -203,9 +230,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_status_is_in_the_list_and_every_number_in_the_enum() {
+        for status in stg_status::ALL {
+            assert_eq!(stg_status::try_from(status as u32), Ok(status));
+            assert_eq!(stg_status::named(&format!("{status:?}")), Some(status));
+        }
+        let numbered = (0..1000)
+            .filter(|n| stg_status::try_from(*n).is_ok())
+            .count();
+        assert_eq!(numbered, stg_status::ALL.len());
+        assert_eq!(stg_status::named("STG_NO_SUCH_STATUS"), None);
+    }
+
+    #[test]
     fn every_kind_has_a_status_and_only_internal_errors_are_internal() {
         let mut seen = std::collections::HashSet::new();
         for kind in ErrorKind::ALL {
+            // The table's name is a status of the enum (not the fallback below).
+            assert!(
+                stg_status::named(kind.in_doors().c_status).is_some(),
+                "{kind}"
+            );
             let status = status_of_kind(kind);
             assert_eq!(
                 status == stg_status::STG_INTERNAL,

@@ -98,6 +98,12 @@ def test_the_error_reference_names_the_classes_raised() -> None:
     for name in rows.values():
         cls = getattr(st, name)
         assert issubclass(cls, st.StagingError), name
+    # The class raised for each kind is the one the page names (both come from the library's
+    # one table, KINDS_IN_DOORS).
+    from safetensors_staging import _native
+
+    for kind, name in rows.items():
+        assert _native._error_class(kind) is getattr(st, name), kind
     # A class's own `kind` is one of the kinds the page maps to it.
     for name in set(rows.values()):
         cls = getattr(st, name)

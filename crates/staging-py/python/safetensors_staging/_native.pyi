@@ -40,6 +40,7 @@ __all__ = [
     "_Staged",
     "_Fast",
     "_probe_staged",
+    "_error_class",
     "TensorInfo",
     "Checkpoint",
     "_Load",
@@ -243,6 +244,7 @@ class _Fast:
     def convert(self, staged: _Staged) -> Optional[Any]: ...
 
 def _probe_staged(dtype: str) -> _Staged: ...
+def _error_class(kind: str) -> type: ...
 
 @final
 class _Load:
