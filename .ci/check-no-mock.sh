@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Fails when a shipped artefact carries the mock backend or the test fixtures: the `stage`
-# binary, the C library, or a wheel (its extension module). The markers are text that only
+# binary, the C library, a wheel (its extension module) or a release tarball (what it holds). The markers are text that only
 # backend-mock's code holds (its fault injection and its malformed cases), so they are in a
 # binary exactly when that code was linked in; a mock build (`--features mock`) fails this check.
 #
-#   scripts/check-no-mock.sh target/release/stage target/ci-wheel/*.whl
+#   .ci/check-no-mock.sh target/release/stage target/dist/*.whl target/dist/*.tar.gz
 set -euo pipefail
 markers=(
   "injected read error on call"
@@ -23,6 +23,12 @@ for artefact in "$@"; do
     python3 -m zipfile -e "$artefact" "$scratch/$(basename "$artefact")"
     mapfile -t files < <(find "$scratch/$(basename "$artefact")" -name '*.so')
     [ ${#files[@]} -gt 0 ] || { echo "!! $artefact: no extension module inside"; exit 1; }
+  elif [[ "$artefact" == *.tar.gz ]]; then
+    # A release tarball (scripts/release.sh): its programs and libraries.
+    mkdir -p "$scratch/$(basename "$artefact")"
+    tar -C "$scratch/$(basename "$artefact")" -xzf "$artefact"
+    mapfile -t files < <(find "$scratch/$(basename "$artefact")" -type f \( -name stage -o -name '*.so' -o -name '*.a' \))
+    [ ${#files[@]} -gt 0 ] || { echo "!! $artefact: no program or library inside"; exit 1; }
   fi
   for file in "${files[@]}"; do
     found=()

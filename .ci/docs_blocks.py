@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs every code block of the documentation, so that no example drifts from the code.
 
-    python scripts/docs_blocks.py --stage target/debug/stage [FILE.md ...]
+    python .ci/docs_blocks.py --stage target/debug/stage [FILE.md ...]
 
 Collects the fenced blocks of `docs/**/*.md` and `README.md` (or of the files given) and runs:
 
@@ -235,10 +235,25 @@ def compile_c(block: Block, compiler: str | None, cwd: Path) -> str | None:
 
 
 def run_page(
-    path: Path, env: dict[str, str], compilers: dict[str, str | None], summary: Summary
+    path: Path,
+    env: dict[str, str],
+    compilers: dict[str, str | None],
+    summary: Summary,
+    only: set[str] | None = None,
 ) -> None:
-    """Runs one page's blocks in order, in one temporary directory and one Python namespace."""
+    """Runs one page's blocks in order, in one temporary directory and one Python namespace
+    (with `only`, the blocks run as those kinds, "python", "shell", "console", "c", "cpp")."""
     blocks = blocks_of(path)
+    if only is not None:
+        kept = []
+        for block in blocks:
+            kind = RUN_AS.get(block.lang) or COMPILE_AS.get(block.lang)
+            if kind in only:
+                kept.append(block)
+            else:
+                what = f"{block.lang or '(none)'} (not asked for)"
+                summary.not_run[what] = summary.not_run.get(what, 0) + 1
+        blocks = kept
     if not blocks:
         return
     namespace: dict[str, object] = {"__name__": "__docs__"}
@@ -325,10 +340,22 @@ def main() -> int:
         "--timeout", type=int, default=TIMEOUT_S, help="seconds a shell block may run"
     )
     parser.add_argument(
+        "--only",
+        help="run only the blocks of these kinds, comma-separated (python, shell, console, c, cpp)",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="print what every block printed"
     )
     args = parser.parse_args()
     VERBOSE, TIMEOUT_S = args.verbose, args.timeout
+    only = set(args.only.split(",")) if args.only else None
+    known = set(RUN_AS.values()) | set(COMPILE_AS.values())
+    if only is not None and not only <= known:
+        print(
+            f"docs_blocks: --only {args.only}: the kinds are {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
 
     files = [f.resolve() for f in args.files] or sorted((ROOT / "docs").rglob("*.md")) + [
         ROOT / "README.md"
@@ -351,7 +378,7 @@ def main() -> int:
     summary = Summary()
     try:
         for path in files:
-            run_page(path, env, {"c": args.cc, "cpp": args.cxx}, summary)
+            run_page(path, env, {"c": args.cc, "cpp": args.cxx}, summary, only)
     finally:
         shutil.rmtree(bindir, ignore_errors=True)
 

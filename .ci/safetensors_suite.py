@@ -16,19 +16,27 @@ machine (a missing optional package, a GPU) are reported, not required.
 
 Usage:
 
-    python scripts/safetensors_suite.py --tests DIR  # bindings/python/tests of the sdist
-    python scripts/safetensors_suite.py --sdist safetensors-0.8.0.tar.gz
+    python .ci/safetensors_suite.py --tests DIR  # bindings/python/tests of the sdist
+    python .ci/safetensors_suite.py --sdist safetensors-0.8.0.tar.gz
+    python .ci/safetensors_suite.py --pypi 0.8.0  # that sdist, fetched from PyPI
+
+`--pypi` asks PyPI's simple index for the version's sdist and checks its SHA-256: a plain download
+(`pip download --no-binary :all:` builds the sdist's metadata, compiling its build tool, maturin,
+from source: 8 minutes on CI's machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List
@@ -115,22 +123,46 @@ def run(tests: Path, shim: bool, work: Path) -> Dict[str, str]:
     return outcomes(xml)
 
 
+def fetch_sdist(version: str, into: Path) -> Path:
+    """safetensors' sdist of `version`, from PyPI's simple index (its JSON form, PEP 691), its
+    SHA-256 checked against the index's."""
+    request = urllib.request.Request(
+        "https://pypi.org/simple/safetensors/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as r:
+        files = json.load(r)["files"]
+    name = f"safetensors-{version}.tar.gz"
+    sdists = [f for f in files if f["filename"] == name]
+    if not sdists:
+        raise SystemExit(f"PyPI lists no {name}")
+    path = into / name
+    with urllib.request.urlopen(sdists[0]["url"], timeout=300) as r:
+        data = r.read()
+    if hashlib.sha256(data).hexdigest() != sdists[0]["hashes"]["sha256"]:
+        raise SystemExit(f"{sdists[0]['url']}: its SHA-256 is not the one PyPI lists")
+    path.write_bytes(data)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--tests", type=Path, help="safetensors' bindings/python/tests")
     src.add_argument("--sdist", type=Path, help="safetensors' source distribution (.tar.gz)")
+    src.add_argument("--pypi", metavar="VERSION", help="that version's sdist, fetched from PyPI")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         tests = args.tests
+        sdist = fetch_sdist(args.pypi, work) if args.pypi else args.sdist
         if tests is None:
-            with tarfile.open(args.sdist) as tar:
+            with tarfile.open(sdist) as tar:
                 members = [m for m in tar.getmembers() if "/bindings/python/tests/" in m.name]
                 tar.extractall(work / "sdist", members=members, filter="data")
             found = list((work / "sdist").glob("*/bindings/python/tests"))
             if not found:
-                raise SystemExit(f"{args.sdist}: no bindings/python/tests in it")
+                raise SystemExit(f"{sdist}: no bindings/python/tests in it")
             tests = found[0]
         theirs = run(tests.resolve(), False, work)
         ours = run(tests.resolve(), True, work)

@@ -59,7 +59,7 @@ files `snapshot_download` fetched (sha256 of every tensor's bytes), and our cach
 
 Usage:
 
-    PYTHONPATH=/work/artifacts/site python scripts/bench_hub.py [--rounds 5]
+    PYTHONPATH=/work/artifacts/site python benches/bench_hub.py [--rounds 5]
         [--rates 100MB,300MB,unlimited] [--models minilm,synthetic] [--synthetic-size 1GiB]
         [--work DIR] [--json OUT] [--only ROWS] [--cold] [--gpu] [--commits]
 """
@@ -82,7 +82,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from bench_python import drop_page_cache, warm_page_cache  # scripts/, on the path when run
+from bench_python import drop_page_cache, warm_page_cache  # benches/, on the path when run
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "crates" / "staging-py" / "tests"))

@@ -3,7 +3,7 @@
 interleaved pairs of fresh processes, with nothing else between them (no memory priming, unlike
 `bench_python.py`): the load call, then one byte of every page of every tensor touched.
 
-    python scripts/bench_load_pairs.py CHECKPOINT_DIR [--pairs 12] [--cold]
+    python benches/bench_load_pairs.py CHECKPOINT_DIR [--pairs 12] [--cold]
 
 Prints the median and range of each phase per loader, and the ratio of the medians of the
 whole (safetensors' time over ours: above 1 is faster). `--cold` drops the page cache before

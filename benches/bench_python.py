@@ -6,7 +6,7 @@ the drop-in API: `safe_open` + `get_tensor` for every key, and tensor-parallel s
 bytes this package read (`bytes_read`; safetensors maps the file, so its bytes read are the pages
 the slices touch).
 
-    python scripts/bench_python.py CHECKPOINT_DIR [--device cpu|cuda:0] [--rounds 3] [--write GIB]
+    python benches/bench_python.py CHECKPOINT_DIR [--device cpu|cuda:0] [--rounds 3] [--write GIB]
         [--cold]
 
 `--write GIB` first writes a synthetic F16 checkpoint of that size into CHECKPOINT_DIR (F16, so

@@ -2,7 +2,7 @@
 """Many ranks on one machine, CPU, gloo: `load_file(path, process_group=...)` (each byte read once
 across the group, then broadcast) against every rank calling `load_file(path)` on its own.
 
-    python scripts/bench_ranks.py CHECKPOINT_DIR [--ranks 1,2,3] [--rounds 3]
+    python benches/bench_ranks.py CHECKPOINT_DIR [--ranks 1,2,3] [--rounds 3]
 
 For each group size n, n processes (torch.multiprocessing, gloo over loopback) run both ways,
 alternating, after a barrier; each rank reports its wall time and the bytes it read. The table

@@ -23,7 +23,7 @@ weights equal the second checkpoint's, bit for bit.
 
 Usage:
 
-    python scripts/bench_reload.py WORK_DIR [--sizes 0.4,1.5] [--rounds 5] [--device cpu]
+    python benches/bench_reload.py WORK_DIR [--sizes 0.4,1.5] [--rounds 5] [--device cpu]
 
 WORK_DIR receives, per size, a Qwen2-architecture model with random BF16 weights (made by
 `transformers` from a config: no download) saved in 500 MB shards, and the same model after one
@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from bench_python import warm_page_cache  # scripts/, on the path when run as a script
+from bench_python import warm_page_cache  # benches/, on the path when run as a script
 
 SHAPES = {
     # GB (BF16): hidden, intermediate, layers, vocab

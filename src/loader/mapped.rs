@@ -668,7 +668,7 @@ const PARALLEL_COPY_FROM: usize = 1 << 20;
 /// pieces of 1-16 MiB, 2026-12-03). Reading the pieces with `pread` rather than copying them
 /// out of the mapping took 0.062 s against 0.064 s for the 0.4 GB model and 0.195 s against
 /// 0.214 s for the 1.5 GB one, holding 2 MiB of RSS above the model against 14
-/// (`scripts/bench_reload.py`, 7 rounds, 2026-12-04).
+/// (`benches/bench_reload.py`, 7 rounds, 2026-12-04).
 const COPY_PIECE: usize = 4 << 20;
 
 /// Reads all of `dst` from `file` at `at`, continuing after short reads. `Err((offset,

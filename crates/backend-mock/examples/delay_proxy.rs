@@ -1,5 +1,5 @@
 //! A TCP proxy that adds a round trip to every request, for the remote benchmark
-//! (`scripts/bench_remote.py --rtt-ms`): object stores are 10-50 ms away, loopback is not, and
+//! (`benches/bench_remote.py --rtt-ms`): object stores are 10-50 ms away, loopback is not, and
 //! this kernel has no `netem` qdisc to add the delay.
 //!
 //! ```text

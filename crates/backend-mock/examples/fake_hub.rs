@@ -1,6 +1,6 @@
 //! The fake Hugging Face Hub (`backend_mock::hub::FakeHub`) as a process: the one stand-in Hub
 //! of the Rust tests, the Python tests (`crates/staging-py/tests/fakehub.py` drives it), the
-//! benchmarks (`scripts/bench_hub.py`) and the GPU check.
+//! benchmarks (`benches/bench_hub.py`) and the GPU check.
 //!
 //! ```text
 //! cargo run --release -p backend-mock --example fake_hub -- \

@@ -4,7 +4,7 @@
 //! `MADV_DONTNEED` once copied: the reload path of 2026-12-03), `mapkeep` (the same, never
 //! unmapped), `pread` (`pread` of each piece straight into the memory). THREADS threads take
 //! pieces in file order from a shared counter.
-//!   cargo run --release --manifest-path scripts/map-experiment/Cargo.toml --bin copy -- \
+//!   cargo run --release --manifest-path benches/map-experiment/Cargo.toml --bin copy -- \
 //!     MODE THREADS PIECE_MIB ROUNDS FILE...
 
 #![allow(clippy::unwrap_used)] // an experiment: any failure ends it
