@@ -16,8 +16,8 @@
 #   stage-VERSION-ARCH-linux-gnu.tar.gz
 #       bin/stage, the command
 #
-# and once: safetensors_staging-VERSION.tar.gz, the source distribution (checked: a wheel builds
-# from it, with nothing of this checkout but the sdist), and SHA256SUMS.
+# and once: safetensors_staging-VERSION.tar.gz, the source distribution, and SHA256SUMS. The
+# wheels are built from the sdist (unpacked outside the checkout), so each one shows it builds.
 #
 # Needs: this machine's Rust (rustup adds the aarch64 standard library if it is missing), cmake
 # (for the C library), python3 with venv and PyPI (maturin, ziglang, cargo-zigbuild and
@@ -80,6 +80,31 @@ check_arch() {
   return $bad
 }
 
+# The sdist first: every wheel is built from it, unpacked outside the checkout, so that it is
+# the sdist that builds (and nothing the checkout has that the sdist lacks goes into a wheel).
+# Its files are made newer than any build: cargo compiles this project's crates from the
+# sdist's sources, not taking the checkout's builds for current (their fingerprints do not name
+# their folder); the crates.io dependencies are shared with earlier builds in target/.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if wants wheel || wants sdist; then
+  say "the source distribution"
+  maturin sdist -m crates/staging-py/Cargo.toml --out "$work" >"$work/sdist.log" 2>&1 \
+    || { cat "$work/sdist.log"; exit 1; }
+  sdist="$work/safetensors_staging-$version.tar.gz"
+  tar -C "$work" -xzf "$sdist"
+  find "$work/safetensors_staging-$version" -type f -exec touch {} +
+  if wants sdist; then
+    rm -f "$out/safetensors_staging-$version.tar.gz"
+    cp "$sdist" "$out/"
+  fi
+fi
+
+# cargo-zigbuild's builds (stage, the C library) in a target directory of their own: its zig
+# wrappers are not maturin's, and a build script that sees another C compiler runs again and
+# rebuilds all that depends on it, each time the two take turns in one directory.
+zig_target=$PWD/target/zigbuild
+
 IFS=, read -r -a arch_list <<< "$arches"
 for arch in "${arch_list[@]}"; do
   case "$arch" in x86_64|aarch64) ;; *) echo "unknown architecture '$arch' (x86_64, aarch64)" >&2; exit 2 ;; esac
@@ -90,10 +115,18 @@ for arch in "${arch_list[@]}"; do
   fi
 
   if wants wheel; then
-    say "$arch: the wheel (maturin, zig, manylinux_2_$(echo $glibc | cut -d. -f2))"
+    say "$arch: the wheel, from the sdist (maturin, zig, manylinux_2_$(echo $glibc | cut -d. -f2))"
     rm -f "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl
-    maturin build --quiet --release --zig --target "$triple" --compatibility "manylinux_${glibc/./_}" \
-      -m crates/staging-py/Cargo.toml --out "$out"
+    MATURIN_PEP517_ARGS="--zig --target $triple --compatibility manylinux_${glibc/./_}" \
+      CARGO_TARGET_DIR=$PWD/target pip wheel -v --no-build-isolation --no-deps --no-cache-dir \
+      --disable-pip-version-check "$work/safetensors_staging-$version" -w "$out" >"$work/wheel.log" 2>&1 \
+      || { tail -n 60 "$work/wheel.log"; exit 1; }
+    if ! grep -q "Compiling staging-py" "$work/wheel.log"; then
+      echo "!! the wheel compiled nothing of the sdist (cargo took an earlier build):" >&2
+      grep -i "compiling\|finished" "$work/wheel.log" >&2 || true
+      exit 1
+    fi
+    echo "built from the sdist: $(grep -c ' Compiling ' "$work/wheel.log") crates compiled"
     wheel=$(ls "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl)
     # The policy check: which manylinux tag the wheel's libraries allow, and nothing outside it.
     auditwheel show "$wheel" | tee "$out/.auditwheel-$arch.txt"
@@ -112,11 +145,12 @@ for arch in "${arch_list[@]}"; do
 
   if wants stage; then
     say "$arch: stage"
-    cargo zigbuild --quiet --release -p staging-cli --bin stage --target "$triple.$glibc"
+    cargo zigbuild --quiet --release -p staging-cli --bin stage --target "$triple.$glibc" \
+      --target-dir "$zig_target"
     name="stage-$version-$arch-linux-gnu"
     tree=$(mktemp -d)
     mkdir -p "$tree/$name/bin"
-    cp "target/$triple/release/stage" "$tree/$name/bin/"
+    cp "$zig_target/$triple/release/stage" "$tree/$name/bin/"
     check_arch "$arch" "$tree"
     tar -C "$tree" -czf "$out/$name.tar.gz" "$name"
     rm -rf "$tree"
@@ -128,7 +162,7 @@ for arch in "${arch_list[@]}"; do
     build=target/release-cmake/$arch
     tree=$(mktemp -d)
     cmake -S crates/staging-ffi -B "$build" -DSTAGING_FFI_CARGO="$(command -v cargo-zigbuild)" \
-      -DSTAGING_FFI_RUST_TARGET="$triple.$glibc" >/dev/null
+      -DSTAGING_FFI_RUST_TARGET="$triple.$glibc" -DSTAGING_FFI_TARGET_DIR="$zig_target" >/dev/null
     cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
     cmake --install "$build" --prefix "$tree/$name" >/dev/null
     check_arch "$arch" "$tree"
@@ -136,22 +170,6 @@ for arch in "${arch_list[@]}"; do
     rm -rf "$tree"
   fi
 done
-
-if wants sdist; then
-  say "the source distribution, and a wheel built from it alone"
-  rm -f "$out/safetensors_staging-$version.tar.gz"
-  maturin sdist -m crates/staging-py/Cargo.toml --out "$out"
-  sdist="$out/safetensors_staging-$version.tar.gz"
-  # Built outside the checkout (pip unpacks it in a temporary folder), into a target directory
-  # of its own: with the checkout's, cargo takes the workspace's own crates for built already
-  # (their fingerprints do not name their folder) and compiles nothing from the sdist.
-  from_sdist=$(mktemp -d)
-  rm -rf target/sdist-check
-  CARGO_TARGET_DIR=$PWD/target/sdist-check pip wheel --quiet --disable-pip-version-check --no-cache-dir \
-    --no-deps "$sdist" -w "$from_sdist"
-  ls "$from_sdist"/safetensors_staging-"$version"-*.whl >/dev/null
-  rm -rf "$from_sdist" target/sdist-check
-fi
 
 (cd "$out" && rm -f SHA256SUMS && sha256sum -- *.whl *.tar.gz > SHA256SUMS.tmp 2>/dev/null; mv SHA256SUMS.tmp SHA256SUMS)
 say "in $out:"
