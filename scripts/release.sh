@@ -68,15 +68,17 @@ machine_of() { case "$1" in x86_64) echo "Advanced Micro Devices X86-64";; aarch
 
 # The ELF files under a path are all for ARCH (readelf's Machine line), or it fails.
 check_arch() {
-  local arch=$1 path=$2 file machine bad=0
+  local arch=$1 path=$2 file machine bad=0 seen=0
   while IFS= read -r -d '' file; do
-    head -c 4 "$file" | grep -q $'\x7fELF' || continue
+    [ "$(head -c 4 "$file" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] || continue
+    seen=$((seen + 1))
     machine=$(readelf -h "$file" | sed -n 's/^ *Machine: *//p')
     if [ "$machine" != "$(machine_of "$arch")" ]; then
       echo "!! $file is for '$machine', not $arch" >&2
       bad=1
     fi
   done < <(find "$path" -type f -print0)
+  [ "$seen" -gt 0 ] || { echo "!! no ELF file under $path" >&2; return 1; }
   return $bad
 }
 
@@ -171,6 +173,12 @@ for arch in "${arch_list[@]}"; do
   fi
 done
 
-(cd "$out" && rm -f SHA256SUMS && sha256sum -- *.whl *.tar.gz > SHA256SUMS.tmp 2>/dev/null; mv SHA256SUMS.tmp SHA256SUMS)
-say "in $out:"
-(cd "$out" && ls -l -- *.whl *.tar.gz 2>/dev/null | awk '{printf "  %10d  %s\n", $5, $9}')
+# What is in DIR (what this run made and what an earlier run left), with its checksums.
+(
+  cd "$out"
+  shopt -s nullglob
+  made=(*.whl *.tar.gz)
+  sha256sum -- "${made[@]}" > SHA256SUMS
+  say "in $out:"
+  for file in "${made[@]}"; do printf '  %10d  %s\n' "$(stat -c %s "$file")" "$file"; done
+)
