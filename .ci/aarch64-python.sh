@@ -6,8 +6,9 @@
 #
 #   .ci/aarch64-python.sh DIR
 #
-# Needs apt with Debian's arm64 packages (`dpkg --add-architecture arm64 && apt-get update`,
-# which this script runs where arm64 is not yet a foreign architecture) and PyPI.
+# Needs Debian 12 (bookworm: the package names below are its own) with its arm64 packages
+# (`dpkg --add-architecture arm64 && apt-get update`, which this script runs where arm64 is not
+# yet a foreign architecture: a lasting change to the machine's apt) and PyPI.
 set -euo pipefail
 dir=${1:?usage: .ci/aarch64-python.sh DIR}
 [ -x "$dir/root/usr/bin/python3.11" ] && [ -d "$dir/site/numpy" ] && exit 0
@@ -19,8 +20,12 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
 fi
 packages=(python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libc6 zlib1g libexpat1
   libffi8 libbz2-1.0 liblzma5 libssl3 libcrypt1 libuuid1 libgcc-s1 libstdc++6)
-# apt's own user cannot write into a folder root made: download as root (apt warns, harmless).
-(cd "$dir/debs" && apt-get download -qq "${packages[@]/%/:arm64}" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+# apt's own user cannot write into a folder root made: apt downloads as root, and warns so.
+if ! (cd "$dir/debs" && apt-get download -qq "${packages[@]/%/:arm64}" >"$dir/apt.log" 2>&1); then
+  cat "$dir/apt.log" >&2
+  echo "!! apt-get download of the arm64 packages failed (Debian 12's names: python3.11, libffi8, libssl3)" >&2
+  exit 1
+fi
 for deb in "$dir"/debs/*.deb; do dpkg -x "$deb" "$dir/root"; done
 [ -x "$dir/root/usr/bin/python3.11" ] || { echo "!! no aarch64 python3.11 unpacked" >&2; exit 1; }
 python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \

@@ -20,7 +20,7 @@ Usage:
     python .ci/safetensors_suite.py --sdist safetensors-0.8.0.tar.gz
     python .ci/safetensors_suite.py --pypi 0.8.0  # that sdist, fetched from PyPI
 
-`--pypi` asks PyPI's simple index for the version's sdist and checks its SHA-256: a plain download
+`--pypi` asks the package index (`PIP_INDEX_URL`, else PyPI) for the version's sdist and checks its SHA-256: a plain download
 (`pip download --no-binary :all:` builds the sdist's metadata, compiling its build tool, maturin,
 from source: 8 minutes on CI's machine).
 """
@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -124,23 +125,28 @@ def run(tests: Path, shim: bool, work: Path) -> Dict[str, str]:
 
 
 def fetch_sdist(version: str, into: Path) -> Path:
-    """safetensors' sdist of `version`, from PyPI's simple index (its JSON form, PEP 691), its
-    SHA-256 checked against the index's."""
+    """safetensors' sdist of `version`, from the package index pip would ask (`PIP_INDEX_URL`,
+    else PyPI) in its JSON form (PEP 691), its SHA-256 checked against the index's."""
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    page = f"{index}/safetensors/"
     request = urllib.request.Request(
-        "https://pypi.org/simple/safetensors/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+        page, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
     with urllib.request.urlopen(request, timeout=60) as r:
         files = json.load(r)["files"]
     name = f"safetensors-{version}.tar.gz"
     sdists = [f for f in files if f["filename"] == name]
     if not sdists:
-        raise SystemExit(f"PyPI lists no {name}")
-    path = into / name
-    with urllib.request.urlopen(sdists[0]["url"], timeout=300) as r:
+        raise SystemExit(f"{page} lists no {name}")
+    sha256 = sdists[0].get("hashes", {}).get("sha256")
+    if not sha256:
+        raise SystemExit(f"{page}: no SHA-256 for {name} to check it against")
+    url = urllib.parse.urljoin(page, sdists[0]["url"])
+    with urllib.request.urlopen(url, timeout=300) as r:
         data = r.read()
-    if hashlib.sha256(data).hexdigest() != sdists[0]["hashes"]["sha256"]:
-        raise SystemExit(f"{sdists[0]['url']}: its SHA-256 is not the one PyPI lists")
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit(f"{url}: its SHA-256 is not the one the index lists")
+    path = into / name
     path.write_bytes(data)
     return path
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The release artefacts (scripts/release.sh) installed and run as a user would, with no Rust.
 #
-#   scripts/check-release.sh [--dist DIR] [--borrow VENV] [--aarch64-python DIR]
+#   scripts/check-release.sh [--strict] [--dist DIR] [--borrow VENV] [--aarch64-python DIR]
 #
 # x86_64 (this machine):
 #   - the wheel goes into a new venv by pip, on a PATH that holds the venv and nothing else (no
@@ -22,7 +22,8 @@
 #     program built with zig for aarch64 against the C tarball, static and shared; with
 #     --aarch64-python DIR (an aarch64 CPython and NumPy, made by .ci/aarch64-python.sh), the
 #     aarch64 wheel imported by that Python and a NumPy round trip run through it.
-# Prints what ran and what did not; exits non-zero on any failure.
+# Prints what ran and what did not; exits non-zero on any failure, and with --strict (CI) when
+# anything was not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -30,11 +31,13 @@ root=$PWD
 dist=target/dist
 borrow=""
 a64_python=""
+strict=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dist) dist=$2; shift 2 ;;
     --borrow) borrow=$2; shift 2 ;;
     --aarch64-python) a64_python=$2; shift 2 ;;
+    --strict) strict=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -83,7 +86,11 @@ if [ -n "$borrow" ]; then
   # After the venv's own site-packages on sys.path: the venv's package and NumPy come first.
   echo "$borrowed" > "$site/zz_borrowed.pth"
   (cd "$work" && PATH=$clean_path "$work/venv/bin/python" "$root/scripts/release_checks/round_trip.py" --from "$work/venv" --torch)
-  PATH=$clean_path "$work/venv/bin/python" .ci/docs_blocks.py --only python README.md docs/guides/drop-in.md
+  PATH=$clean_path "$work/venv/bin/python" .ci/docs_blocks.py --only python README.md docs/guides/drop-in.md \
+    | tee "$work/blocks.txt"
+  # The README's block and the guide's two: a run that found none would pass vacuously.
+  ran=$(sed -n 's/^docs blocks: \([0-9]*\) run.*/\1/p' "$work/blocks.txt")
+  [ "${ran:-0}" -ge 3 ] || fail "only ${ran:-0} Python blocks ran"
 else
   not_run+=("the README's and drop-in guide's Python blocks (no --borrow VENV with PyTorch)")
 fi
@@ -113,7 +120,10 @@ cc -std=c11 -Wall -Werror crates/staging-ffi/tests/pkgconfig.c -o "$work/c-share
   $(pc "$x86_ffi" --cflags --libs) -Wl,-rpath,"$x86_ffi/lib"
 "$work/c-static"
 "$work/c-shared"
-readelf -d "$work/c-static" | grep -q 'libstaging_ffi\.so' && fail "the static program needs libstaging_ffi.so"
+# (Each readelf's output is taken whole before grep reads it: a grep -q that stops early at the
+# end of a pipeline could give readelf a SIGPIPE, and with pipefail a wrong answer.)
+dynamic=$(readelf -d "$work/c-static")
+if grep -q 'libstaging_ffi\.so' <<< "$dynamic"; then fail "the static program needs libstaging_ffi.so"; fi
 
 # --- every architecture: the ELF files' facts ----------------------------------------------------
 
@@ -131,7 +141,8 @@ elf_facts() { # arch file: machine, needed libraries, newest glibc version, size
   for lib in $needed; do
     [[ "$lib" =~ $allowed ]] || fail "$file needs $lib (outside glibc and libgcc)"
   done
-  glibc=$(readelf -W --dyn-syms "$file" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -n 1)
+  glibc=$(readelf -W --dyn-syms "$file" | { grep -o 'GLIBC_[0-9.]*' || true; } | sed 's/GLIBC_//' | sort -V | tail -n 1)
+  [ -n "$glibc" ] || fail "$file asks for no versioned glibc symbol (not linked against glibc?)"
   [ "$(printf '%s\n2.28\n' "$glibc" | sort -V | tail -n 1)" = "2.28" ] || fail "$file asks for glibc $glibc (> 2.28)"
   echo "  $(basename "$file"): $machine, needs [$needed], glibc <= $glibc, $(stat -c %s "$file") bytes"
 }
@@ -143,7 +154,8 @@ for arch in x86_64 aarch64; do
   for file in "$ext" "$work/$arch/stage-$version-$arch-linux-gnu/bin/stage" "$ffi/lib/libstaging_ffi.so" "$ffi/lib/libstaging_ffi.a"; do
     elf_facts "$arch" "$file"
   done
-  readelf -W --dyn-syms "$ext" | grep -q ' PyInit__native$' || fail "$ext exports no PyInit__native"
+  symbols=$(readelf -W --dyn-syms "$ext")
+  grep -q ' PyInit__native$' <<< "$symbols" || fail "$ext exports no PyInit__native"
   exported=$(readelf -W --dyn-syms "$ffi/lib/libstaging_ffi.so" | awk '$7 != "UND" && $8 ~ /^stg_/' | wc -l)
   [ "$exported" -gt 20 ] || fail "$ffi/lib/libstaging_ffi.so exports $exported stg_ functions"
   echo "  libstaging_ffi.so exports $exported stg_ functions; the extension exports PyInit__native"
@@ -186,3 +198,4 @@ fi
 
 say "done; not run: ${#not_run[@]}"
 for what in "${not_run[@]}"; do echo "  NOT RUN: $what"; done
+[ "$strict" -eq 0 ] || [ ${#not_run[@]} -eq 0 ] || fail "--strict: ${#not_run[@]} check(s) not run"

@@ -40,6 +40,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 wants() { [[ ",$what," == *",$1,"* ]]; }
+IFS=, read -r -a asked <<< "$what"
+for thing in "${asked[@]}"; do
+  case "$thing" in wheel|sdist|c|stage) ;; *) echo "unknown artefact '$thing' (wheel, sdist, c, stage)" >&2; exit 2 ;; esac
+done
 
 say() { echo "$(date +%T) -- $*"; }
 
@@ -117,7 +121,7 @@ for arch in "${arch_list[@]}"; do
   fi
 
   if wants wheel; then
-    say "$arch: the wheel, from the sdist (maturin, zig, manylinux_2_$(echo $glibc | cut -d. -f2))"
+    say "$arch: the wheel, from the sdist (maturin, zig, manylinux_${glibc/./_})"
     rm -f "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl
     MATURIN_PEP517_ARGS="--zig --target $triple --compatibility manylinux_${glibc/./_}" \
       CARGO_TARGET_DIR=$PWD/target pip wheel -v --no-build-isolation --no-deps --no-cache-dir \
@@ -139,7 +143,7 @@ for arch in "${arch_list[@]}"; do
       exit 1
     fi
     rm -f "$out/.auditwheel-$arch.txt"
-    unpacked=$(mktemp -d)
+    unpacked=$(mktemp -d -p "$work")
     python3 -m zipfile -e "$wheel" "$unpacked"
     check_arch "$arch" "$unpacked"
     rm -rf "$unpacked"
@@ -150,7 +154,7 @@ for arch in "${arch_list[@]}"; do
     cargo zigbuild --quiet --release -p staging-cli --bin stage --target "$triple.$glibc" \
       --target-dir "$zig_target"
     name="stage-$version-$arch-linux-gnu"
-    tree=$(mktemp -d)
+    tree=$(mktemp -d -p "$work")
     mkdir -p "$tree/$name/bin"
     cp "$zig_target/$triple/release/stage" "$tree/$name/bin/"
     check_arch "$arch" "$tree"
@@ -162,7 +166,7 @@ for arch in "${arch_list[@]}"; do
     say "$arch: the C library (CMake install, packed)"
     name="staging-ffi-$version-$arch-linux-gnu"
     build=target/release-cmake/$arch
-    tree=$(mktemp -d)
+    tree=$(mktemp -d -p "$work")
     cmake -S crates/staging-ffi -B "$build" -DSTAGING_FFI_CARGO="$(command -v cargo-zigbuild)" \
       -DSTAGING_FFI_RUST_TARGET="$triple.$glibc" -DSTAGING_FFI_TARGET_DIR="$zig_target" >/dev/null
     cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
@@ -178,6 +182,7 @@ done
   cd "$out"
   shopt -s nullglob
   made=(*.whl *.tar.gz)
+  [ ${#made[@]} -gt 0 ] || { echo "!! nothing in $out" >&2; exit 1; }
   sha256sum -- "${made[@]}" > SHA256SUMS
   say "in $out:"
   for file in "${made[@]}"; do printf '  %10d  %s\n' "$(stat -c %s "$file")" "$file"; done

@@ -613,8 +613,13 @@ pub const KINDS_IN_DOORS: [KindInDoors; 17] = {
 impl ErrorKind {
     /// The kind's row of [`KINDS_IN_DOORS`]: its Python class and C status.
     pub fn in_doors(self) -> &'static KindInDoors {
-        // Every kind has its row at its place in `ALL` (the test below).
-        &KINDS_IN_DOORS[self as usize]
+        // Every kind has its row at its place in `ALL` (the tests below); were one missing, the
+        // kind would be shown as an internal error rather than panic.
+        const INTERNAL: usize = ErrorKind::Internal as usize;
+        KINDS_IN_DOORS
+            .get(self as usize)
+            .filter(|row| row.kind == self)
+            .unwrap_or(&KINDS_IN_DOORS[INTERNAL])
     }
 }
 
@@ -724,6 +729,35 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kind added to the enum but not to `ALL` (and so not to the table) fails to compile
+    /// here: the match has no catch-all arm.
+    #[test]
+    fn all_lists_every_kind() {
+        let place = |kind: ErrorKind| match kind {
+            ErrorKind::NotFound
+            | ErrorKind::PermissionDenied
+            | ErrorKind::Io
+            | ErrorKind::InvalidCheckpoint
+            | ErrorKind::NotACheckpoint
+            | ErrorKind::Read
+            | ErrorKind::DeviceAllocation
+            | ErrorKind::HostAllocation
+            | ErrorKind::Device
+            | ErrorKind::Destination
+            | ErrorKind::DestinationTooSmall
+            | ErrorKind::Selection
+            | ErrorKind::InvalidOption
+            | ErrorKind::BackendUnavailable
+            | ErrorKind::Usage
+            | ErrorKind::Resource
+            | ErrorKind::Internal => ErrorKind::ALL.iter().position(|k| *k == kind),
+        };
+        for kind in ErrorKind::ALL {
+            assert_eq!(place(kind), Some(kind as usize), "{kind}");
+        }
+        assert_eq!(ErrorKind::Internal as usize, ErrorKind::ALL.len() - 1);
+    }
 
     #[test]
     fn every_kind_has_its_row_in_the_doors_table_at_its_place() {
