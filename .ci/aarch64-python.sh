@@ -14,6 +14,7 @@ dir=${1:?usage: .ci/aarch64-python.sh DIR}
 [ -x "$dir/root/usr/bin/python3.11" ] && [ -d "$dir/site/numpy" ] && exit 0
 rm -rf "$dir"
 mkdir -p "$dir/debs" "$dir/root" "$dir/site"
+dir=$(cd "$dir" && pwd) # absolute: the downloads run in a subfolder
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   dpkg --add-architecture arm64
   apt-get update -q >/dev/null
