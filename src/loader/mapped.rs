@@ -152,9 +152,12 @@ pub(crate) struct MappedLoad<'d> {
     ready: VecDeque<staging_core::Result<(TensorMeta, Data, StagingPath)>>,
     checkpoint: Checkpoint,
     next: usize,
-    /// Each file's mapping, by its position in the checkpoint (`None`: no tensor of the load
-    /// lies in it).
-    maps: Vec<Option<Arc<Mapping>>>,
+    /// The file the load is in, by its position in the checkpoint, with its mapping (`None`:
+    /// no memory for one, so its tensors are read instead). A load walks its files in order and
+    /// holds one mapping at a time, whatever their number: tensors handed out keep their own.
+    held: Option<(usize, Option<Arc<Mapping>>)>,
+    /// The reader's mappings, when a reader keeps its files.
+    cache: Option<MapCache>,
     /// Descriptors of the mapped files (the reader's, when a reader keeps its files).
     descriptors: Arc<Descriptors>,
     /// The file of the run mapped last (`map_run`), by its position, with a descriptor of it:
@@ -166,12 +169,14 @@ pub(crate) struct MappedLoad<'d> {
 }
 
 impl<'d> MappedLoad<'d> {
-    /// Maps every file of `checkpoint` that holds one of its tensors (through `cache` when a
-    /// reader keeps its files), each checked against the identity its header was read with
-    /// when it is mapped. With no memory for a mapping, `Ok(Err(destination))`: the
-    /// destination given back, for the load that reads into memory of its own instead (as an
-    /// allocation failure falls back). With `batches`, the destination's regions are disjoint
-    /// and stay untouched until each tensor is handed out (`RawDestination::regions_disjoint`).
+    /// Maps the first file of `checkpoint` that holds one of its tensors (through `cache` when
+    /// a reader keeps its files), checked against the identity its header was read with; the
+    /// others are mapped as the load reaches them, one at a time. With no memory for the first
+    /// mapping, `Ok(Err(destination))`: the destination given back, for the load that reads
+    /// into memory of its own instead (as an allocation failure falls back); with none for a
+    /// later file's, that file's tensors are read into memory of the load's own. With
+    /// `batches`, the destination's regions are disjoint and stay untouched until each tensor
+    /// is handed out (`RawDestination::regions_disjoint`).
     pub(crate) fn open(
         checkpoint: Checkpoint,
         cache: Option<&MapCache>,
@@ -180,39 +185,20 @@ impl<'d> MappedLoad<'d> {
         batches: bool,
         declines_all: bool,
     ) -> staging_core::Result<Result<Self, Boxed<'d, HostMemory>>> {
-        let mut maps = vec![None; checkpoint.files().len()];
         // A load walks its files in order: two descriptors serve it, whatever their number.
         let descriptors = cache.map_or_else(
             || Arc::new(Descriptors::new(2)),
             |cache| Arc::clone(&cache.descriptors),
         );
-        let used: Vec<usize> = {
-            let mut used: Vec<usize> = checkpoint.tensors().iter().map(|t| t.file_index).collect();
-            used.sort_unstable();
-            used.dedup();
-            used
-        };
-        for index in used {
-            let Some(shard) = checkpoint.files().get(index) else {
-                continue; // named by no file: `mapping` says so for its tensor
-            };
-            let mapped = match cache {
-                Some(cache) => cache.get_or_map(shard)?,
-                None => Mapping::open(shard, &descriptors)?,
-            };
-            match mapped {
-                Some(mapped) => maps[index] = Some(mapped),
-                None => return Ok(Err(destination)),
-            }
-        }
         let report = mapped_report(&checkpoint);
-        Ok(Ok(Self {
+        let mut load = Self {
             destination,
             threads,
             batches,
             declines_all,
             ready: VecDeque::new(),
-            maps,
+            held: None,
+            cache: cache.cloned(),
             descriptors,
             run_file: None,
             checkpoint,
@@ -220,30 +206,54 @@ impl<'d> MappedLoad<'d> {
             report,
             started: None,
             failed: false,
-        }))
+        };
+        if let Some(first) = load.checkpoint.tensors().first().cloned()
+            && load.mapping(&first)?.is_none()
+        {
+            return Ok(Err(load.destination));
+        }
+        Ok(Ok(load))
     }
 
-    /// The mapping of `meta`'s file.
-    fn mapping(&self, meta: &TensorMeta) -> staging_core::Result<Arc<Mapping>> {
-        self.maps
-            .get(meta.file_index)
-            .cloned()
-            .flatten()
-            .ok_or_else(|| {
-                staging_core::Error::Internal(format!(
-                    "tensor {:?} names file {} of {}",
-                    meta.name,
-                    meta.file_index,
-                    self.checkpoint.files().len()
-                ))
-            })
+    /// The shard of `meta`'s file.
+    fn shard_of(&self, meta: &TensorMeta) -> staging_core::Result<&ShardFile> {
+        self.checkpoint.files().get(meta.file_index).ok_or_else(|| {
+            staging_core::Error::Internal(format!(
+                "tensor {:?} names file {} of {}",
+                meta.name,
+                meta.file_index,
+                self.checkpoint.files().len()
+            ))
+        })
     }
 
-    /// `meta`'s bytes, mapped (made resident first where the page cache does not hold them).
-    fn map_one(&mut self, meta: &TensorMeta) -> staging_core::Result<MappedBytes> {
-        let mapping = self.mapping(meta)?;
-        let shard = &self.checkpoint.files()[meta.file_index];
-        let offset = offset_in(meta, &mapping)?;
+    /// The mapping of `meta`'s file, made when the load reaches it (the previous file's let
+    /// go first: tensors handed out keep theirs); `None` when there is no memory for it.
+    fn mapping(&mut self, meta: &TensorMeta) -> staging_core::Result<Option<Arc<Mapping>>> {
+        if let Some((index, mapped)) = &self.held
+            && *index == meta.file_index
+        {
+            return Ok(mapped.clone());
+        }
+        self.held = None;
+        let shard = self.shard_of(meta)?;
+        let mapped = match &self.cache {
+            Some(cache) => cache.get_or_map(shard)?,
+            None => Mapping::open(shard, &self.descriptors)?,
+        };
+        self.held = Some((meta.file_index, mapped.clone()));
+        Ok(mapped)
+    }
+
+    /// `meta`'s bytes, mapped (made resident first where the page cache does not hold them);
+    /// read into memory of the load's own where there is no memory to map its file.
+    fn map_one(&mut self, meta: &TensorMeta) -> staging_core::Result<(Data, StagingPath)> {
+        let Some(mapping) = self.mapping(meta)? else {
+            let bytes = self.read_one(meta)?;
+            return Ok((Data::Host(HostTensor::uncounted(bytes)), StagingPath::Host));
+        };
+        let shard = self.shard_of(meta)?;
+        let offset = offset_in(meta, mapping.len())?;
         // Part of a tensor (a slice's rows): the parts after it are asked for ahead.
         let ahead = if meta.row_range.is_some() {
             READ_AHEAD
@@ -251,7 +261,38 @@ impl<'d> MappedLoad<'d> {
             0
         };
         populate_checked(shard, &self.descriptors, &mapping, meta, offset, ahead)?;
-        Ok(MappedBytes::new(mapping, offset, meta.len))
+        Ok((
+            Data::Mapped(MappedBytes::new(mapping, offset, meta.len)),
+            StagingPath::Mapped,
+        ))
+    }
+
+    /// `meta`'s bytes read from its file (`pread`) into memory of the load's own: for a file
+    /// the system had no memory to map (an address-space limit, the map count), as an
+    /// allocation failure falls back. The file is checked unchanged before and after.
+    fn read_one(&self, meta: &TensorMeta) -> staging_core::Result<HostBytes> {
+        let shard = self.shard_of(meta)?;
+        let file = self
+            .descriptors
+            .get_or_open(shard)?
+            .ok_or_else(|| no_longer_there(shard))?;
+        still_unchanged(shard, &file)?;
+        let size = usize::try_from(shard.size).unwrap_or(usize::MAX);
+        let offset = offset_in(meta, size)?;
+        let mut bytes = HostBytes::zeroed_present(meta.len, 64).ok_or_else(|| {
+            staging_core::Error::HostAllocation {
+                tensor: meta.name.clone(),
+                file: meta.file.to_path_buf(),
+                offset: meta.offset,
+                bytes: meta.len,
+            }
+        })?;
+        if meta.len > 0 {
+            read_fully(&file, &mut bytes[..], meta.offset)
+                .map_err(|(at, error)| read_failed(meta, offset, at, error))?;
+        }
+        still_unchanged(shard, &file)?;
+        Ok(bytes)
     }
 
     /// The next tensors of one file, mapped, into `self.ready`: up to [`RUN_TENSORS`] of them
@@ -299,9 +340,8 @@ impl<'d> MappedLoad<'d> {
                 for meta in run {
                     let mapped = self.map_one(&meta);
                     let failed = mapped.is_err();
-                    self.ready.push_back(
-                        mapped.map(|bytes| (meta, Data::Mapped(bytes), StagingPath::Mapped)),
-                    );
+                    self.ready
+                        .push_back(mapped.map(|(data, path)| (meta, data, path)));
                     if failed {
                         break; // the load fails at its first error
                     }
@@ -318,13 +358,16 @@ impl<'d> MappedLoad<'d> {
         let Some(first) = run.first() else {
             return Err(staging_core::Error::Internal("an empty run".into()));
         };
-        let mapping = self.mapping(first)?;
-        let shard = &self.checkpoint.files()[first.file_index];
+        let mapping = self.mapping(first)?.ok_or_else(|| {
+            // No memory to map the file: its tensors are read one by one (`map_one`).
+            staging_core::Error::Internal("no mapping for a run".into())
+        })?;
+        let shard = self.shard_of(first)?;
         let mut start = usize::MAX;
         let mut stop = 0usize;
         let mut bytes = 0usize;
         for meta in run {
-            let offset = offset_in(meta, &mapping)?;
+            let offset = offset_in(meta, mapping.len())?;
             start = start.min(offset);
             stop = stop.max(offset + meta.len);
             bytes += meta.len;
@@ -386,20 +429,17 @@ fn cut_short(meta: &TensorMeta, size: u64) -> Option<staging_core::Error> {
     })
 }
 
-/// Where `meta`'s bytes start in `mapping`, all of them inside it (else the file is shorter
-/// than its header says).
-fn offset_in(meta: &TensorMeta, mapping: &Mapping) -> staging_core::Result<usize> {
+/// Where `meta`'s bytes start in a mapping (or a file) of `len` bytes, all of them inside it
+/// (else the file is shorter than its header says).
+fn offset_in(meta: &TensorMeta, len: usize) -> staging_core::Result<usize> {
     usize::try_from(meta.offset)
         .ok()
-        .filter(|&o| {
-            o.checked_add(meta.len)
-                .is_some_and(|end| end <= mapping.len())
-        })
+        .filter(|&o| o.checked_add(meta.len).is_some_and(|end| end <= len))
         .ok_or_else(|| staging_core::Error::Truncated {
             tensor: meta.name.clone(),
             file: meta.file.to_path_buf(),
             offset: meta.offset,
-            missing: (meta.offset + meta.len as u64).saturating_sub(mapping.len() as u64),
+            missing: (meta.offset + meta.len as u64).saturating_sub(len as u64),
         })
 }
 
@@ -513,9 +553,8 @@ impl MappedLoad<'_> {
             (Some(error), _) | (None, Some(Err(error))) => self.ready.push_back(Err(error)),
             (None, Some(Ok(declined))) => {
                 let mapped = self.map_one(&declined);
-                self.ready.push_back(
-                    mapped.map(|bytes| (declined, Data::Mapped(bytes), StagingPath::Mapped)),
-                );
+                self.ready
+                    .push_back(mapped.map(|(data, path)| (declined, data, path)));
             }
             (None, None) => {}
         }
@@ -543,8 +582,7 @@ impl MappedLoad<'_> {
         let mut failure = None;
         let mut checked: Vec<usize> = Vec::new();
         for (meta, _) in &batch {
-            let source = self.mapping(meta).and_then(|mapping| {
-                let shard = &self.checkpoint.files()[meta.file_index];
+            let source = self.shard_of(meta).and_then(|shard| {
                 // Read with `pread` from a descriptor of the file mapped: its path must still
                 // name it (a file renamed over since the load mapped it is refused here).
                 let file = self
@@ -555,7 +593,9 @@ impl MappedLoad<'_> {
                     still_unchanged(shard, &file)?;
                     checked.push(meta.file_index);
                 }
-                Ok((file, offset_in(meta, &mapping)?))
+                // Its size is the one its header was checked against: `still_unchanged` says so.
+                let size = usize::try_from(shard.size).unwrap_or(usize::MAX);
+                Ok((file, offset_in(meta, size)?))
             });
             match source {
                 Ok(source) => sources.push(source),
@@ -865,7 +905,7 @@ pub(crate) fn read_columns(
     let Some(mapping) = mapped else {
         return Ok(None);
     };
-    let offset = offset_in(meta, &mapping)?;
+    let offset = offset_in(meta, mapping.len())?;
     // Checked before a page is touched, as `populate_checked` does; `None`: renamed over, the
     // mapping serves the file it mapped.
     let file = descriptors.get_or_open(shard)?;

@@ -1,6 +1,7 @@
 """Loads a checkpoint through one door, in this process (run by `test_descriptors.py` under a
 low descriptor limit), and prints the SHA-256 of every tensor's bytes, in name order, with the
-most descriptors the process held at once (sampled at every tensor).
+most descriptors the process held at once and the most mappings of the checkpoint's files
+(both sampled at every tensor), and the mappings left once every tensor is dropped.
 
     python many_files_door.py DOOR CHECKPOINT [C_LIBRARY]
 
@@ -12,17 +13,27 @@ sampled at every tensor), `numpy` (`numpy.load_file`), `safe_open`, `safe_open-m
 from __future__ import annotations
 
 import ctypes
+import gc
 import hashlib
 import os
 import sys
 from typing import Dict, Iterator, Tuple
 
 most = 0
+most_mapped = 0
 
 
-def sample() -> None:
-    global most
+def mappings(checkpoint: str) -> int:
+    """The mappings of the checkpoint's files this process holds."""
+    prefix = (os.path.realpath(checkpoint) + "/").encode()
+    with open("/proc/self/maps", "rb") as maps:
+        return maps.read().count(prefix)
+
+
+def sample(checkpoint: str) -> None:
+    global most, most_mapped
     most = max(most, len(os.listdir("/proc/self/fd")))
+    most_mapped = max(most_mapped, mappings(checkpoint))
 
 
 def torch_bytes(tensor: object) -> bytes:
@@ -32,22 +43,25 @@ def torch_bytes(tensor: object) -> bytes:
     return tensor.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def through_c(library: str, checkpoint: str) -> Iterator[Tuple[str, bytes]]:
-    class Info(ctypes.Structure):
-        _fields_ = [
-            ("name", ctypes.c_char_p),
-            ("dtype", ctypes.c_char_p),
-            ("shape", ctypes.POINTER(ctypes.c_uint64)),
-            ("ndim", ctypes.c_size_t),
-            ("bytes", ctypes.c_size_t),
-            ("file", ctypes.c_char_p),
-            ("file_offset", ctypes.c_uint64),
-            ("path", ctypes.c_uint32),
-            ("data", ctypes.c_void_p),
-            ("dtype_id", ctypes.c_uint32),
-            ("dtype_bits", ctypes.c_uint32),
-        ]
+class Info(ctypes.Structure):
+    """`struct stg_tensor_info`."""
 
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("ndim", ctypes.c_size_t),
+        ("bytes", ctypes.c_size_t),
+        ("file", ctypes.c_char_p),
+        ("file_offset", ctypes.c_uint64),
+        ("path", ctypes.c_uint32),
+        ("data", ctypes.c_void_p),
+        ("dtype_id", ctypes.c_uint32),
+        ("dtype_bits", ctypes.c_uint32),
+    ]
+
+
+def through_c(library: str, checkpoint: str) -> Iterator[Tuple[str, bytes]]:
     lib = ctypes.CDLL(library)
     vp = ctypes.c_void_p
     lib.stg_config_new.argtypes = [ctypes.POINTER(vp)]
@@ -58,11 +72,22 @@ def through_c(library: str, checkpoint: str) -> Iterator[Tuple[str, bytes]]:
     lib.stg_tensor_copy_to_host.argtypes = [vp, ctypes.c_void_p, ctypes.c_size_t]
     lib.stg_tensor_free.argtypes = [vp]
     lib.stg_load_last_error.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.stg_load_free.argtypes = [vp]
+    lib.stg_config_free.argtypes = [vp]
     config, load = vp(), vp()
     assert lib.stg_config_new(ctypes.byref(config)) == 0
     assert lib.stg_config_set(config, b"device", b"cpu") == 0
     status = lib.stg_load_new(config, checkpoint.encode(), ctypes.byref(load))
     assert status == 0, f"stg_load_new: status {status}"
+    try:
+        yield from c_tensors(lib, load)
+    finally:
+        lib.stg_load_free(load)
+        lib.stg_config_free(config)
+
+
+def c_tensors(lib: ctypes.CDLL, load: ctypes.c_void_p) -> Iterator[Tuple[str, bytes]]:
+    vp = ctypes.c_void_p
     while True:
         tensor = vp()
         status = lib.stg_load_next(load, ctypes.byref(tensor))
@@ -111,9 +136,13 @@ def main() -> None:
     loaded = through_c(sys.argv[3], checkpoint) if door == "c" else tensors(door, checkpoint)
     for name, data in loaded:
         got[name] = hashlib.sha256(data).hexdigest()
-        sample()
+        sample(checkpoint)
+    del loaded, data
+    gc.collect()
     for name in sorted(got):
         print(name, got[name])
+    print("most mappings", most_mapped)
+    print("mappings left", mappings(checkpoint))
     print("most descriptors", most)
 
 

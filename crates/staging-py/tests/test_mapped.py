@@ -145,3 +145,70 @@ def test_live_numpy_arrays_of_many_files_hold_no_mapping_each(tmp_path: Path) ->
     mapped = [stn.load_file(f, map=True) for f in files]
     assert live_mappings() - before >= 300, "map=True maps each file"
     assert [int(m["w"][2]) for m in mapped] == list(range(300))
+
+
+LATER_FILE_CHILD = r"""
+import json, resource, sys
+import torch
+import safetensors_staging as st
+
+def address_space():
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmSize:"))
+    return int(line.split()[1]) * 1024
+
+# 2 GiB more than the process maps now: room for the load, not for a 64 GiB file's mapping.
+resource.setrlimit(resource.RLIMIT_AS, (address_space() + (2 << 30), resource.RLIM_INFINITY))
+with st.stage(sys.argv[1], select=sys.argv[2:]) as it:
+    got = {name: tensor.view(torch.uint8).numpy().tobytes().hex() for name, tensor in it}
+    report = it.report()
+print(json.dumps({"got": got, "paths": [e["path"] for e in report["tensor_list"]]}))
+"""
+
+
+def test_a_later_file_the_system_cannot_map_is_read_and_those_before_stay_mapped(
+    tmp_path: Path,
+) -> None:
+    """A load maps its files one at a time as it reaches them (issue 50: mappings bounded
+    whatever the number of files). A later file the system has no memory to map (here 64 GiB
+    under an address-space limit 2 GiB above the process's) is read into memory of the load's
+    own, as an allocation failure falls back, with its bytes exact; the files before it stay
+    mapped. When the first file cannot be mapped, the whole load reads, as before."""
+    import json
+    import struct
+    import subprocess
+    import sys
+
+    from conftest import write_safetensors
+
+    first = write_safetensors(tmp_path / "model-00001-of-00002.safetensors", [("a", "F32", (4, 3))])
+    big, b = 64 << 30, bytes(range(7, 23))
+    header = {
+        "b": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]},
+        "big": {"dtype": "U8", "shape": [big], "data_offsets": [16, 16 + big]},
+    }
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(tmp_path / "model-00002-of-00002.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b)
+        f.truncate(8 + len(text) + 16 + big)  # a hole: nothing on disk
+    weight_map = {"a": "model-00001-of-00002.safetensors"}
+    weight_map.update(dict.fromkeys(["b", "big"], "model-00002-of-00002.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    def load(*names: str) -> Dict[str, object]:
+        done = subprocess.run(
+            [sys.executable, "-c", LATER_FILE_CHILD, str(tmp_path), *names],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout)
+
+    both = load("a", "b")
+    assert both["got"] == {"a": first["a"].hex(), "b": b.hex()}
+    assert both["paths"] == ["mapped", "host"]
+    alone = load("b")
+    assert alone["got"] == {"b": b.hex()}
+    assert alone["paths"] == ["device"]  # a buffer of the load's own, in host memory
