@@ -1124,3 +1124,114 @@ def test_a_hub_model_s_weights_are_read_at_the_commit_of_its_config(
     )
     dict(other.get_all_weights(ModelConfig("org/tiny"), Model()))
     assert asked[-1] == "hf://org/tiny@main"
+
+
+def deepseek_shaped(folder: Path) -> Dict[str, bytes]:
+    """A checkpoint with DeepSeek-V3's tensor names and count (61 layers, the first 3 dense,
+    256 routed experts and a shared one, MLA attention, FP8 weights with an F32 scale each:
+    90,427 tensors) in 163 shards with an index, every tensor tiny ([8, 16] FP8 weights, a
+    [1, 1] scale, [16] norms) and its bytes random; returns the bytes by name."""
+    import random
+
+    rng = random.Random(50)
+    specs: List[Tuple[str, str, List[int]]] = [("model.embed_tokens.weight", "BF16", [32, 16])]
+
+    def fp8(name: str) -> None:
+        specs.append((f"{name}.weight", "F8_E4M3", [8, 16]))
+        specs.append((f"{name}.weight_scale_inv", "F32", [1, 1]))
+
+    for layer in range(61):
+        p = f"model.layers.{layer}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            specs.append((f"{p}.{norm}.weight", "BF16", [16]))
+        for proj in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"):
+            fp8(f"{p}.self_attn.{proj}")
+        for norm in ("q_a_layernorm", "kv_a_layernorm"):
+            specs.append((f"{p}.self_attn.{norm}.weight", "BF16", [16]))
+        mlps = [f"{p}.mlp"] if layer < 3 else [f"{p}.mlp.experts.{e}" for e in range(256)]
+        if layer >= 3:
+            mlps.append(f"{p}.mlp.shared_experts")
+            specs.append((f"{p}.mlp.gate.weight", "BF16", [256, 16]))
+            specs.append((f"{p}.mlp.gate.e_score_correction_bias", "F32", [256]))
+        for mlp in mlps:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                fp8(f"{mlp}.{proj}")
+    specs.append(("model.norm.weight", "BF16", [16]))
+    specs.append(("lm_head.weight", "BF16", [32, 16]))
+    size = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
+    per = -(-len(specs) // 163)
+    contents: Dict[str, bytes] = {}
+    weight_map: Dict[str, str] = {}
+    for s in range(163):
+        group = specs[s * per : (s + 1) * per]
+        file = f"model-{s + 1:05d}-of-000163.safetensors"
+        header: Dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        data = bytearray()
+        for name, dtype, shape in group:
+            n = size[dtype]
+            for d in shape:
+                n *= d
+            contents[name] = rng.randbytes(n)
+            header[name] = {
+                "dtype": dtype,
+                "shape": shape,
+                "data_offsets": [len(data), len(data) + n],
+            }
+            data += contents[name]
+            weight_map[name] = file
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        (folder / file).write_bytes(len(text).to_bytes(8, "little") + text + bytes(data))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return contents
+
+
+def test_ranks_of_a_deepseek_shaped_checkpoint_read_only_their_bytes_and_headers(
+    vllm: Any, tmp_path: Path
+) -> None:
+    """At DeepSeek-V3's width (90,427 tensors, 163 shards; issue 50): vLLM's expert-parallel
+    rank holding experts 1 and 3 reads, through the plugin, exactly the bytes of the tensors
+    vLLM's filter keeps (the same tensors as vLLM's own loader), and only the headers of the
+    shards holding them; a tensor-parallel rank's rows of one layer's attention read those
+    rows alone, from the headers of that layer's shards only."""
+    import fnmatch
+
+    from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+
+    import safetensors_staging as st
+
+    folder = tmp_path / "deepseek"
+    folder.mkdir()
+    contents = deepseek_shaped(folder)
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(contents) == 90_427 and len(set(weight_map.values())) == 163
+
+    def as_bytes(tensor: torch.Tensor) -> bytes:
+        return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+    got, loader = load_as_expert_rank_1_and_3(folder)
+    kept = {name for name in contents if not should_skip_weight(name, {1, 3})}
+    assert got["staging"].keys() == got["safetensors"].keys() == kept
+    assert len(kept) == len(contents) - 58 * 254 * 3  # 254 other experts' 3 weights a layer
+    for name in kept:
+        assert as_bytes(got["staging"][name]) == contents[name], name
+    report = loader.last_report
+    assert report["tensors"] == len(kept)
+    assert report["bytes_read"] == sum(len(contents[name]) for name in kept)
+    assert report["headers_read"] == len({weight_map[name] for name in kept})
+
+    # A tensor-parallel rank (part 1 of 4) of layer 10's attention projections.
+    select = ["model.layers.10.self_attn.*"]
+    rows = {"model.layers.10.self_attn.*_proj.weight": "1/4"}
+    with st.stage(folder, select=select, rows=rows) as it:
+        part = {name: as_bytes(tensor) for name, tensor in it}
+        report = it.report()
+    chosen = [n for n in contents if fnmatch.fnmatchcase(n, select[0])]
+    want = {}
+    for name in chosen:
+        # Rows 2..4 of 8 rows of 16 FP8 bytes where the rows rule applies; whole otherwise.
+        split = fnmatch.fnmatchcase(name, next(iter(rows)))
+        want[name] = contents[name][2 * 16 : 4 * 16] if split else contents[name]
+    assert part == want
+    assert report["bytes_read"] == sum(map(len, want.values()))
+    assert report["headers_read"] == len({weight_map[n] for n in chosen}) <= 2
