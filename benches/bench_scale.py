@@ -22,7 +22,12 @@ every tensor handed out has one byte of each page touched (a mapped tensor is re
 - on `deepseek` (no full load: 671 GB): one 14 KB tensor (`model.layers.10.input_layernorm
   .weight`), one layer (`model.layers.10.*`) and eight experts of it, by `stage --select`, by
   ours (`load_file(index, select=...)`) and by `safetensors` (the index read, then `safe_open`
-  of the shards that hold them); peak RSS of each.
+  of the shards that hold them); peak RSS of each, and what it holds over the bytes loaded
+  and over a process that only imports torch and the library (a row of its own). Each of these
+  samples starts with the selection's bytes in the page cache (a plain read before it, then a
+  second's pause) and the rows run in each of their six orders over six rounds: the process
+  after `stage` (11 GB of memory of its own for one layer) otherwise starts with its page
+  cache evicted while the kernel takes that memory back, and paid for it.
 
 Usage:
 
@@ -37,6 +42,8 @@ when `matplotlib` is importable, else the run says it was not made.
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import itertools
 import json
 import os
 import statistics
@@ -96,6 +103,8 @@ elif mode in ("st_safe_open", "ours_safe_open"):
             for k in f.keys():
                 touch(f.get_tensor(k))
                 n += 1
+elif mode in ("st_imports", "ours_imports"):
+    pass  # the interpreter, torch and the library: what a process holds before any tensor
 elif mode in ("st_select", "ours_select"):
     index, patterns = paths[0], paths[1:]
     import fnmatch, os
@@ -246,6 +255,37 @@ def deepseek_checkpoint(work: Path) -> Path:
     return folder
 
 
+def warm(index: Path, patterns: List[str]) -> int:
+    """Reads the selected tensors' bytes (a plain read into one reused buffer, untimed) so that
+    every row starts with them in the page cache, whatever ran before it (`stage` holds one
+    layer's 11 GB in memory of its own, which evicts the cache on a 24 GiB machine); returns the
+    bytes the selection loads."""
+    weight_map = json.loads(index.read_text())["weight_map"]
+    files = sorted(
+        {f for n, f in weight_map.items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    )
+    buf = bytearray(16 << 20)
+    total = 0
+    for file in files:
+        with open(index.parent / file, "rb", buffering=0) as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+            for name, info in header.items():
+                if name == "__metadata__" or not any(
+                    fnmatch.fnmatchcase(name, p) for p in patterns
+                ):
+                    continue
+                start, end = (8 + n + o for o in info["data_offsets"])
+                fh.seek(start)
+                while start < end:
+                    got = fh.readinto(memoryview(buf)[: min(end - start, len(buf))])
+                    if not got:
+                        raise OSError(f"{file} ends before byte {end}")
+                    start += got
+                total += end - 8 - n - info["data_offsets"][0]
+    return total
+
+
 def shards_of(folder: Path) -> List[str]:
     return sorted(str(p) for p in folder.glob("*.safetensors"))
 
@@ -292,6 +332,9 @@ def median(samples: List[dict], key: str) -> Optional[float]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--warm"]:
+        print(warm(Path(sys.argv[2]), sys.argv[3:]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_scale")
@@ -339,6 +382,10 @@ def main() -> int:
                 print(f"  {sweep}={x} {row}: {status(s)}", flush=True)
         if deepseek is not None:
             index = str(deepseek / "model.safetensors.index.json")
+            for mode in ("ours_imports", "st_imports"):
+                s = run(args, [mode])
+                s.update(sweep="imports", x=mode, row=mode, round=rnd)
+                samples.append(s)
             for what, patterns in selections.items():
                 cmds = [
                     (
@@ -350,9 +397,24 @@ def main() -> int:
                     ("ours load_file(select=)", ["ours_select", index, *patterns], False),
                     ("st safe_open of the shards", ["st_select", index, *patterns], False),
                 ]
+                # Each order of the rows once in six rounds (the process after `stage` starts
+                # while the kernel takes back its 11 GB), each row started with the selection's
+                # bytes in the page cache and a second's pause after reading them.
+                cmds = [cmds[i] for i in list(itertools.permutations(range(len(cmds))))[rnd % 6]]
                 for row, argv, is_stage in cmds:
+                    # In a process of its own: one made by this one starts with its memory, and
+                    # `wait4`'s peak RSS of a small one (`stage`) counted the index parsed here.
+                    loaded = int(
+                        subprocess.run(
+                            [sys.executable, __file__, "--warm", index, *patterns],
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                        ).stdout
+                    )
+                    time.sleep(1.0)
                     s = run(args, argv, stage=is_stage)
-                    s.update(sweep="deepseek", x=what, row=row, round=rnd)
+                    s.update(sweep="deepseek", x=what, row=row, round=rnd, bytes=loaded)
                     samples.append(s)
                     print(f"  deepseek {what} {row}: {status(s)}", flush=True)
     if args.json:
@@ -410,8 +472,23 @@ def report(samples: List[dict]) -> str:
         out.append(
             "\n### The sparse DeepSeek-V3-shaped checkpoint: seconds whole process, peak RSS\n"
         )
-        out.append("| selection | row | median s | min-max s | tensors | peak RSS MiB |")
-        out.append("|---|---|---:|---:|---:|---:|")
+        base = {
+            mode: median(
+                [s for s in samples if s["sweep"] == "imports" and s["x"] == mode], "maxrss_kib"
+            )
+            for mode in ("ours_imports", "st_imports")
+        }
+        out.append(
+            f"(peak RSS of a process that only imports torch and the library: ours "
+            f"{(base['ours_imports'] or 0) / 1024:.0f} MiB, `safetensors` "
+            f"{(base['st_imports'] or 0) / 1024:.0f} MiB; `over` is the peak RSS less the bytes "
+            f"loaded and less that)\n"
+        )
+        out.append(
+            "| selection | row | median s | min-max s | tensors | MiB loaded | peak RSS MiB "
+            "| over MiB |"
+        )
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|")
         for what in dict.fromkeys(s["x"] for s in ds):
             for row in dict.fromkeys(s["row"] for s in ds):
                 ss = [s for s in ds if s["x"] == what and s["row"] == row and "seconds" in s]
@@ -419,9 +496,16 @@ def report(samples: List[dict]) -> str:
                     out.append(f"| {what} | {row} | failed | | | |")
                     continue
                 xs = [s["seconds"] for s in ss]
+                rss = max(s["maxrss_kib"] for s in ss) * 1024
+                loaded = ss[0].get("bytes", 0)
+                imports = 0.0
+                if not row.startswith("stage"):
+                    imports = base["st_imports" if row.startswith("st ") else "ours_imports"] or 0
+                over = (rss - loaded - imports * 1024) / 2**20
                 out.append(
                     f"| {what} | {row} | {statistics.median(xs):.3f} | {min(xs):.3f}-{max(xs):.3f} | "
-                    f"{ss[0].get('tensors')} | {max(s['maxrss_kib'] for s in ss) / 1024:.0f} |"
+                    f"{ss[0].get('tensors')} | {loaded / 2**20:.0f} | {rss / 2**20:.0f} | "
+                    f"{over:.0f} |"
                 )
     return "\n".join(out)
 
