@@ -134,8 +134,10 @@ pub(super) fn used_files(checkpoint: &Checkpoint) -> impl Iterator<Item = &Shard
         .filter_map(|(shard, used)| used.then_some(shard))
 }
 
-/// A load whose tensors are mappings of their files; or, for those a caller's destination
-/// takes, read from the mapped files (`pread`) into the caller's host memory.
+/// A load whose tensors are mappings of their files (mapped one file at a time, as the load
+/// reaches it; a file the system has no memory to map is read into memory of the load's own);
+/// or, for those a caller's destination takes, read from their files (`pread`) into the
+/// caller's host memory, which maps nothing.
 pub(crate) struct MappedLoad<'d> {
     /// The caller's destination (one that declines every tensor when none was given).
     destination: Boxed<'d, HostMemory>,
@@ -207,7 +209,10 @@ impl<'d> MappedLoad<'d> {
             started: None,
             failed: false,
         };
-        if let Some(first) = load.checkpoint.tensors().first().cloned()
+        // Without a destination, every tensor is a mapping: with no memory to map the first
+        // file, the load that reads serves better. A destination's tensors need no mapping.
+        if declines_all
+            && let Some(first) = load.checkpoint.tensors().first().cloned()
             && load.mapping(&first)?.is_none()
         {
             return Ok(Err(load.destination));
@@ -279,14 +284,14 @@ impl<'d> MappedLoad<'d> {
         still_unchanged(shard, &file)?;
         let size = usize::try_from(shard.size).unwrap_or(usize::MAX);
         let offset = offset_in(meta, size)?;
-        let mut bytes = HostBytes::zeroed_present(meta.len, 64).ok_or_else(|| {
-            staging_core::Error::HostAllocation {
+        // Zeroed as it is written, not populated first: the system had no memory to map.
+        let mut bytes =
+            HostBytes::zeroed(meta.len, 64).ok_or_else(|| staging_core::Error::HostAllocation {
                 tensor: meta.name.clone(),
                 file: meta.file.to_path_buf(),
                 offset: meta.offset,
                 bytes: meta.len,
-            }
-        })?;
+            })?;
         if meta.len > 0 {
             read_fully(&file, &mut bytes[..], meta.offset)
                 .map_err(|(at, error)| read_failed(meta, offset, at, error))?;
@@ -321,10 +326,10 @@ impl<'d> MappedLoad<'d> {
         }
         let run = tensors[self.next..end].to_vec();
         self.next = end;
-        let together = if run.len() > 1 {
-            self.map_together(&run).ok()
-        } else {
-            None
+        // A file with no memory to map it has its tensors read one by one (`map_one`).
+        let together = match run.first().map(|first| self.mapping(first)) {
+            Some(Ok(Some(mapping))) if run.len() > 1 => self.map_together(&run, mapping).ok(),
+            _ => None,
         };
         match together {
             Some(mapping) => {
@@ -354,14 +359,14 @@ impl<'d> MappedLoad<'d> {
     /// tensor's bytes inside it and resident: the whole span from the first to the last where
     /// the gaps between them are small, else tensor by tensor. The file is checked unchanged
     /// after, as each tensor is handed out (see `populate_checked`).
-    fn map_together(&mut self, run: &[TensorMeta]) -> staging_core::Result<Arc<Mapping>> {
+    fn map_together(
+        &mut self,
+        run: &[TensorMeta],
+        mapping: Arc<Mapping>,
+    ) -> staging_core::Result<Arc<Mapping>> {
         let Some(first) = run.first() else {
             return Err(staging_core::Error::Internal("an empty run".into()));
         };
-        let mapping = self.mapping(first)?.ok_or_else(|| {
-            // No memory to map the file: its tensors are read one by one (`map_one`).
-            staging_core::Error::Internal("no mapping for a run".into())
-        })?;
         let shard = self.shard_of(first)?;
         let mut start = usize::MAX;
         let mut stop = 0usize;
@@ -583,8 +588,8 @@ impl MappedLoad<'_> {
         let mut checked: Vec<usize> = Vec::new();
         for (meta, _) in &batch {
             let source = self.shard_of(meta).and_then(|shard| {
-                // Read with `pread` from a descriptor of the file mapped: its path must still
-                // name it (a file renamed over since the load mapped it is refused here).
+                // Read with `pread` from a descriptor of the file: its path must still name the
+                // file its header was read from (one renamed over since is refused here).
                 let file = self
                     .descriptors
                     .get_or_open(shard)?

@@ -511,8 +511,9 @@ impl<'d> Prepared<'d> {
             checkpoint.select(&self.selection)?
         };
         // Host tensors from local files: mappings of the files, when the loader maps; a
-        // destination in host memory is read into from the mapped files. With no memory
-        // for a mapping (an allocation failure), it reads into memory of its own.
+        // destination in host memory is read into from the files. With no memory to map
+        // the first file (an allocation failure), the load reads into memory of its own;
+        // a later file with none is read tensor by tensor (`MappedLoad::map_one`).
         if matches!(
             self.destination,
             AnyDestination::None | AnyDestination::Host(_) | AnyDestination::Raw(_)

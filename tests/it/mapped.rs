@@ -247,7 +247,7 @@ fn a_file_replaced_after_its_header_was_read_is_refused() {
     let copy = dir.path().join("copy");
     std::fs::copy(first, &copy).unwrap();
     std::fs::rename(&copy, first).unwrap();
-    // Every file is mapped (and checked) when the load opens: nothing is handed out.
+    // The first file is mapped (and checked) when the load opens: nothing is handed out.
     let error = loader
         .prepare()
         .unwrap()
@@ -260,6 +260,51 @@ fn a_file_replaced_after_its_header_was_read_is_refused() {
         ),
         "{error}"
     );
+}
+
+#[test]
+fn a_later_file_replaced_after_its_header_was_read_is_refused_when_the_load_reaches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture(dir.path());
+    let loader = cpu();
+    let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
+    let second = &fixture.files[1];
+    let copy = dir.path().join("copy");
+    std::fs::copy(second, &copy).unwrap();
+    std::fs::rename(&copy, second).unwrap();
+    // Files are mapped as the load reaches them (one mapping at a time, whatever their
+    // number): the first file's tensors are handed out, exact, then the second is refused.
+    let mut load = loader
+        .prepare()
+        .unwrap()
+        .open_checkpoint(checkpoint)
+        .unwrap();
+    let mut names = Vec::new();
+    let error = loop {
+        match load.next() {
+            Some(Ok(tensor)) => {
+                assert_eq!(
+                    tensor.host_bytes().unwrap(),
+                    &fixture.contents[tensor.name()][..]
+                );
+                names.push(tensor.name().to_owned());
+            }
+            Some(Err(error)) => break error,
+            None => panic!("the replaced file loaded"),
+        }
+    };
+    assert!(
+        !names.is_empty() && names.iter().all(|n| n.starts_with("one.")),
+        "{names:?}"
+    );
+    assert!(
+        matches!(
+            &error,
+            Error::Load(staging_core::Error::FileChanged { file, .. }) if file == second
+        ),
+        "{error}"
+    );
+    assert!(load.next().is_none());
 }
 
 #[test]
