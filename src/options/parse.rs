@@ -97,7 +97,10 @@ pub fn parse_rows(text: &str) -> Result<(String, RowRange), String> {
     let rows = spec
         .parse::<RowRange>()
         .map_err(|e| format!("{e} (in {text:?})"))?;
-    glob(pattern)?;
+    // A plain name is a glob matching itself (it has no glob character to misread).
+    if !is_name(pattern) {
+        glob(pattern)?;
+    }
     Ok((pattern.to_owned(), rows))
 }
 

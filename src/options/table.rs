@@ -6,8 +6,8 @@
 use backend_gds::{CufileMode, HipfileMode};
 
 use super::parse::{
-    glob, parse_bool, parse_count, parse_host, parse_key_value, parse_path, parse_rows, parse_size,
-    parse_usize_size, positive,
+    glob, is_name, parse_bool, parse_count, parse_host, parse_key_value, parse_path, parse_rows,
+    parse_size, parse_usize_size, positive,
 };
 use super::{BackendKind, LoadOptions};
 use crate::backend::MapFiles;
@@ -444,7 +444,10 @@ pub(super) static OPTIONS: &[OptionSpec] = &[
         Described("every tensor"),
         "Load only tensors matching this glob (repeatable: any match loads); a pattern without *?[]{} is a name, which must exist",
         |o, v| {
-            glob(v)?;
+            // A plain name is a glob matching itself (it has no glob character to misread).
+            if !is_name(v) {
+                glob(v)?;
+            }
             o.select.push(v.to_owned());
             Ok(())
         },

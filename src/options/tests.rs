@@ -400,3 +400,55 @@ fn describe_shows_every_key_once_set() {
         }
     }
 }
+
+#[test]
+fn the_first_rows_rule_given_wins_whether_by_name_or_glob() {
+    use staging_core::write::{TensorSpec, write_file};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let specs: Vec<TensorSpec> = ["w", "x", "y"]
+        .into_iter()
+        .map(|name| TensorSpec::new(name, staging_core::Dtype::U8, &[8, 2]))
+        .collect();
+    write_file(&path, &specs, 1).unwrap();
+    let checkpoint = staging_core::Checkpoint::open(&path).unwrap();
+    let rows_of = |rules: &[&str]| -> Vec<(String, Option<std::ops::Range<usize>>)> {
+        let mut options = LoadOptions::new();
+        for rule in rules {
+            options.set("rows", rule).unwrap();
+        }
+        let narrowed = checkpoint.select(&options.selection().unwrap()).unwrap();
+        narrowed
+            .tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.row_range.clone()))
+            .collect()
+    };
+    let all = |w, x, y| {
+        vec![
+            ("w".to_owned(), w),
+            ("x".to_owned(), x),
+            ("y".to_owned(), y),
+        ]
+    };
+    // A name before a glob: the name's rule for it, the glob's for the rest.
+    assert_eq!(
+        rows_of(&["w=0:1", "*=1:2"]),
+        all(Some(0..1), Some(1..2), Some(1..2))
+    );
+    // A glob before a name: the glob's rule for every tensor it matches.
+    assert_eq!(
+        rows_of(&["*=1:2", "w=0:1"]),
+        all(Some(1..2), Some(1..2), Some(1..2))
+    );
+    // Two rules for one name: the first; a glob matching none of the names before it.
+    assert_eq!(
+        rows_of(&["w=0:1", "w=2:4", "[xz]=3:5"]),
+        all(Some(0..1), Some(3..5), None)
+    );
+    // A glob after a name that it does not match, then one that does.
+    assert_eq!(
+        rows_of(&["x=0:2", "w=5:6", "?=7:8"]),
+        all(Some(5..6), Some(0..2), Some(7..8))
+    );
+}
