@@ -19,6 +19,10 @@ every tensor handed out has one byte of each page touched (a mapped tensor is re
 - `safetensors.torch.load_file` of every shard (`st load_file`) against ours of the list of
   shards (`load_file(shards)`) and of the directory (`load_file(directory)`, through the index);
 - `safe_open` + `get_tensor` of every key of every shard, `safetensors`' against ours;
+- an expert-parallel rank of DeepSeek's width: vLLM's filter (rank 0 of 8 keeps experts 0-31)
+  on a checkpoint of DeepSeek-V3's names and dtypes, every tensor tiny (90,000 tensors in 163
+  shards, 9 MB): ours as `load_file(index, select=filter)`, `safetensors` as vLLM's default
+  loader goes (every shard opened, its keys filtered, `get_tensor`);
 - on `deepseek` (no full load: 671 GB): one 14 KB tensor (`model.layers.10.input_layernorm
   .weight`), one layer (`model.layers.10.*`) and eight experts of it, by `stage --select`, by
   ours (`load_file(index, select=...)`) and by `safetensors` (the index read, then `safe_open`
@@ -103,6 +107,32 @@ elif mode in ("st_safe_open", "ours_safe_open"):
             for k in f.keys():
                 touch(f.get_tensor(k))
                 n += 1
+elif mode in ("st_ep", "ours_ep"):
+    # vLLM's expert-parallel rule (ep_weight_filter): rank 0 of 8 keeps experts 0-31; another
+    # expert's `.weight` is skipped, everything else kept.
+    import os, re
+    expert = re.compile(r"\.experts\.(\d+)\.")
+    def keep(name):
+        m = expert.search(name)
+        return not (m and name.endswith(".weight") and int(m.group(1)) >= 32)
+    index = paths[0]
+    if mode == "ours_ep":
+        for t in lib.load_file(index, select=keep).values():
+            touch(t)
+            n += 1
+    else:
+        # What vLLM's default loader does: every shard opened, its keys filtered.
+        folder = os.path.dirname(index)
+        files = sorted(set(json.load(open(index))["weight_map"].values()))
+        kept = {}
+        for file in files:
+            with safe_open(os.path.join(folder, file), framework="pt") as f:
+                for name in f.keys():
+                    if keep(name):
+                        kept[name] = f.get_tensor(name)
+        for t in kept.values():
+            touch(t)
+            n += 1
 elif mode in ("st_imports", "ours_imports"):
     pass  # the interpreter, torch and the library: what a process holds before any tensor
 elif mode in ("st_select", "ours_select"):
@@ -286,6 +316,30 @@ def warm(index: Path, patterns: List[str]) -> int:
     return total
 
 
+def deepseek_tiny_checkpoint(work: Path) -> Path:
+    """DeepSeek-V3's 90,000 tensor names and dtypes in 163 shards, every tensor tiny (a matrix
+    [8, 16], a vector [16]) and its bytes random: what a selection costs per tensor and per
+    shard at that width, the bytes aside."""
+    folder = work / "deepseek-tiny"
+    if (folder / "model.safetensors.index.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    width = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
+    tensors = []
+    for name, dtype, shape, _ in deepseek_tensors():
+        tiny = [8, 16] if len(shape) == 2 else [16]
+        tensors.append((name, dtype, tiny, width[dtype] * (128 if len(shape) == 2 else 16)))
+    per = -(-len(tensors) // 163)
+    weight_map: Dict[str, str] = {}
+    for i in range(163):
+        group = tensors[i * per : (i + 1) * per]
+        file = f"model-{i + 1:05d}-of-000163.safetensors"
+        write_file(folder / file, group, sparse=False)
+        weight_map.update({t[0]: file for t in group})
+    write_index(folder, weight_map, sum(t[3] for t in tensors))
+    return folder
+
+
 def shards_of(folder: Path) -> List[str]:
     return sorted(str(p) for p in folder.glob("*.safetensors"))
 
@@ -362,6 +416,7 @@ def main() -> int:
         "ours safe_open": ("ours_safe_open", "shards"),
     }
     deepseek = None if args.no_deepseek else deepseek_checkpoint(args.work)
+    tiny = None if args.no_deepseek else deepseek_tiny_checkpoint(args.work)
     layer = "model.layers.10"
     selections = {
         "one 14 KB tensor": [f"{layer}.input_layernorm.weight"],
@@ -386,6 +441,17 @@ def main() -> int:
                 s = run(args, [mode])
                 s.update(sweep="imports", x=mode, row=mode, round=rnd)
                 samples.append(s)
+            tiny_index = str(tiny / "model.safetensors.index.json")
+            ep = [
+                ("ours load_file(select=vLLM's filter)", "ours_ep"),
+                ("st safe_open of every shard, vLLM's filter", "st_ep"),
+            ]
+            for row, mode in ep if rnd % 2 == 0 else ep[::-1]:
+                s = run(args, [mode, tiny_index])
+                what = "expert-parallel rank 0 of 8 (tiny tensors)"
+                s.update(sweep="deepseek", x=what, row=row, round=rnd)
+                samples.append(s)
+                print(f"  deepseek-tiny {row}: {status(s)}", flush=True)
             for what, patterns in selections.items():
                 cmds = [
                     (
@@ -485,27 +551,32 @@ def report(samples: List[dict]) -> str:
             f"loaded and less that)\n"
         )
         out.append(
-            "| selection | row | median s | min-max s | tensors | MiB loaded | peak RSS MiB "
-            "| over MiB |"
+            "| selection | row | median s | min-max s | after imports s | tensors | MiB loaded "
+            "| peak RSS MiB | over MiB |"
         )
-        out.append("|---|---|---:|---:|---:|---:|---:|---:|")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for what in dict.fromkeys(s["x"] for s in ds):
-            for row in dict.fromkeys(s["row"] for s in ds):
+            for row in dict.fromkeys(s["row"] for s in ds if s["x"] == what):
                 ss = [s for s in ds if s["x"] == what and s["row"] == row and "seconds" in s]
                 if not ss:
                     out.append(f"| {what} | {row} | failed | | | |")
                     continue
                 xs = [s["seconds"] for s in ss]
                 rss = max(s["maxrss_kib"] for s in ss) * 1024
-                loaded = ss[0].get("bytes", 0)
+                loaded = ss[0].get("bytes")
                 imports = 0.0
                 if not row.startswith("stage"):
                     imports = base["st_imports" if row.startswith("st ") else "ours_imports"] or 0
-                over = (rss - loaded - imports * 1024) / 2**20
+                shown, over = "", ""
+                if loaded is not None:
+                    shown = f"{loaded / 2**20:.0f}"
+                    over = f"{(rss - loaded - imports * 1024) / 2**20:.0f}"
+                after = [s["after_imports"] for s in ss if "after_imports" in s]
+                after_shown = f"{statistics.median(after):.3f}" if after else ""
                 out.append(
                     f"| {what} | {row} | {statistics.median(xs):.3f} | {min(xs):.3f}-{max(xs):.3f} | "
-                    f"{ss[0].get('tensors')} | {loaded / 2**20:.0f} | {rss / 2**20:.0f} | "
-                    f"{over:.0f} |"
+                    f"{after_shown} | {ss[0].get('tensors')} | {shown} | {rss / 2**20:.0f} | "
+                    f"{over} |"
                 )
     return "\n".join(out)
 
