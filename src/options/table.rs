@@ -54,7 +54,9 @@ enum Shown {
     Described(&'static str),
 }
 
-/// Sets one key of [`LoadOptions`] from its spelling; `Err` is why it does not parse.
+/// Sets one key of [`LoadOptions`] from its spelling; `Err` is why it does not parse. A
+/// repeated key's setter parses the whole value before its one change (a push), so that an
+/// `Err` leaves the options as they were: [`LoadOptions::set`] applies it in place.
 type Setter = fn(&mut LoadOptions, &str) -> Result<(), String>;
 
 /// One load option: its key and aliases, what its value is, its default and help, and how it is
