@@ -236,17 +236,21 @@ fn row_ranges_and_selections_map_just_their_bytes() {
     assert_eq!(report.bytes, 10 * row as u64);
 }
 
+/// Replaces `path` by a copy of itself: same size, same bytes, another file (inode).
+fn replace_with_a_copy(path: &Path) {
+    let copy = path.with_extension("copy");
+    std::fs::copy(path, &copy).unwrap();
+    std::fs::rename(&copy, path).unwrap();
+}
+
 #[test]
 fn a_file_replaced_after_its_header_was_read_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture(dir.path());
     let loader = cpu();
     let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
-    // Same size, same bytes, another file (inode).
     let first = &fixture.files[0];
-    let copy = dir.path().join("copy");
-    std::fs::copy(first, &copy).unwrap();
-    std::fs::rename(&copy, first).unwrap();
+    replace_with_a_copy(first);
     // The first file is mapped (and checked) when the load opens: nothing is handed out.
     let error = loader
         .prepare()
@@ -269,9 +273,7 @@ fn a_later_file_replaced_after_its_header_was_read_is_refused_when_the_load_reac
     let loader = cpu();
     let checkpoint = loader.read_headers(&[dir.path()]).unwrap();
     let second = &fixture.files[1];
-    let copy = dir.path().join("copy");
-    std::fs::copy(second, &copy).unwrap();
-    std::fs::rename(&copy, second).unwrap();
+    replace_with_a_copy(second);
     // Files are mapped as the load reaches them (one mapping at a time, whatever their
     // number): the first file's tensors are handed out, exact, then the second is refused.
     let mut load = loader
