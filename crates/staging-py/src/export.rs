@@ -87,6 +87,32 @@ pub(crate) fn byte_shape(shape: &[usize], bits: usize, len: usize) -> Vec<usize>
     }
 }
 
+/// Row-major strides as torch gives a contiguous tensor (and `safetensors` its tensors): each
+/// dimension's stride is the product of the later dimensions, a dimension of 0 counted as 1.
+/// For a tensor with elements these are the compact strides; an empty one (`[2, 0, 2]`) gets
+/// `[2, 2, 1]` where compact strides would be `[0, 2, 1]`.
+pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![0_i64; shape.len()];
+    let mut stride = 1_i64;
+    for (axis, &dimension) in shape.iter().enumerate().rev() {
+        strides[axis] = stride;
+        let dimension = i64::try_from(dimension.max(1)).unwrap_or(i64::MAX);
+        stride = stride.saturating_mul(dimension);
+    }
+    strides
+}
+
+/// Compact row-major strides: the product of the later dimensions (0 after a dimension of 0).
+fn compact_strides(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![0_i64; shape.len()];
+    let mut stride = 1_i64;
+    for (axis, &dimension) in shape.iter().enumerate().rev() {
+        strides[axis] = stride;
+        stride = stride.saturating_mul(i64::try_from(dimension).unwrap_or(i64::MAX));
+    }
+    strides
+}
+
 /// One loaded tensor, as handed to Python: its metadata, where it landed, and its memory.
 #[pyclass(module = "safetensors_staging._native", name = "_Staged", frozen)]
 pub(crate) struct Staged {
@@ -211,7 +237,15 @@ impl Staged {
             })?;
             (self.shape.clone(), dtype)
         };
-        let mut initialized = Dynamic::compact(shape)
+        // The byte view keeps compact strides: a framework's `.view(dtype)` of an empty byte
+        // view needs strides divisible by the element size, and 0 is (the conversion gives the
+        // typed tensor torch's strides).
+        let strides = if self.as_bytes {
+            compact_strides(&shape)
+        } else {
+            row_major_strides(&shape)
+        };
+        let mut initialized = Dynamic::new(shape, strides)
             .initialize_as::<M>(Arc::clone(&self.owner))
             .map_err(|e| PyBufferError::new_err(format!("tensor {:?}: {e}", self.name)))?;
         initialized
@@ -221,8 +255,8 @@ impl Staged {
         // SAFETY: the header's data pointer is the first byte of the memory `owner` keeps alive
         // (the header holds an `Arc` of it until its deleter runs), `nbytes` long, which is
         // exactly what the shape and dtype describe (the format checked `shape * bits / 8 ==
-        // nbytes`; the byte view has `nbytes` elements of one byte); the strides are the
-        // compact ones `Dynamic::compact` stored; no flags are set, and the memory is writable
+        // nbytes`; the byte view has `nbytes` elements of one byte); the strides are row-major
+        // (`row_major_strides`: the compact ones wherever an element exists); no flags are set, and the memory is writable
         // and this tensor's alone (a mapped tensor's is a private, copy-on-write mapping: a
         // write changes this process's copy of its own bytes only).
         Ok(unsafe { initialized.finish() })

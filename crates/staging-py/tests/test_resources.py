@@ -101,7 +101,12 @@ def test_c_returns_stg_resource(shared: Path, other_doors: Tuple[Path, Path], by
 
 
 def test_stage_says_kind_resource(shared: Path, stage_bin: Path) -> None:
-    command = [str(stage_bin), str(shared), "--map", "false", "--threads", "64"]
+    # The unprivileged child runs a copy of `stage` beside the checkpoint: the checkout may sit
+    # in a directory `nobody` cannot enter (root's home, a `mktemp -d` folder).
+    runnable = shared.parent / "stage"
+    shutil.copy2(stage_bin, runnable)
+    os.chmod(runnable, 0o755)
+    command = [str(runnable), str(shared), "--map", "false", "--threads", "64"]
     code, out = refused([*command, "--json"], no_more_threads)
     assert code == 1
     error = json.loads(out)["error"]

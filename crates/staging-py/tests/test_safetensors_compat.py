@@ -840,3 +840,42 @@ def test_bfloat16_arrays_follow_safetensors_once_ml_dtypes_is_imported(tmp_path:
     theirs, ours = after
     assert theirs[0][:2] == ["bfloat16", [3, 4]] and theirs[1][:2] == ["bfloat16", [2, 4]]
     assert ours == theirs
+
+
+def test_empty_tensors_have_the_strides_safetensors_gives(tmp_path: Path) -> None:
+    """Random shapes with a dimension of 0 somewhere (and some without), every dtype torch and
+    NumPy share: each door gives the shape and strides `safetensors` gives (torch counts a
+    dimension of 0 as 1 in the strides after it; `safetensors`' NumPy arrays have every stride
+    0). Compact strides gave `(0, 2, 1)` where `safetensors` gives `(2, 2, 1)`."""
+    rng = np.random.default_rng(9)
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool]
+    tensors: Dict[str, torch.Tensor] = {}
+    for i in range(120):
+        shape = [int(d) for d in rng.integers(0, 4, size=int(rng.integers(0, 5)))]
+        tensors[f"t{i}"] = torch.zeros(shape, dtype=dtypes[i % len(dtypes)])
+    assert sum(t.numel() == 0 for t in tensors.values()) > 40
+    path = tmp_path / "empty.safetensors"
+    safetensors.torch.save_file(tensors, path)
+    theirs = safetensors.torch.load_file(path)
+    for ours in (safetensors_staging.torch.load_file(path), st.load_file(path, map=False)):
+        for name, tensor in theirs.items():
+            got = ours[name]
+            assert (got.shape, got.stride(), got.dtype) == (
+                tensor.shape,
+                tensor.stride(),
+                tensor.dtype,
+            ), name
+    with safetensors.safe_open(path, "pt") as a, st.safe_open(path, "pt") as b:
+        for name in theirs:
+            assert b.get_tensor(name).stride() == a.get_tensor(name).stride(), name
+            if theirs[name].dim():  # a scalar takes no slice, in either
+                assert b.get_slice(name)[:].stride() == a.get_slice(name)[:].stride(), name
+    numpy_path = tmp_path / "empty_np.safetensors"
+    safetensors.numpy.save_file(
+        {n: t.numpy() for n, t in tensors.items() if t.dtype != torch.bfloat16}, numpy_path
+    )
+    their_arrays = safetensors.numpy.load_file(numpy_path)
+    our_arrays = safetensors_staging.numpy.load_file(numpy_path)
+    for name, array in their_arrays.items():
+        got = our_arrays[name]
+        assert (got.shape, got.strides, got.dtype) == (array.shape, array.strides, array.dtype)

@@ -84,7 +84,12 @@ def torch_from_bytes(
 ) -> torch.Tensor:
     """A `uint8` tensor of a tensor's bytes, viewed as its dtype and shape (zero-copy)."""
     target, shape = torch_view(dtype, shape, unsupported_dtypes, name)
-    return buffer.reshape(shape) if target is None else buffer.view(target).reshape(shape)
+    tensor = buffer.reshape(shape) if target is None else buffer.view(target).reshape(shape)
+    if tensor.numel() == 0:
+        # A reshape of no elements gives strides of 0 after a dimension of 0 (`(0, 2, 1)` for
+        # `[2, 0, 2, 1]`); torch's own empty tensors, and `safetensors`', count it as 1.
+        return tensor.new_empty(tensor.shape)
+    return tensor
 
 
 def registered_numpy_dtype(dtype: str) -> Any:
@@ -110,13 +115,20 @@ def to_numpy(staged: Any, unsupported_dtypes: str) -> Any:
     """
     import numpy
 
+    array = None
     if _DTYPES[staged.dtype].numpy is not None:
-        return numpy.from_dlpack(staged)
-    if unsupported_dtypes == "uint8":
-        return numpy.from_dlpack(staged.as_bytes())
-    registered = registered_numpy_dtype(staged.dtype)
-    if registered is not None:
-        return numpy.from_dlpack(staged.as_bytes()).view(registered).reshape(staged.shape)
+        array = numpy.from_dlpack(staged)
+    elif unsupported_dtypes == "uint8":
+        array = numpy.from_dlpack(staged.as_bytes())
+    else:
+        registered = registered_numpy_dtype(staged.dtype)
+        if registered is not None:
+            array = numpy.from_dlpack(staged.as_bytes()).view(registered).reshape(staged.shape)
+    if array is not None:
+        if array.size == 0:
+            # No elements: every stride 0, as `safetensors`' arrays have them.
+            return numpy.lib.stride_tricks.as_strided(array, strides=(0,) * array.ndim)
+        return array
     raise UnsupportedDtypeError(
         f"tensor {staged.name!r}: NumPy has no dtype for {staged.dtype}; pass "
         'unsupported_dtypes="uint8" for its bytes (then .view(ml_dtypes.bfloat16), for example)'
