@@ -37,6 +37,7 @@
 
 mod api;
 mod cache;
+mod changes;
 mod path;
 mod store;
 
@@ -47,6 +48,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use cache::HubCache;
+pub use changes::{Changes, changes, repository_path};
 pub use path::{HubPath, is_hub, is_repo_id};
 
 use api::{Api, TreeFile, is_commit};
@@ -174,6 +176,8 @@ pub struct HubFacts {
     cached: bool,
     files: Vec<String>,
     counters: Arc<Counters>,
+    /// What did not go as asked (the report's `note`).
+    note: Option<String>,
 }
 
 impl HubFacts {
@@ -195,6 +199,7 @@ impl HubFacts {
             bytes_downloaded: self.counters.downloaded.load(Ordering::Relaxed),
             bytes_from_cache: from_cache,
             bytes_written: self.counters.written.load(Ordering::Relaxed),
+            note: self.note.clone(),
         }
     }
 }
@@ -461,7 +466,9 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
             && api::unavailable(&e)
             && let Some(opened) = cached_snapshot(&what, &dirs, commit, Arc::clone(&counters))
         {
-            return Ok(opened);
+            return Ok(opened.noted(format!(
+                "the Hub could not be asked ({e}): loaded from the cache"
+            )));
         }
         Err(error_at(&what, e))
     };
@@ -516,7 +523,6 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         None => weights.clone(),
     };
     let snapshot = dirs.snapshot(&commit);
-    let local_path = snapshot.join(what.path.as_deref().unwrap_or(""));
     // A file's blob is in the cache when a file of its name and size is there: it was checked
     // when it was committed (LFS: named by its SHA-256), whichever commit it was read at, as
     // `huggingface_hub` takes it.
@@ -530,14 +536,17 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         .collect();
     let all_weights_cached =
         weight_files.len() == weight_names.len() && weight_files.iter().all(|f| blob_cached(f));
+    // Set where the cache holds every weight but cannot be updated: read from it, write nothing.
+    let mut read_only: Option<String> = None;
     if hub.cache && all_weights_cached {
         // A local load of the snapshot. What it lacks (this commit's links, a small file) is
         // made as far as the cache lets it, and nothing fails for it: a read-only cache (a
         // mounted model volume, with no `.locks/`) that holds the model loads as it is.
         let complete = weight_files.iter().chain(&small).all(|f| linked(f))
             && dirs.read_ref(what.revision_or_main()).as_deref() == Some(commit.as_str());
-        if !complete {
-            let _ = dirs.prepare();
+        // A cache whose folders cannot be made (read-only) is not written, and nothing is
+        // fetched for it.
+        if !complete && dirs.prepare().is_ok() {
             let _ = dirs.write_ref(what.revision_or_main(), &commit);
             for file in weight_files.iter().chain(&small) {
                 if linked(file) {
@@ -566,23 +575,52 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
                 }
             }
         }
-        let facts = HubFacts {
-            repo: what.repo.clone(),
-            revision: what.revision_or_main().to_owned(),
-            commit: commit.clone(),
-            path: what.path.clone().unwrap_or_default(),
-            snapshot: Some(snapshot.clone()),
-            cached: true,
-            files: index.iter().chain(&weight_names).cloned().collect(),
-            counters,
+        // The snapshot that holds the weights: this commit's; else, where the cache could not
+        // be updated (read-only, a mounted volume) and the Hub's revision moved to a commit of
+        // the same weights, another commit's snapshot linking the same blobs at the same paths.
+        // A path of this commit's snapshot that the load cannot open is never handed on.
+        let index_file = index
+            .as_ref()
+            .and_then(|i| by_path.get(i.as_str()).copied());
+        let needed: Vec<&TreeFile> = weight_files.iter().copied().chain(index_file).collect();
+        let holder = if needed.iter().all(|f| linked(f)) {
+            Some((snapshot.clone(), None))
+        } else {
+            same_files_elsewhere(&dirs, &what, &commit, &needed).map(|(other, at)| {
+                let note = format!(
+                    "the cache could not be updated to {commit}: its files were read from the \
+                     snapshot of {other}, which holds the same blobs"
+                );
+                (at, Some(note))
+            })
         };
-        return Ok(Opened::Cached {
-            path: cached_target(&local_path, &snapshot, &index, &weights),
-            commit,
-            facts,
-        });
+        if let Some((at, note)) = holder {
+            let facts = HubFacts {
+                repo: what.repo.clone(),
+                revision: what.revision_or_main().to_owned(),
+                commit: commit.clone(),
+                path: what.path.clone().unwrap_or_default(),
+                snapshot: Some(at.clone()),
+                cached: true,
+                files: index.iter().chain(&weight_names).cloned().collect(),
+                counters,
+                note,
+            };
+            let local_path = at.join(what.path.as_deref().unwrap_or(""));
+            return Ok(Opened::Cached {
+                path: cached_target(&local_path, &at, &index, &weights),
+                commit,
+                facts,
+            });
+        }
+        // No snapshot holds them: the weights are read from the blobs, and nothing written.
+        read_only = Some(format!(
+            "the cache at {} could not be updated to {commit}: the weights were read from its \
+             blobs",
+            dirs.root.display()
+        ));
     }
-    if hub.cache {
+    if hub.cache && read_only.is_none() {
         dirs.prepare().map_err(|e| error_at(&what, e))?;
         dirs.write_ref(what.revision_or_main(), &commit)
             .map_err(|e| error_at(&what, e))?;
@@ -684,7 +722,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         runtime,
         redirects,
     )?;
-    if hub.cache {
+    if hub.cache && read_only.is_none() {
         // Weights already in the cache (from an earlier, partial load) are linked, not read
         // again into it.
         let cache_files = files
@@ -713,6 +751,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         cached: false,
         files: index.iter().chain(&weight_names).cloned().collect(),
         counters,
+        note: read_only.clone(),
     };
     Ok(Opened::Streamed {
         remote,
@@ -722,110 +761,48 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
     })
 }
 
-/// What changed between two commits of a Hub model ([`changes`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Changes {
-    /// The Hub path at the commit its revision names: what to load for the changes to hold
-    /// (`hf://org/name@<commit>[/path]`).
-    pub path: String,
-    /// That commit.
-    pub commit: String,
-    /// The commit `since` names.
-    pub since: String,
-    /// The files at `commit` whose bytes differ from `since`'s, or that `since` lacks, as
-    /// paths in the repository (blobs compared: an LFS file's SHA-256, another file's git id).
-    pub changed: Vec<String>,
-}
-
-/// Which files of the model at `path` (`hf://org/name@new`) differ from those at the revision
-/// `since` of the same repository: for a model that holds `since`'s weights, the files whose
-/// tensors a move to `path`'s revision rewrites. Both revisions are resolved and listed (two
-/// requests each); with `HF_HUB_OFFLINE`, from the cache's refs and snapshots instead (a file a
-/// snapshot lacks counts as changed).
-pub fn changes(
-    path: &Path,
-    since: &str,
-    options: &Options,
-    hub: &HubOptions,
-) -> Result<Changes, Error> {
-    let what = parse(path)?;
-    let old = HubPath {
-        revision: Some(since.to_owned()),
-        ..what.clone()
-    };
-    let dirs = repo_cache(&what, hub);
-    let (commit, since_commit, new_files, old_files) = if offline(hub) {
-        let commit_of = |of: &HubPath| match open_offline(of, &dirs, Arc::default())? {
-            Opened::Cached { commit, .. } => Ok(commit),
-            Opened::Streamed { commit, .. } => Ok(commit),
-        };
-        let (commit, since_commit) = (commit_of(&what)?, commit_of(&old)?);
-        let new_files = snapshot_blobs(&dirs.snapshot(&commit));
-        let old_files = snapshot_blobs(&dirs.snapshot(&since_commit));
-        (commit, since_commit, new_files, old_files)
-    } else {
-        let Connection { api, runtime, .. } = connect(&what, options, hub)?;
-        let retry = options.retry();
-        let listing = |of: &HubPath| -> Result<(String, HashMap<String, String>), Error> {
-            let commit = runtime
-                .block_on(options.interrupt.as_ref(), api.commit(of, retry))
-                .map_err(|e| error_at(of, e))?;
-            let tree = runtime
-                .block_on(options.interrupt.as_ref(), api.tree(of, &commit, retry))
-                .map_err(|e| error_at(of, e))?;
-            let blobs = tree
-                .into_iter()
-                .map(|f| (f.path.clone(), f.blob().to_owned()))
-                .collect();
-            Ok((commit, blobs))
-        };
-        let (commit, new_files) = listing(&what)?;
-        let (since_commit, old_files) = listing(&old)?;
-        (commit, since_commit, new_files, old_files)
-    };
-    let mut changed: Vec<String> = new_files
-        .iter()
-        .filter(|(name, blob)| old_files.get(*name) != Some(*blob))
-        .map(|(name, _)| name.clone())
-        .collect();
-    changed.sort();
-    let pinned = HubPath {
-        revision: Some(commit.clone()),
-        ..what
-    };
-    Ok(Changes {
-        path: pinned.to_string(),
-        commit,
-        since: since_commit,
-        changed,
-    })
-}
-
-/// Every file of a snapshot by its blob's name (the name its link points at), as paths in the
-/// repository.
-fn snapshot_blobs(snapshot: &Path) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    let mut stack = vec![snapshot.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let at = entry.path();
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            if kind.is_dir() {
-                stack.push(at);
-            } else if let (Ok(target), Ok(rel)) =
-                (std::fs::read_link(&at), at.strip_prefix(snapshot))
-                && let Some(blob) = target.file_name().and_then(|n| n.to_str())
-            {
-                out.insert(rel.to_string_lossy().into_owned(), blob.to_owned());
-            }
+impl Opened {
+    /// This, its report saying `note`.
+    fn noted(mut self, note: String) -> Self {
+        match &mut self {
+            Self::Cached { facts, .. } | Self::Streamed { facts, .. } => facts.note = Some(note),
         }
+        self
     }
-    out
+}
+
+/// A snapshot of another commit than `commit` that links every file of `files` to its blob
+/// (the one the Hub lists for it at `commit`), the cache's ref of the revision first: that
+/// commit and its snapshot.
+fn same_files_elsewhere(
+    dirs: &RepoCache,
+    what: &HubPath,
+    commit: &str,
+    files: &[&TreeFile],
+) -> Option<(String, PathBuf)> {
+    let mut candidates: Vec<String> = dirs.read_ref(what.revision_or_main()).into_iter().collect();
+    if let Ok(entries) = std::fs::read_dir(dirs.repo.join("snapshots")) {
+        let mut others: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|name| is_commit(name))
+            .collect();
+        others.sort();
+        candidates.extend(others);
+    }
+    candidates
+        .into_iter()
+        .filter(|c| c != commit)
+        .find_map(|other| {
+            let at = dirs.snapshot(&other);
+            let holds = |f: &&TreeFile| {
+                std::fs::read_link(at.join(&f.path)).is_ok_and(|target| {
+                    target.file_name().and_then(|n| n.to_str()) == Some(f.blob())
+                        && at.join(&f.path).is_file()
+                })
+            };
+            files.iter().all(holds).then_some((other, at))
+        })
 }
 
 /// What to load locally of a snapshot that holds everything: the index or the files chosen.
@@ -901,6 +878,7 @@ fn local_load(what: &HubPath, dirs: &RepoCache, commit: String, counters: Arc<Co
         snapshot: Some(snapshot),
         cached: true,
         counters,
+        note: None,
     };
     Opened::Cached {
         path,

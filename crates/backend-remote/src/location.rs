@@ -211,10 +211,19 @@ impl Location {
     /// [`child`](Self::child) for the rest.
     pub(crate) fn join(&self, name: &str) -> Result<String, String> {
         for part in staging_core::checked_components(name)? {
+            // A `%` is the name's own (encoded as `%25`, as `huggingface_hub` quotes a file
+            // name), unless decoding it once more gives a separator or a dot segment: a server
+            // that decodes twice would read another path there.
             if part.contains('%') {
-                return Err(
-                    "contains '%': a shard is named by its object name, not URL text".into(),
-                );
+                let twice = percent_encoding::percent_decode_str(part).decode_utf8_lossy();
+                if twice.contains(['/', '\\'])
+                    || twice.chars().all(|c| c == '.' || c == ' ')
+                {
+                    return Err(format!(
+                        "contains '%' that decodes to {twice:?}: a server that decodes twice \
+                         would read another path"
+                    ));
+                }
             }
             if part.contains(';') {
                 return Err("contains ';', which a server may read as path parameters".into());
@@ -343,9 +352,17 @@ mod tests {
         assert_eq!(parse(&odd)?.key.as_ref(), "models/a/a b?#.safetensors");
         let root = parse("http://127.0.0.1:9/")?;
         assert_eq!(root.join("x.json")?, "http://127.0.0.1:9/x.json");
+        // A '%' is a character of the name (as `huggingface_hub` quotes it).
+        let percent = dir.join("100%/part%202.safetensors")?;
+        assert_eq!(percent, "s3://bkt/models/a/100%25/part%25202.safetensors");
+        assert_eq!(
+            parse(&percent)?.key.as_ref(),
+            "models/a/100%/part%202.safetensors"
+        );
         for (name, why) in [
-            ("%2e%2e/%2e%2e/secret/model.safetensors", "'%'"),
-            ("..%2fsecret", "'%'"),
+            ("%2e%2e/%2e%2e/secret/model.safetensors", "decodes to \"..\""),
+            ("..%2fsecret", "decodes to \"../secret\""),
+            ("a%5Cb", "decodes to \"a\\\\b\""),
             ("../secret", "'..'"),
             ("./x", "'.'"),
             ("/x", "absolute"),

@@ -159,6 +159,10 @@ pub struct HubReport {
     pub bytes_from_cache: u64,
     /// Bytes written into the cache's blobs (files committed whole, after their check).
     pub bytes_written: u64,
+    /// What did not go as asked, where the load went on without it: the Hub could not be asked
+    /// (an outage: the cache served), or the cache could not be updated (read-only: the files
+    /// came from another snapshot or from its blobs). `None` when all went as asked.
+    pub note: Option<String>,
 }
 
 impl LoadReport {

@@ -61,8 +61,9 @@ pub(crate) fn is_repo_id(name: &str) -> bool {
 
 /// `_hub_changes(path, since, **remote)`: which files of the Hub model at `path`
 /// (`hf://org/name@new`) differ from those at the revision `since` of the same repository,
-/// as `{"path": <path at the commit it names>, "commit", "since": <its commit>, "changed":
-/// [files]}` (`backend_hub::changes`).
+/// as `{"path": <path at the commit it names>, "commit", "since_path", "since": <its commit>,
+/// "changed": [files], "compared": "hub" | "cache", "note": <why the cache> | None}`
+/// (`backend_hub::changes`).
 #[pyfunction]
 #[pyo3(name = "_hub_changes", signature = (path, since, **kwargs))]
 pub(crate) fn hub_changes(
@@ -82,9 +83,21 @@ pub(crate) fn hub_changes(
     let out = PyDict::new(py);
     out.set_item("path", changes.path)?;
     out.set_item("commit", changes.commit)?;
+    out.set_item("since_path", changes.since_path)?;
     out.set_item("since", changes.since)?;
     out.set_item("changed", changes.changed)?;
+    out.set_item("compared", changes.compared)?;
+    out.set_item("note", changes.note)?;
     Ok(out.unbind())
+}
+
+/// `_hub_repository_path(file, commit)`: the path in the repository of a file a load of a
+/// Hub model at `commit` reads (its `resolve` URL, or its path in the cache's snapshot), or
+/// `None` for another file (`backend_hub::repository_path`).
+#[pyfunction]
+#[pyo3(name = "_hub_repository_path")]
+pub(crate) fn hub_repository_path(file: PathBuf, commit: &str) -> Option<String> {
+    backend_hub::repository_path(&file, commit)
 }
 
 /// `_url_store(path)`: the kind of store the remote backend reads the URL `path` from (`"s3"`,
@@ -227,6 +240,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(is_url, module)?)?;
     module.add_function(wrap_pyfunction!(is_repo_id, module)?)?;
     module.add_function(wrap_pyfunction!(hub_changes, module)?)?;
+    module.add_function(wrap_pyfunction!(hub_repository_path, module)?)?;
     module.add_function(wrap_pyfunction!(url_store, module)?)?;
     module.add_function(wrap_pyfunction!(redacted, module)?)?;
     module.add_function(wrap_pyfunction!(device, module)?)?;

@@ -417,3 +417,34 @@ def test_a_model_made_in_inference_mode_reloads_without_a_version_to_bump(tmp_pa
     assert model.weight.is_inference()
     load_into(model, path)
     assert torch.equal(model.weight, torch.ones(4, 4)) and torch.equal(model.bias, torch.ones(4))
+
+
+class _BufferOverParameter(torch.nn.Module):
+    """A buffer registered as a parameter's `.data`: the same memory, its own autograd
+    version counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8))
+        self.register_buffer("shadow", self.weight.data)
+
+
+def test_every_tensor_over_the_memory_written_has_its_version_bumped(tmp_path: Path) -> None:
+    """A `backward()` pending on the old bytes raises after the load, whichever name of the
+    memory it saved, as it does after `load_state_dict` (issue 57.7: only one name per group
+    was bumped, so a graph that saved the buffer silently used the new bytes)."""
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(
+        {"weight": torch.full((8,), 2.0), "shadow": torch.full((8,), 2.0)}, path
+    )
+    for load in ("torch", "ours"):
+        model = _BufferOverParameter()
+        x = torch.ones(8, requires_grad=True)
+        pending = (x * model.shadow).sum()  # saves the buffer (its own version counter)
+        if load == "torch":
+            model.load_state_dict(safetensors.torch.load_file(path))
+        else:
+            load_into(model, path)
+        assert torch.equal(model.shadow, torch.full((8,), 2.0)), load
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            pending.backward()

@@ -11,7 +11,18 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Set,
+    Tuple,
+)
 
 from . import _native
 from ._convert import written_in_place
@@ -204,10 +215,52 @@ def _device_of(tensor: torch.Tensor) -> str:
     raise _mismatch([f"{tensor.device}: the library does not load to this device"])
 
 
-def _in_repository(file: str, commit: str) -> str:
-    """A tensor's file (a `resolve` URL or a snapshot path of `commit`) as a path in the
-    repository."""
-    return file.rpartition(f"/{commit}/")[2]
+def _held_already(
+    loading: Mapping[str, TensorInfo],
+    changes: Mapping[str, Any],
+    group_of: Mapping[str, List[str]],
+    wanted: Set[str],
+    rows: Any,
+    options: Mapping[str, Any],
+) -> Tuple[Set[str], Optional[str]]:
+    """The names of `loading` (each tied group's writer) whose bytes a target that holds the
+    revision `since` holds already: the same name wrote its group at `since`, from the same
+    file, whose bytes did not change. And a note on how that was found (`None` when the Hub's
+    listings were compared and `since`'s headers read).
+
+    Files are compared by their paths in the repository (the native side's, never URL text);
+    which name wrote each group at `since` comes from `since`'s headers (a tied copy added,
+    removed or moved to another file changes the writer, and a tensor moved between files
+    changes where its bytes come from): where they cannot be read, every group is written."""
+    changed = set(changes["changed"])
+    commit, since = changes["commit"], changes["since"]
+    here = {
+        name: _native._hub_repository_path(str(info.file), commit) for name, info in loading.items()
+    }
+    candidates = {name for name, path in here.items() if path is not None and path not in changed}
+    note: Optional[str] = changes.get("note")
+    if not candidates:
+        return set(), note
+    store_options = options.get("store_options")
+    remote = {k: v for k, v in options.items() if k != "store_options"}
+    try:
+        _, before = _native._select(
+            paths_of(changes["since_path"]),
+            select=lambda name: name in wanted,
+            rows=rows,
+            store_options=store_options,
+            **remote,
+        )
+    except StagingError as error:
+        why = f"{since}'s headers could not be read ({error}): every tensor written"
+        return set(), why if note is None else f"{note}; {why}"
+    was = {info.name: _native._hub_repository_path(str(info.file), since) for info in before}
+    held = set()
+    for name in candidates:
+        writer = [n for n in group_of[name] if n in was][-1:]
+        if writer == [name] and was[name] == here[name]:
+            held.add(name)
+    return held, note
 
 
 def load_into(
@@ -300,26 +353,26 @@ def load_into(
         store_options=store_options,
         **remote,
     )
-    left: List[str] = []
-    if changes is not None:
-        changed = set(changes["changed"])
-        unchanged = {
-            info.name
-            for info in kept
-            if _in_repository(str(info.file), changes["commit"]) not in changed
-        }
-        left = [info.name for info in kept if info.name in unchanged]
-        kept = [info for info in kept if info.name not in unchanged]
     in_checkpoint = [name for name in checkpoint.keys() if _matches(name, patterns)]
     present = set(in_checkpoint)
     # One name per tied group is loaded: the last, in the target's order, that the checkpoint
     # has. `load_state_dict` copies every name in that order into the one tensor, so the last
-    # one's bytes are what it leaves (the copies of a checkpoint may differ).
+    # one's bytes are what it leaves (the copies of a checkpoint may differ). Chosen over the
+    # whole checkpoint, with `since=` too: a group is then left alone only where its writer's
+    # bytes are the ones the target holds.
     kept_names = {info.name for info in kept}
     chosen = {id(group): [n for n in group if n in kept_names][-1:] for group in groups}
     loading: Dict[str, TensorInfo] = {
         info.name: info for info in kept if chosen[id(group_of[info.name])] == [info.name]
     }
+    left: List[str] = []
+    since_note: Optional[str] = None
+    if changes is not None:
+        same, since_note = _held_already(
+            loading, changes, group_of, wanted, rows, {**remote, "store_options": store_options}
+        )
+        left = [info.name for info in kept if chosen[id(group_of[info.name])][0] in same]
+        loading = {name: info for name, info in loading.items() if name not in same}
     missing = [
         name
         for name in tensors
@@ -378,7 +431,7 @@ def load_into(
             now = list(getattr(cause, "written", []))
             partly = list(getattr(cause, "partly_written", []))
             try:
-                written_in_place(tensors[name] for name in now + partly)
+                written_in_place(tensors[n] for name in now + partly for n in group_of[name])
             except Exception:  # never in place of what says which tensors hold what
                 pass
             if not written and not now and not partly:
@@ -386,7 +439,9 @@ def load_into(
             done_names = set(written) | set(now)
             unchanged = [n for n in loading if n not in done_names and n not in set(partly)]
             raise _partial(cause, written + now, partly, unchanged) from cause
-        written_in_place(tensors[name] for name in done)
+        # Every tensor over the memory written, each its own autograd version (a buffer
+        # registered as a parameter's `.data` has one apart), as `load_state_dict` bumps each.
+        written_in_place(tensors[n] for name in done for n in group_of[name])
         written += done
         reports.append(json.loads(report))
     merged = _merged(reports) if reports else {"tensors": 0, "bytes": 0, "bytes_read": 0}
@@ -396,6 +451,8 @@ def load_into(
             "since": changes["since"],
             "changed": changes["changed"],
             "unchanged": left,
+            "compared": changes["compared"],
+            "note": since_note,
         }
     return LoadIntoResult(missing, unexpected, merged)
 

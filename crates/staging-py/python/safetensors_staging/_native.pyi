@@ -59,6 +59,7 @@ __all__ = [
     "_is_url",
     "_is_repo_id",
     "_hub_changes",
+    "_hub_repository_path",
     "_url_store",
     "_redacted",
     "_device",
@@ -315,6 +316,7 @@ def _select(
 def _is_url(path: Union[str, PathLike[str]]) -> bool: ...
 def _is_repo_id(name: str) -> bool: ...
 def _hub_changes(path: Union[str, PathLike[str]], since: str, **kwargs: Any) -> Dict[str, Any]: ...
+def _hub_repository_path(file: Union[str, PathLike[str]], commit: str) -> Optional[str]: ...
 def _url_store(path: Union[str, PathLike[str]]) -> Optional[str]:
     """ "s3", "gcs", "azure" or "http": the store the remote backend reads the URL from; None
     for a path, or a URL of a scheme it does not read."""

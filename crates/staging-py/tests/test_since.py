@@ -1,0 +1,310 @@
+"""`load_into(model, "hf://org/m", since=rev)` tried as a hostile user would, beside torch's
+`load_state_dict` and `huggingface_hub` on the stand-in Hub (`fakehub.py`): a revision delta
+never leaves a model on old weights while its report says all is well. Each test names the
+item of issue 57 it covers; the property test at the end holds `since=` against a plain
+`load_into` over random pairs of revisions.
+
+What `since=` promises: the model ends exactly as `load_into(model, new)` would leave it, for a
+model that holds `since`'s weights, reading only the files whose bytes changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import safetensors.torch
+import torch
+from fakehub import FakeHub
+
+import safetensors_staging as st
+import safetensors_staging.torch as stt
+from safetensors_staging.torch import load_into
+
+from test_fakehub import files_of, run_hf
+from test_hub import REPO, SHARDS, cdn_sent, hub, sharded_dir
+
+__all__ = ["hub", "sharded_dir"]  # the fixtures, used by name
+
+
+def refs_main(hub: FakeHub, repo: str) -> str:
+    return (hub.cache / f"models--{repo.replace('/', '--')}" / "refs" / "main").read_text()
+
+
+def blob(tensors: Dict[str, torch.Tensor]) -> bytes:
+    return safetensors.torch.save(tensors)
+
+
+def full(value: float, n: int = 16) -> torch.Tensor:
+    return torch.full((n,), float(value))
+
+
+def equal(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+# --- 1. names a URL escapes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_index", [True, False], ids=["index", "no-index"])
+def test_1_a_changed_file_whose_name_a_url_escapes_is_written(
+    hub: FakeHub, with_index: bool
+) -> None:
+    names = ["part 1.safetensors", "part 2 été#?.safetensors"]
+    v1_files: Dict[str, bytes] = {
+        names[0]: blob({"a": full(1)}),
+        names[1]: blob({"b": full(1)}),
+        "config.json": b"{}",
+    }
+    if with_index:
+        index = {"weight_map": {"a": names[0], "b": names[1]}}
+        v1_files["model.safetensors.index.json"] = json.dumps(index).encode()
+    repo = f"org/escaped-{with_index}"
+    v1 = hub.add_repo(repo, v1_files)
+    target = {"a": full(0), "b": full(0)}
+    load_into(target, f"hf://{repo}")  # the model holds v1, and the cache has it
+    v2_files = dict(v1_files, **{names[1]: blob({"b": full(2)})})
+    v2 = hub.add_commit(repo, v2_files)
+    result = load_into(target, f"hf://{repo}", since=v1)  # v2 is streamed: not cached yet
+    assert torch.equal(target["b"], full(2)), "the changed file's tensor was left on v1"
+    assert torch.equal(target["a"], full(1))
+    since = result.report["since"]
+    assert (since["commit"], since["changed"], since["unchanged"]) == (v2, [names[1]], ["a"])
+    assert since["compared"] == "hub" and since["note"] is None
+
+
+# --- 2. offline, plain files -------------------------------------------------------------
+
+
+def test_2_offline_a_changed_plain_file_is_listed(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache copied with `cp -rL` (no links: plain files in the snapshots), offline."""
+    repo = "org/plain"
+    v1 = hub.add_repo(repo, {"model.safetensors": blob({"w": full(1)}), "config.json": b"{}"})
+    stt.load_file(f"hf://{repo}")
+    v2 = hub.add_commit(repo, {"model.safetensors": blob({"w": full(2)}), "config.json": b"{}"})
+    stt.load_file(f"hf://{repo}")
+    copied = tmp_path / "copied" / "hub"
+    copied.parent.mkdir()
+    subprocess.run(["cp", "-rL", str(hub.cache), str(copied)], check=True)
+    snapshots = copied / f"models--{repo.replace('/', '--')}" / "snapshots"
+    assert not any(p.is_symlink() for p in snapshots.rglob("*")), "cp -rL leaves no link"
+    # `huggingface_hub`, offline on the copy, finds v2's bytes.
+    [theirs] = run_hf(
+        hub, copied, [("snapshot_download", {"repo_id": repo, "local_files_only": True})]
+    )
+    assert files_of(Path(theirs["ok"]))["model.safetensors"] == blob({"w": full(2)})
+    monkeypatch.setenv("HF_HUB_CACHE", str(copied))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = {"w": full(1)}
+    result = load_into(target, f"hf://{repo}", since=v1)
+    assert torch.equal(target["w"], full(2)), "the plain file's change was not seen"
+    since = result.report["since"]
+    assert (since["commit"], since["since"], since["changed"]) == (v2, v1, ["model.safetensors"])
+    assert since["compared"] == "cache" and "HF_HUB_OFFLINE" in since["note"]
+    # A plain file of the same bytes is not changed: back to v1 and forth again, nothing moves.
+    unchanged = load_into(target, f"hf://{repo}", since=v2)
+    assert unchanged.report["since"]["changed"] == [] and torch.equal(target["w"], full(2))
+
+
+# --- 3. the ref ----------------------------------------------------------------------------
+
+
+def test_3_since_moves_refs_main_as_a_plain_load_does(hub: FakeHub) -> None:
+    repo = "org/ref"
+    v1 = hub.add_repo(repo, {"model.safetensors": blob({"w": full(1)}), "config.json": b'{"v":1}'})
+    target = {"w": full(0)}
+    load_into(target, f"hf://{repo}")
+    assert refs_main(hub, repo) == v1
+    v2 = hub.add_commit(
+        repo, {"model.safetensors": blob({"w": full(2)}), "config.json": b'{"v":2}'}
+    )
+    load_into(target, f"hf://{repo}", since=v1)
+    assert refs_main(hub, repo) == v2, "the next offline start would load v1"
+    # An offline start after it (`huggingface_hub` with local_files_only) finds v2's config.
+    [theirs] = run_hf(
+        hub, hub.cache, [("snapshot_download", {"repo_id": repo, "local_files_only": True})]
+    )
+    assert Path(theirs["ok"]).name == v2
+    assert (Path(theirs["ok"]) / "config.json").read_bytes() == b'{"v":2}'
+
+
+# --- 4. tied copies in different files --------------------------------------------------------
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(full(0))
+        self.b = self.a  # one tensor, two names: `a` first, `b` last in state_dict()
+
+
+def test_4_tied_copies_in_different_files_end_as_load_state_dict_leaves_them(
+    hub: FakeHub,
+) -> None:
+    repo = "org/tied"
+    files = {
+        "a.safetensors": blob({"a": full(1)}),
+        "b.safetensors": blob({"b": full(1)}),
+        "config.json": b"{}",
+    }
+    v1 = hub.add_repo(repo, files)
+    model = Tied()
+    load_into(model, f"hf://{repo}")
+    hub.add_commit(repo, dict(files, **{"a.safetensors": blob({"a": full(3)})}))
+    new = {
+        **stt.load_file(f"hf://{repo}/a.safetensors"),
+        **stt.load_file(f"hf://{repo}/b.safetensors"),
+    }
+    torch_model = Tied()
+    torch_model.load_state_dict(new)  # copies a, then b: b's bytes are what it leaves
+    plain = Tied()
+    load_into(plain, f"hf://{repo}")
+    result = load_into(model, f"hf://{repo}", since=v1)
+    assert torch.equal(model.a, torch_model.a) and torch.equal(plain.a, torch_model.a)
+    assert torch.equal(model.a, full(1)), "3.0 is a's copy, which load_state_dict overwrites"
+    since = result.report["since"]
+    assert since["changed"] == ["a.safetensors"] and sorted(since["unchanged"]) == ["a", "b"]
+    # The writer's file changes: the group is written, and called so.
+    hub.add_commit(repo, dict(files, **{"b.safetensors": blob({"b": full(5)})}))
+    v3_since = result.report["since"]["commit"]
+    again = load_into(model, f"hf://{repo}", since=v3_since)
+    assert torch.equal(model.a, full(5)) and again.report["since"]["unchanged"] == []
+
+
+def test_4_a_tied_writer_removed_moves_the_group_to_the_copy_left(hub: FakeHub) -> None:
+    """v1 has both copies (`b` writes the group); v2 drops `b`'s file: `a` writes it now,
+    from a file that did not change, and the group is still written."""
+    repo = "org/tied-removed"
+    files = {
+        "a.safetensors": blob({"a": full(1)}),
+        "b.safetensors": blob({"b": full(2)}),
+    }
+    v1 = hub.add_repo(repo, files)
+    model = Tied()
+    load_into(model, f"hf://{repo}")
+    assert torch.equal(model.a, full(2))
+    hub.add_commit(repo, {"a.safetensors": files["a.safetensors"]})
+    plain = Tied()
+    load_into(plain, f"hf://{repo}")
+    result = load_into(model, f"hf://{repo}", since=v1)
+    assert torch.equal(model.a, plain.a) and torch.equal(model.a, full(1))
+    assert result.report["since"]["unchanged"] == []
+
+
+# --- 5. an outage ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_5_since_during_an_outage_compares_the_cached_snapshots(hub: FakeHub, status: int) -> None:
+    repo = f"org/outage-{status}"
+    v1 = hub.add_repo(repo, {"model.safetensors": blob({"w": full(1), "u": full(7)})})
+    stt.load_file(f"hf://{repo}")
+    v2 = hub.add_commit(repo, {"model.safetensors": blob({"w": full(2), "u": full(7)})})
+    expected = stt.load_file(f"hf://{repo}")  # v2 cached, refs/main at v2
+    hub.clear_log()
+    hub.set_faults(outage=status)
+    # A plain load falls back to the cache, and says so.
+    plain = st.stage(f"hf://{repo}")
+    plain.all()
+    assert str(status) in plain.report()["hub"]["note"]
+    target = {"w": full(1), "u": full(7)}
+    result = load_into(target, f"hf://{repo}", since=v1)
+    equal(target, expected)
+    since = result.report["since"]
+    assert (since["commit"], since["since"], since["compared"]) == (v2, v1, "cache")
+    assert str(status) in since["note"], since["note"]
+    assert {e.status for e in hub.log() if e.server == "hub"} == {status}
+
+
+def test_5_an_outage_with_nothing_cached_still_fails(hub: FakeHub) -> None:
+    repo = "org/outage-uncached"
+    v1 = hub.add_repo(repo, {"model.safetensors": blob({"w": full(1)})})
+    hub.set_faults(outage=503)
+    with pytest.raises(st.StagingError, match="503"):
+        load_into({"w": full(1)}, f"hf://{repo}", since=v1)
+
+
+# --- 6. a complete read-only cache --------------------------------------------------------
+
+
+@pytest.mark.parametrize("snapshot", ["kept", "gone"])
+def test_6_a_read_only_cache_loads_after_a_commit_of_the_same_weights(
+    hub: FakeHub, sharded_dir: Path, snapshot: str
+) -> None:
+    """A mounted model volume (no `.locks/`, nothing writable) while the Hub's `main` moves to
+    a commit that edits the README alone: the weights are all in the blobs, and in the old
+    commit's snapshot (read from there) or in no snapshot at all (read from the blobs)."""
+    from test_hub import assert_equal, source_tensors
+    from test_hub_deploy import both_cached, hf_snapshot, immutable
+
+    theirs_cache = both_cached(hub)
+    caches = (theirs_cache, hub.cache)
+    for cache in caches:
+        subprocess.run(["rm", "-rf", str(cache / ".locks")], check=True)
+    if snapshot == "gone":
+        shutil.rmtree(hub.cache / f"models--{REPO.replace('/', '--')}" / "snapshots")
+    files = files_of(sharded_dir)
+    files["README.md"] = b"# edited"
+    new = hub.add_commit(REPO, files)
+    before = sorted(p.relative_to(hub.cache).as_posix() for p in hub.cache.rglob("*"))
+    flagged = []
+    try:
+        flagged = [immutable(cache, True) for cache in caches]
+        theirs, _ = hf_snapshot(hub, theirs_cache)
+        loaded = st.stage(f"hf://{REPO}")
+        tensors = loaded.all()
+        report = loaded.report()
+        target = {name: torch.zeros_like(t) for name, t in source_tensors(sharded_dir).items()}
+        load_into(target, f"hf://{REPO}")
+    finally:
+        for cache in caches:
+            immutable(cache, False)
+    if not all(flagged):
+        pytest.skip("chattr +i is not available here: the cache could not be made read-only")
+    # `huggingface_hub` cannot make the new commit's snapshot and raises; the library loads the
+    # same bytes from the snapshot that holds them, and says the cache could not be updated.
+    assert theirs["error"] == "PermissionError" and new in theirs["message"], theirs
+    assert_equal(tensors, source_tensors(sharded_dir))
+    assert_equal(target, source_tensors(sharded_dir))
+    hub_report = report["hub"]
+    assert hub_report["commit"] == new and "could not be updated" in hub_report["note"]
+    read_from = "its blobs" if snapshot == "gone" else "the snapshot of"
+    assert read_from in hub_report["note"], hub_report["note"]
+    assert hub_report["bytes_downloaded"] == 0
+    after = sorted(p.relative_to(hub.cache).as_posix() for p in hub.cache.rglob("*"))
+    assert after == before, "nothing written"
+
+
+# --- 10. a shard named with '%' ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_index", [True, False], ids=["index", "no-index"])
+def test_10_a_shard_named_with_percent_loads_as_huggingface_hub_downloads_it(
+    hub: FakeHub, tmp_path: Path, with_index: bool
+) -> None:
+    names = ["100%.safetensors", "part%202.safetensors"]
+    files: Dict[str, bytes] = {names[0]: blob({"a": full(1)}), names[1]: blob({"b": full(2)})}
+    if with_index:
+        index = {"weight_map": {"a": names[0], "b": names[1]}}
+        files["model.safetensors.index.json"] = json.dumps(index).encode()
+    repo = f"org/percent-{with_index}"
+    hub.add_repo(repo, files)
+    theirs_cache = tmp_path / "theirs" / "hub"
+    theirs_cache.parent.mkdir()
+    [theirs] = run_hf(hub, theirs_cache, [("snapshot_download", {"repo_id": repo})])
+    assert files_of(Path(theirs["ok"])) == files, theirs
+    tensors = stt.load_file(f"hf://{repo}")
+    equal(tensors, {"a": full(1), "b": full(2)})
+    # And from the cache the load wrote, as `huggingface_hub` wrote its own.
+    snapshot = Path(theirs["ok"])
+    ours = hub.cache / snapshot.relative_to(theirs_cache)
+    assert files_of(ours) == files
