@@ -879,3 +879,56 @@ def test_empty_tensors_have_the_strides_safetensors_gives(tmp_path: Path) -> Non
     for name, array in their_arrays.items():
         got = our_arrays[name]
         assert (got.shape, got.strides, got.dtype) == (array.shape, array.strides, array.dtype)
+
+
+def test_the_garbage_collector_of_other_threads_is_left_alone(tmp_path: Path) -> None:
+    """`safetensors` never touches Python's cyclic GC. A load that pauses it does so only where
+    it is the process's one Python thread: with another thread alive, that thread sees the
+    collector on throughout, and a `gc.disable()` it makes meanwhile is not undone at the end
+    (issue 57.8: the pause was process-wide, and its end re-enabled the collector)."""
+    import gc
+
+    path = tmp_path / "many.safetensors"
+    safetensors.torch.save_file({f"t{i}": torch.zeros(2) for i in range(5_000)}, path)
+    loads = {
+        "safetensors": lambda: safetensors.torch.load_file(path),
+        "ours": lambda: safetensors_staging.torch.load_file(path),
+        "ours (stage)": lambda: st.load_file(path),
+    }
+    for who, load in loads.items():
+        seen_off, stop = [], threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                if not gc.isenabled():
+                    seen_off.append(True)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for _ in range(3):
+                load()
+        finally:
+            stop.set()
+            watcher.join()
+        assert not seen_off, f"{who}: another thread ran without the collector"
+        # A thread's own gc.disable() made during the loads stays.
+        started, disabled = threading.Event(), threading.Event()
+
+        def disable_midway() -> None:
+            started.wait()
+            time.sleep(0.01)
+            gc.disable()
+            disabled.set()
+
+        other = threading.Thread(target=disable_midway)
+        other.start()
+        try:
+            started.set()
+            while not disabled.is_set():
+                load()
+            load()
+            assert not gc.isenabled(), f"{who}: the load undid another thread's gc.disable()"
+        finally:
+            other.join()
+            gc.enable()

@@ -30,13 +30,13 @@ it; at most `_AHEAD_BYTES` are held before `transformers` takes them.
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
 from . import _device, _engines
+from ._load import gc_paused
 from ._native import _DTYPES
 from ._safe_open import safe_open
 
@@ -307,19 +307,18 @@ def from_pretrained(
         # million and more), again and again while the model's module is imported and its
         # tensors are handed out: 0.5 s of a 1 GiB model's 4.5 s on a 2-core VM (2026-12-06),
         # on the core the reads ahead share. Cycles made meanwhile are collected after.
-        collecting = gc.isenabled()
-        try:
-            gc.disable()
-            if ahead is not None and not ahead.start():
-                ahead = None
-            return _build(handle, ahead, model_class, config, kwargs, device, loader_options)
-        finally:
-            if collecting:
-                gc.enable()
-            if ahead is not None:
-                ahead.stop()
-                handle.close()  # a read under way ends now
-                ahead.join()
+        # Paused only where no other thread runs (`gc_paused`), asked before the read-ahead
+        # thread, the helper's own, starts.
+        with gc_paused():
+            try:
+                if ahead is not None and not ahead.start():
+                    ahead = None
+                return _build(handle, ahead, model_class, config, kwargs, device, loader_options)
+            finally:
+                if ahead is not None:
+                    ahead.stop()
+                    handle.close()  # a read under way ends now
+                    ahead.join()
 
 
 def _build(
