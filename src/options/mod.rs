@@ -118,6 +118,9 @@ pub struct LoadOptions {
     pub coalesce_below: Option<usize>,
     /// `suballocate`: tensors under 1 MiB are carved from shared blocks (default true).
     pub suballocate: bool,
+    /// `host_assembly`: a tensor the device cannot hold is assembled in host memory (default
+    /// true); off, it is an out-of-memory error (`StagingPolicy::host_assembly`).
+    pub host_assembly: bool,
     /// `direct_io`: the host backend reads with `O_DIRECT` (default false).
     pub direct_io: bool,
     /// `map`: host tensors from local files are mappings of the files (default `auto`: for
@@ -175,6 +178,7 @@ impl std::fmt::Debug for LoadOptions {
             staging_slots,
             coalesce_below,
             suballocate,
+            host_assembly,
             direct_io,
             map,
             cufile_mode,
@@ -205,6 +209,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("staging_slots", staging_slots)
             .field("coalesce_below", coalesce_below)
             .field("suballocate", suballocate)
+            .field("host_assembly", host_assembly)
             .field("direct_io", direct_io)
             .field("map", map)
             .field("cufile_mode", cufile_mode)
@@ -274,6 +279,7 @@ impl Default for LoadOptions {
             staging_slots: None,
             coalesce_below: None,
             suballocate: true,
+            host_assembly: true,
             direct_io: false,
             map: MapFiles::Auto,
             cufile_mode: CufileMode::Auto,
@@ -417,6 +423,7 @@ impl LoadOptions {
             "staging_slots" => count(self.staging_slots),
             "coalesce_below" => usize_size(self.coalesce_below),
             "suballocate" => vec![self.suballocate.to_string()],
+            "host_assembly" => vec![self.host_assembly.to_string()],
             "direct_io" => vec![self.direct_io.to_string()],
             "map" => vec![self.map.as_str().to_owned()],
             "cufile_mode" => vec![self.cufile_mode.to_string()],
@@ -471,6 +478,7 @@ impl LoadOptions {
         if let Some(below) = self.coalesce_below {
             policy = policy.coalesce_below(below);
         }
+        policy = policy.host_assembly(self.host_assembly);
         Ok(policy.build()?)
     }
 

@@ -354,6 +354,17 @@ pub(super) static OPTIONS: &[OptionSpec] = &[
         },
     ),
     spec(
+        "host_assembly",
+        Bool,
+        "BOOL",
+        Value("true"),
+        "A tensor the device cannot hold is assembled in host memory through the staging buffer; false: an out-of-memory error instead (every tensor on the device)",
+        |o, v| {
+            o.host_assembly = parse_bool(v)?;
+            Ok(())
+        },
+    ),
+    spec(
         "direct_io",
         Bool,
         "BOOL",

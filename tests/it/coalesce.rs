@@ -371,3 +371,63 @@ fn a_destination_tensor_splits_the_run_around_it() {
         ]
     );
 }
+
+/// Without host assembly (the drop-in functions' policy), a tensor the headroom would send to
+/// the host takes a device buffer of its own, and a device out of memory is the error that ends
+/// the load, naming the tensor: nothing is assembled in host memory, and what was allocated is
+/// freed.
+#[rstest]
+#[case::one_thread(1)]
+#[case::two_threads(2)]
+fn without_host_assembly_every_tensor_is_on_the_device_or_the_load_fails(#[case] threads: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let (checkpoint, contents) = write(dir.path(), &floats("w", 4, 64 << 10));
+    let policy = |host_assembly: bool| {
+        StagingPolicy::builder()
+            .io_threads(threads)
+            .coalesce_below(0)
+            .memory_budget(Some(1 << 20)) // far below each tensor's headroom
+            .host_assembly(host_assembly)
+            .build()
+            .unwrap()
+    };
+    // With it, the headroom sends every tensor to the host; without it, each is on the device.
+    for (host_assembly, path) in [(true, StagingPath::Host), (false, StagingPath::Device)] {
+        let stager = Stager::new(
+            checkpoint.clone(),
+            FaultyReader::new(HostReader),
+            HostAllocator::new(),
+            policy(host_assembly),
+        )
+        .unwrap();
+        let (loaded, error) = drain(stager);
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(loaded.len(), 4);
+        for (name, taken, _, bytes) in loaded {
+            assert_eq!((taken, &bytes), (path, &contents[&name]), "{name}");
+        }
+    }
+    // The third allocation is out of memory: the load ends there, with the error of its kind.
+    let scripted = ScriptedAllocator::new(HostAllocator::new()).oom_on_allocation(2);
+    let ledger = scripted.ledger();
+    let stager = Stager::new(
+        checkpoint.clone(),
+        FaultyReader::new(HostReader),
+        scripted,
+        policy(false),
+    )
+    .unwrap();
+    let (loaded, error) = drain(stager);
+    let error = error.expect("out of memory ends the load");
+    assert_eq!(error.kind(), staging_core::ErrorKind::DeviceAllocation, "{error}");
+    assert!(error.to_string().contains("w02"), "{error}");
+    assert!(
+        loaded.iter().all(|(_, taken, _, _)| *taken == StagingPath::Device),
+        "nothing assembled on the host"
+    );
+    assert_eq!(
+        loaded.iter().map(|(n, ..)| n.as_str()).collect::<Vec<_>>(),
+        ["w00", "w01"]
+    );
+    assert_eq!(ledger.outstanding_bytes(), 0, "everything freed");
+}

@@ -72,6 +72,7 @@ pub struct StagingPolicy {
     batch_bytes: usize,
     coalesce_below: usize,
     coalesce_bytes: usize,
+    host_assembly: bool,
 }
 
 /// The default number of I/O threads: the machine's parallelism, at most 8. Measured on a 2-core
@@ -105,6 +106,7 @@ impl Default for StagingPolicy {
             batch_bytes: 256 * MIB as usize,
             coalesce_below: MIB as usize,
             coalesce_bytes: 4 * MIB as usize,
+            host_assembly: true,
         }
     }
 }
@@ -128,6 +130,7 @@ impl StagingPolicy {
             batch_bytes: self.batch_bytes,
             coalesce_below: self.coalesce_below,
             coalesce_bytes: self.coalesce_bytes,
+            host_assembly: self.host_assembly,
         }
     }
 
@@ -204,6 +207,15 @@ impl StagingPolicy {
         self.headroom_min.max(len / self.headroom_divisor.get())
     }
 
+    /// Whether a tensor without a destination that the device cannot hold is assembled in host
+    /// memory (default true: the policy's step 3). Off, a tensor takes a device buffer of its
+    /// own whatever the headroom, and a device out of memory is an error
+    /// ([`ErrorKind::DeviceAllocation`](crate::ErrorKind::DeviceAllocation)): every tensor
+    /// handed out is on the device, as a framework's own loader gives them.
+    pub fn host_assembly(&self) -> bool {
+        self.host_assembly
+    }
+
     /// Whether a tensor of `len` bytes may take the device path with `free` bytes free:
     /// `free >= len + headroom(len)`.
     pub fn fits_on_device(&self, len: u64, free: u64) -> bool {
@@ -225,6 +237,7 @@ pub struct PolicyBuilder {
     batch_bytes: usize,
     coalesce_below: usize,
     coalesce_bytes: usize,
+    host_assembly: bool,
 }
 
 impl Default for PolicyBuilder {
@@ -289,6 +302,13 @@ impl PolicyBuilder {
         self
     }
 
+    /// Whether a tensor the device cannot hold is assembled in host memory (default true); see
+    /// [`StagingPolicy::host_assembly`].
+    pub fn host_assembly(mut self, on: bool) -> Self {
+        self.host_assembly = on;
+        self
+    }
+
     /// The policy, or [`Error::Policy`] naming the setting that is zero.
     pub fn build(self) -> Result<StagingPolicy> {
         let nonzero = |value: usize, what: &str, unit: &str| {
@@ -307,6 +327,7 @@ impl PolicyBuilder {
             batch_bytes: self.batch_bytes,
             coalesce_below: self.coalesce_below,
             coalesce_bytes: self.coalesce_bytes,
+            host_assembly: self.host_assembly,
         })
     }
 }

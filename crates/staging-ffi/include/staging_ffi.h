@@ -699,7 +699,7 @@ void stg_config_free(struct stg_config *config);
    `stg_config_last_error_details`), hip or hip:N (hipFile only);
  - `memory_cap` (alias `device_memory`), `chunk_size` (also the staging size unless `staging_size` is set),
    `staging_size`, `headroom_min` (sizes); `headroom_divisor`, `threads`, `staging_slots`
-   (counts); `coalesce_below` (size); `suballocate`, `direct_io` (booleans); `map` (auto,
+   (counts); `coalesce_below` (size); `suballocate`, `host_assembly`, `direct_io` (booleans); `map` (auto,
    true, false: host tensors as mappings of their files, `STG_PATH_MAPPED`);
  - `cufile_mode` (auto, gds, compat, posix), `cufile_lib`, `hipfile_mode` (auto, hipfile,
    posix), `hipfile_lib`, `hip_lib` (paths);

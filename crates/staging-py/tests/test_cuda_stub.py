@@ -315,3 +315,77 @@ def test_cuda_destinations_are_checked_and_synchronized_in_rust(
     assert expected in result["message"], result["message"]
     assert 'tensor "w"' in result["message"], result["message"]
     assert result["deleted"] == 1, "a refused destination is released too"
+
+
+OUT_OF_MEMORY_CHILD = r"""
+import json, sys, torch
+from safetensors_staging import _native
+import safetensors_staging as st, safetensors_staging.torch as stt
+big, small = sys.argv[1], sys.argv[2]
+gpu = dict(device="cuda:0", backend="cufile", cufile_mode="compat")
+out = {}
+def handle():
+    with st.safe_open(big, "pt", **gpu) as f:
+        return f.get_tensor("big")
+def sliced():
+    with st.safe_open(big, "pt", **gpu) as f:
+        return f.get_slice("big")[:]
+doors = [("torch.load_file", lambda: stt.load_file(big, **gpu)),
+         ("load_file", lambda: st.load_file(big, **gpu)), ("safe_open", handle),
+         ("get_slice", sliced)]
+for door, call in doors:
+    try:
+        got = call()
+        out[door] = {"handed_out": str(type(got))}
+    except Exception as e:
+        out[door] = {"classes": [c.__name__ for c in type(e).__mro__],
+                     "torch": isinstance(e, torch.OutOfMemoryError),
+                     "ours": isinstance(e, st.OutOfMemoryError), "kind": e.kind, "message": str(e)}
+# The opt-in: stage()'s policy, the tensor assembled in host memory and handed out on the CPU.
+opted = stt.load_file(big, host_assembly=True, **gpu)["big"]
+out["opt_in"] = [str(opted.device), opted.view(torch.uint8).numpy().tobytes().hex()]
+loaded = st.stage(big, **gpu)
+dict(loaded.all())
+out["stage_paths"] = {k: v["tensors"] for k, v in loaded.report()["paths"].items()}
+# A tensor that fits only without the headroom: on the device without host assembly.
+for host_assembly in (True, False):
+    it = _native._stage([small], host_assembly=host_assembly, **gpu)
+    out[f"small_{host_assembly}"] = [staged.path for _, staged in it]
+print(json.dumps(out))
+"""
+
+
+def test_a_drop_in_load_on_a_gpu_is_on_the_gpu_or_raises_torchs_out_of_memory(
+    tmp_path: Path, stubs: dict
+) -> None:
+    """Issue 57.11: `load_file(..., device="cuda")` and `safe_open` handed out CPU tensors where
+    device memory ran short (the policy's host assembly), so a model loaded with
+    `assign=True` ended split across devices. Now a tensor asked for on a GPU is on it, or the
+    call raises an error that is both the library's `OutOfMemoryError` and
+    `torch.OutOfMemoryError` (what `safetensors` raises there); `host_assembly=True` opts in to
+    `stage()`'s policy, which `stage()` keeps. The stub driver holds 8 MiB: a 16 MiB tensor
+    cannot be on it; a 4 MiB one fits, but not with the policy's 256 MiB headroom."""
+    big = write_safetensors(tmp_path / "big.safetensors", [("big", "F32", (4 << 20,))], seed=3)
+    write_safetensors(tmp_path / "small.safetensors", [("small", "F32", (1 << 20,))], seed=4)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            OUT_OF_MEMORY_CHILD,
+            str(tmp_path / "big.safetensors"),
+            str(tmp_path / "small.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **stubs, "STUB_CUDA_TOTAL_MIB": "8"},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for door in ("torch.load_file", "load_file", "safe_open", "get_slice"):
+        said = result[door]
+        assert said.get("torch") and said.get("ours"), (door, said)
+        assert said["kind"] == "device-allocation" and "big" in said["message"], (door, said)
+    assert result["opt_in"] == ["cpu", big["big"].hex()]
+    assert result["stage_paths"]["host"] == 1 and result["stage_paths"]["device"] == 0
+    assert result["small_True"] == ["host"] and result["small_False"] == ["device"]

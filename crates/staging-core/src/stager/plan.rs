@@ -44,10 +44,14 @@ impl<A: DeviceAllocator> Devices<'_, A> {
     }
 
     /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
+    /// Without host assembly, the headroom is not asked for: the allocation is tried, and out
+    /// of memory is the error.
     pub(super) fn try_device(&self, meta: &TensorMeta) -> Result<DevicePlan<A::Buffer>> {
-        if !self
-            .policy
-            .fits_on_device(meta.len as u64, self.free_memory(meta)?)
+        let host_assembly = self.policy.host_assembly();
+        if host_assembly
+            && !self
+                .policy
+                .fits_on_device(meta.len as u64, self.free_memory(meta)?)
         {
             return Ok(DevicePlan::Fallback(FallbackCause::InsufficientMemory));
         }
@@ -65,7 +69,7 @@ impl<A: DeviceAllocator> Devices<'_, A> {
                 let held = Held::new(self.accounting, MemoryKind::Device, meta.len as u64);
                 Ok(DevicePlan::Allocated(DeviceTensor { buffer, held }))
             }
-            Err(AllocError::OutOfMemory { .. }) => {
+            Err(AllocError::OutOfMemory { .. }) if host_assembly => {
                 Ok(DevicePlan::Fallback(FallbackCause::AllocationRace))
             }
             Err(source) => Err(Error::Allocation {

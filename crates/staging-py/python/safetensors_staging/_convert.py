@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional
+import contextlib
+import sys
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, MutableMapping, Optional
 
 from . import _native
 from ._device import torch_device
@@ -59,6 +61,48 @@ def torch_fast() -> Any:
                 kept.append(dtype)
         _TORCH_FAST = _native._Fast(example, importer, kept)
     return _TORCH_FAST
+
+
+def on_the_device(device: Any, options: MutableMapping[str, Any]) -> Optional[int]:
+    """For a drop-in function (`load_file`, `safe_open`): where `device` names a GPU, no tensor
+    is assembled in host memory unless the caller asks (`host_assembly=True`): each tensor is
+    on that GPU, or the call raises an out-of-memory error, as `safetensors` raises torch's.
+    The GPU's ordinal (None for "cpu" and "auto")."""
+    from ._device import resolve_device
+
+    _, gpu = resolve_device(device)
+    if gpu is not None:
+        options.setdefault("host_assembly", False)
+    return gpu
+
+
+_TORCH_OOM: Dict[type, type] = {}
+
+
+@contextlib.contextmanager
+def torch_out_of_memory(gpu: Optional[int]) -> Iterator[None]:
+    """A device out of memory (`OutOfMemoryError`) on a GPU raised as a class that is both the
+    library's and `torch.OutOfMemoryError` (what `safetensors` raises there), where torch is
+    imported and has that class: code that catches torch's catches it."""
+    try:
+        yield
+    except _native.OutOfMemoryError as error:
+        torch = sys.modules.get("torch")
+        theirs = getattr(torch, "OutOfMemoryError", None)
+        if gpu is None or theirs is None or isinstance(error, theirs):
+            raise
+        kind = type(error)
+        both = _TORCH_OOM.get(kind)
+        if both is None:
+            both = type(
+                kind.__name__,
+                (kind, theirs),
+                {"__module__": kind.__module__, "__doc__": kind.__doc__},
+            )
+            _TORCH_OOM[kind] = both
+        raised = both(*error.args)
+        raised.__dict__.update(error.__dict__)
+        raise raised from error
 
 
 def written_in_place(tensors: Iterable[Any]) -> None:

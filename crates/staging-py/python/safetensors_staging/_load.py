@@ -22,7 +22,14 @@ from typing import (
 )
 
 from . import _native
-from ._convert import to_torch, torch_fast, torch_from_bytes, written_in_place
+from ._convert import (
+    on_the_device,
+    to_torch,
+    torch_fast,
+    torch_from_bytes,
+    torch_out_of_memory,
+    written_in_place,
+)
 from ._device import resolve_device
 from ._dtypes import check_unsupported_dtypes, torch_view
 from ._native import Checkpoint, InvalidOptionError, TensorInfo
@@ -405,14 +412,18 @@ def load_file(path: Paths, device: Any = "cpu", **options: Any) -> Dict[str, tor
         **options: every keyword of `stage`.
 
     Returns:
-        Every selected tensor by name. A tensor the policy assembled in host memory (device
-        memory ran short) is a CPU tensor even when a GPU was asked for;
-        `stage(...).report()["fallbacks"]` counts them.
+        Every selected tensor by name, each on `device`. Where `device` is a GPU, a tensor
+        its memory cannot hold is an `OutOfMemoryError` (also a `torch.OutOfMemoryError`), as
+        `safetensors` raises torch's, not a CPU tensor: `host_assembly=True` asks for `stage`'s
+        policy instead (such a tensor assembled in host memory and handed out on the CPU;
+        `stage(...).report()["fallbacks"]` counts them).
 
     Raises:
+        OutOfMemoryError: device memory ran short (a GPU, without `host_assembly=True`).
         StagingError: as `stage` raises.
     """
-    with stage(path, device, **options) as tensors:
+    gpu = on_the_device(device, options)
+    with torch_out_of_memory(gpu), stage(path, device, **options) as tensors:
         if isinstance(tensors, Stage):
             return tensors.all()
         return dict(tensors)  # a process group's

@@ -402,6 +402,7 @@ class LoadOptions(TypedDict, total=False):
     staging_slots: int
     coalesce_below: Union[int, str]
     suballocate: bool
+    host_assembly: bool
     direct_io: bool
     map: Union[bool, str]  # "auto" (default), True, False
     cufile_mode: str

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
-from ._convert import ToJax, ToNumpy, ToTorch
+from ._convert import ToJax, ToNumpy, ToTorch, on_the_device, torch_out_of_memory
 from ._device import resolve_device
 from ._load import paths_of
 from ._native import InvalidOptionError, SelectionError, StagingError
@@ -88,8 +88,10 @@ class safe_open:
         self._framework_name = _framework(framework)
         if options.get("backend") in ("mmap", "pread"):
             options.pop("backend")
+        self._gpu: Optional[int] = None
         if self._framework_name == "pt":
             spelled, gpu = resolve_device(device)
+            self._gpu = on_the_device(device, options)
             self._convert: Any = ToTorch(gpu)
         else:
             spelled = "cpu"
@@ -199,7 +201,8 @@ class safe_open:
                 # reads the tensor itself, and a real error comes again from there.
                 staged = None
         if staged is None:
-            staged = self._reader.read(name, fast=self._convert.fast)
+            with torch_out_of_memory(self._gpu):
+                staged = self._reader.read(name, fast=self._convert.fast)
             if self._mapped and not self._reader.last_mapped:
                 self._mapped = False  # no memory for a mapping: this handle reads ahead
         if isinstance(staged, _native._Staged):
@@ -211,8 +214,9 @@ class safe_open:
         `stage` reads), as `(name, tensor)`: for a caller that reads ahead itself. Its reads
         count in `report()` once it ends; closing the handle ends it."""
         self._check_open()
-        for name, staged in self._reader.stream(names):
-            yield name, self._convert.convert(staged, staged.dtype, list(staged.shape), name)
+        with torch_out_of_memory(self._gpu):
+            for name, staged in self._reader.stream(names):
+                yield name, self._convert.convert(staged, staged.dtype, list(staged.shape), name)
 
     def _read_ahead_after(self, name: str, position: int) -> Optional[Future[Any]]:
         """The read of `name` (at `position` in file order) already under way, if any; and the
@@ -266,15 +270,16 @@ class safe_open:
         self._check_open()
         # NumPy's and Flax's tensors are sliced by `safetensors` itself, by its own rules; torch's
         # by torch, whose rules the stand-in applies.
-        return read_slice(
-            self._reader,
-            self._convert,
-            name,
-            dtype,
-            shape,
-            key,
-            as_safetensors=self._framework_name != "pt",
-        )
+        with torch_out_of_memory(self._gpu):
+            return read_slice(
+                self._reader,
+                self._convert,
+                name,
+                dtype,
+                shape,
+                key,
+                as_safetensors=self._framework_name != "pt",
+            )
 
     def report(self) -> Dict[str, Any]:
         """Every read so far, with the keys of `stage --json`.
