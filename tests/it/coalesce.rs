@@ -419,10 +419,16 @@ fn without_host_assembly_every_tensor_is_on_the_device_or_the_load_fails(#[case]
     .unwrap();
     let (loaded, error) = drain(stager);
     let error = error.expect("out of memory ends the load");
-    assert_eq!(error.kind(), staging_core::ErrorKind::DeviceAllocation, "{error}");
+    assert_eq!(
+        error.kind(),
+        staging_core::ErrorKind::DeviceAllocation,
+        "{error}"
+    );
     assert!(error.to_string().contains("w02"), "{error}");
     assert!(
-        loaded.iter().all(|(_, taken, _, _)| *taken == StagingPath::Device),
+        loaded
+            .iter()
+            .all(|(_, taken, _, _)| *taken == StagingPath::Device),
         "nothing assembled on the host"
     );
     assert_eq!(

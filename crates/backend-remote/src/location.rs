@@ -216,9 +216,7 @@ impl Location {
             // that decodes twice would read another path there.
             if part.contains('%') {
                 let twice = percent_encoding::percent_decode_str(part).decode_utf8_lossy();
-                if twice.contains(['/', '\\'])
-                    || twice.chars().all(|c| c == '.' || c == ' ')
-                {
+                if twice.contains(['/', '\\']) || twice.chars().all(|c| c == '.' || c == ' ') {
                     return Err(format!(
                         "contains '%' that decodes to {twice:?}: a server that decodes twice \
                          would read another path"
@@ -360,7 +358,10 @@ mod tests {
             "models/a/100%/part%202.safetensors"
         );
         for (name, why) in [
-            ("%2e%2e/%2e%2e/secret/model.safetensors", "decodes to \"..\""),
+            (
+                "%2e%2e/%2e%2e/secret/model.safetensors",
+                "decodes to \"..\"",
+            ),
             ("..%2fsecret", "decodes to \"../secret\""),
             ("a%5Cb", "decodes to \"a\\\\b\""),
             ("../secret", "'..'"),

@@ -438,13 +438,15 @@ def test_every_tensor_over_the_memory_written_has_its_version_bumped(tmp_path: P
         {"weight": torch.full((8,), 2.0), "shadow": torch.full((8,), 2.0)}, path
     )
     for load in ("torch", "ours"):
-        model = _BufferOverParameter()
-        x = torch.ones(8, requires_grad=True)
-        pending = (x * model.shadow).sum()  # saves the buffer (its own version counter)
-        if load == "torch":
-            model.load_state_dict(safetensors.torch.load_file(path))
-        else:
-            load_into(model, path)
-        assert torch.equal(model.shadow, torch.full((8,), 2.0)), load
-        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            pending.backward()
+        for saved in ("weight", "shadow"):
+            model = _BufferOverParameter()
+            x = torch.ones(8, requires_grad=True)
+            # Saves one name's tensor (each has its own version counter).
+            pending = (x * getattr(model, saved).detach()).sum()
+            if load == "torch":
+                model.load_state_dict(safetensors.torch.load_file(path))
+            else:
+                load_into(model, path)
+            assert torch.equal(model.shadow, torch.full((8,), 2.0)), load
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                pending.backward()
