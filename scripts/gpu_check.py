@@ -479,6 +479,34 @@ ok = (all(v == seen["torch's context, before"] for v in seen.values())
 print(json.dumps({"ok": ok, "torch": seen, "own": own, "tensors": len(names)}))
 """
 
+# Issue 57.11: the drop-in on a GPU whose memory cannot hold a tensor. GPU memory is filled
+# with a torch allocation until less than the tensor is free; then `safetensors` (torch's
+# out-of-memory error), ours (an error that is both ours and torch's), ours with
+# `host_assembly=True` (the tensor on the CPU, its bytes equal).
+OUT_OF_MEMORY = r"""
+import json, os, sys, tempfile, torch
+import safetensors.torch, safetensors_staging as st, safetensors_staging.torch as stt
+dev = sys.argv[1]
+path = os.path.join(tempfile.mkdtemp(dir=sys.argv[2]), "big.safetensors")
+big = torch.arange(256 << 20, dtype=torch.int32)  # 1 GiB
+safetensors.torch.save_file({"big": big}, path)
+free, _ = torch.cuda.mem_get_info(dev)
+fill = torch.empty(max(free - (512 << 20), 0), dtype=torch.uint8, device=dev)  # 512 MiB left
+out = {"free_mib_before": torch.cuda.mem_get_info(dev)[0] >> 20}
+def outcome(call):
+    try:
+        t = call()["big"]
+        return {"device": str(t.device), "equal": bool(torch.equal(t.cpu(), big))}
+    except Exception as e:
+        return {"class": type(e).__name__, "torch_oom": isinstance(e, torch.OutOfMemoryError),
+                "ours": isinstance(e, st.StagingError), "message": str(e)[:160]}
+out["safetensors"] = outcome(lambda: safetensors.torch.load_file(path, device=dev))
+out["ours"] = outcome(lambda: stt.load_file(path, device=dev))
+out["ours_host_assembly"] = outcome(lambda: stt.load_file(path, device=dev, host_assembly=True))
+del fill
+print(json.dumps(out))
+"""
+
 DESTINATION_SYNC = r"""
 import glob, json, os, sys
 import torch
@@ -694,6 +722,18 @@ def python_rows(args, results, facts, total_bytes, device, env):
                 )
         else:
             facts["load_into on the GPU"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
+    if device != "cpu":
+        code, out, err, *_ = run_child(
+            [sys.executable, "-c", OUT_OF_MEMORY, device, args.dir], env=env, gpu=True
+        )
+        if code == 0:
+            r = json.loads(out.strip().splitlines()[-1])
+            facts["drop-in load_file of a 1 GiB tensor with 512 MiB free (issue 57.11)"] = (
+                f"safetensors: {r['safetensors']}; ours: {r['ours']}; "
+                f"ours with host_assembly=True: {r['ours_host_assembly']}"
+            )
+        else:
+            facts["drop-in out of memory"] = f"failed: {(err.strip().splitlines() or ['?'])[-1]}"
     minilm = os.path.join(os.path.dirname(os.path.abspath(args.stage)), "minilm")
     if os.path.isdir(minilm):
         work = os.path.join(args.dir, "minilm-seeded")
