@@ -382,15 +382,17 @@ fn a_destination_tensor_splits_the_run_around_it() {
 fn without_host_assembly_every_tensor_is_on_the_device_or_the_load_fails(#[case] threads: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (checkpoint, contents) = write(dir.path(), &floats("w", 4, 64 << 10));
-    let policy = |host_assembly: bool| {
+    let budgeted = |host_assembly: bool, budget: u64| {
         StagingPolicy::builder()
             .io_threads(threads)
             .coalesce_below(0)
-            .memory_budget(Some(1 << 20)) // far below each tensor's headroom
+            .memory_budget(Some(budget))
             .host_assembly(host_assembly)
             .build()
             .unwrap()
     };
+    // Far below each tensor's headroom; the four tensors (256 KiB each) fit it exactly.
+    let policy = |host_assembly: bool| budgeted(host_assembly, 1 << 20);
     // With it, the headroom sends every tensor to the host; without it, each is on the device.
     for (host_assembly, path) in [(true, StagingPath::Host), (false, StagingPath::Device)] {
         let stager = Stager::new(
@@ -436,4 +438,32 @@ fn without_host_assembly_every_tensor_is_on_the_device_or_the_load_fails(#[case]
         ["w00", "w01"]
     );
     assert_eq!(ledger.outstanding_bytes(), 0, "everything freed");
+    // The caller's budget still bounds what the load holds: 600 KiB hold two tensors kept by
+    // the caller, not a third.
+    let mut stager = Stager::new(
+        checkpoint,
+        FaultyReader::new(HostReader),
+        HostAllocator::new(),
+        budgeted(false, 600 << 10),
+    )
+    .unwrap();
+    let mut loaded = Vec::new();
+    let mut error = None;
+    while let Some(item) = stager.next() {
+        match item {
+            Ok(tensor) => loaded.push(tensor),
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    let error = error.expect("over the budget ends the load");
+    assert_eq!(
+        error.kind(),
+        staging_core::ErrorKind::DeviceAllocation,
+        "{error}"
+    );
+    assert!(error.to_string().contains("memory_cap"), "{error}");
+    assert_eq!(loaded.len(), 2, "{error}");
 }

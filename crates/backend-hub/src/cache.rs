@@ -102,6 +102,13 @@ impl RepoCache {
         Ok(())
     }
 
+    /// Whether the cache can be written: its folders made (or there) and a file created in its
+    /// blobs (an unnamed temporary one, gone at once). A mounted, read-only cache has its
+    /// folders and `.locks/` already, so making them is no test.
+    pub(crate) fn writable(&self) -> bool {
+        self.prepare().is_ok() && tempfile::tempfile_in(self.repo.join("blobs")).is_ok()
+    }
+
     /// `refs/<revision>` = `commit`, written atomically (a temporary file renamed), and only
     /// when it says something else.
     pub(crate) fn write_ref(&self, revision: &str, commit: &str) -> io::Result<()> {

@@ -172,9 +172,23 @@ fn from_cache(
     let commit_of = |of: &HubPath| match open_offline(of, dirs, Arc::default())? {
         Opened::Cached { commit, .. } | Opened::Streamed { commit, .. } => Ok(commit),
     };
-    let (commit, since) = (commit_of(what)?, commit_of(old)?);
+    let commit = commit_of(what)?;
+    // `since`'s snapshot missing (the model came from elsewhere, or the cache was pruned):
+    // nothing is known to match, and every file is changed, as a plain load reads it all.
+    let (since, old_files, why) = match commit_of(old) {
+        Ok(since) => {
+            let files = snapshot_files(&dirs.snapshot(&since));
+            (since, files, why)
+        }
+        Err(_) => {
+            let revision = old.revision_or_main().to_owned();
+            let why = format!(
+                "{why}; the cache has no snapshot of {revision}: every file taken as changed"
+            );
+            (revision, HashMap::new(), why)
+        }
+    };
     let new_files = snapshot_files(&dirs.snapshot(&commit));
-    let old_files = snapshot_files(&dirs.snapshot(&since));
     let mut changed: Vec<String> = new_files
         .iter()
         .filter(|(name, file)| {

@@ -546,7 +546,7 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
             && dirs.read_ref(what.revision_or_main()).as_deref() == Some(commit.as_str());
         // A cache whose folders cannot be made (read-only) is not written, and nothing is
         // fetched for it.
-        if !complete && dirs.prepare().is_ok() {
+        if !complete && dirs.writable() {
             let _ = dirs.write_ref(what.revision_or_main(), &commit);
             for file in weight_files.iter().chain(&small) {
                 if linked(file) {
@@ -582,7 +582,14 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         let index_file = index
             .as_ref()
             .and_then(|i| by_path.get(i.as_str()).copied());
-        let needed: Vec<&TreeFile> = weight_files.iter().copied().chain(index_file).collect();
+        // Another snapshot must hold every file this commit's would (the config and tokenizer
+        // too: a caller reads them from the snapshot reported), but for documentation.
+        let needed: Vec<&TreeFile> = weight_files
+            .iter()
+            .copied()
+            .chain(index_file)
+            .chain(small.iter().copied().filter(|f| !is_documentation(&f.path)))
+            .collect();
         let holder = if needed.iter().all(|f| linked(f)) {
             Some((snapshot.clone(), None))
         } else {
@@ -747,7 +754,8 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         revision: what.revision_or_main().to_owned(),
         commit: commit.clone(),
         path: what.path.clone().unwrap_or_default(),
-        snapshot: hub.cache.then_some(snapshot),
+        // Not this commit's snapshot where the cache could not be updated: it was not made.
+        snapshot: (hub.cache && read_only.is_none()).then_some(snapshot),
         cached: false,
         files: index.iter().chain(&weight_names).cloned().collect(),
         counters,
@@ -759,6 +767,13 @@ pub fn open(path: &Path, options: &Options, hub: &HubOptions) -> Result<Opened, 
         commit,
         facts,
     })
+}
+
+/// Whether `path` is a repository's documentation (`README.md`, any `*.md`, `.gitattributes`),
+/// which no load or loader reads.
+fn is_documentation(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.to_ascii_lowercase().ends_with(".md") || name == ".gitattributes"
 }
 
 impl Opened {

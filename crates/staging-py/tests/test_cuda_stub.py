@@ -324,23 +324,41 @@ import safetensors_staging as st, safetensors_staging.torch as stt
 big, small = sys.argv[1], sys.argv[2]
 gpu = dict(device="cuda:0", backend="cufile", cufile_mode="compat")
 out = {}
-def handle():
-    with st.safe_open(big, "pt", **gpu) as f:
+def handle(**more):
+    with st.safe_open(big, "pt", **gpu, **more) as f:
         return f.get_tensor("big")
-def sliced():
-    with st.safe_open(big, "pt", **gpu) as f:
+def sliced(**more):
+    with st.safe_open(big, "pt", **gpu, **more) as f:
         return f.get_slice("big")[:]
+def moved_by_torch():
+    # safe_open keeps the policy (a slice of a tensor too large for the GPU needs it) and moves
+    # a host-assembled tensor to the GPU: torch's allocator running out there, simulated (this
+    # torch has no CUDA), is the same error.
+    real = torch.Tensor.to
+    def to(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB")
+    torch.Tensor.to = to
+    try:
+        return handle()
+    finally:
+        torch.Tensor.to = real
 doors = [("torch.load_file", lambda: stt.load_file(big, **gpu)),
-         ("load_file", lambda: st.load_file(big, **gpu)), ("safe_open", handle),
-         ("get_slice", sliced)]
+         ("load_file", lambda: st.load_file(big, **gpu)),
+         ("memory_cap", lambda: stt.load_file(small, memory_cap="1MiB", **gpu)),
+         ("safe_open", lambda: handle(host_assembly=False)),
+         ("get_slice", lambda: sliced(host_assembly=False)),
+         ("safe_open moved", moved_by_torch)]
+import pickle
 for door, call in doors:
     try:
         got = call()
         out[door] = {"handed_out": str(type(got))}
     except Exception as e:
+        back = pickle.loads(pickle.dumps(e))
         out[door] = {"classes": [c.__name__ for c in type(e).__mro__],
                      "torch": isinstance(e, torch.OutOfMemoryError),
-                     "ours": isinstance(e, st.OutOfMemoryError), "kind": e.kind, "message": str(e)}
+                     "ours": isinstance(e, st.OutOfMemoryError), "kind": e.kind, "message": str(e),
+                     "pickled": type(back) is type(e) and str(back) == str(e)}
 # The opt-in: stage()'s policy, the tensor assembled in host memory and handed out on the CPU.
 opted = stt.load_file(big, host_assembly=True, **gpu)["big"]
 out["opt_in"] = [str(opted.device), opted.view(torch.uint8).numpy().tobytes().hex()]
@@ -362,9 +380,12 @@ def test_a_drop_in_load_on_a_gpu_is_on_the_gpu_or_raises_torchs_out_of_memory(
     device memory ran short (the policy's host assembly), so a model loaded with
     `assign=True` ended split across devices. Now a tensor asked for on a GPU is on it, or the
     call raises an error that is both the library's `OutOfMemoryError` and
-    `torch.OutOfMemoryError` (what `safetensors` raises there); `host_assembly=True` opts in to
-    `stage()`'s policy, which `stage()` keeps. The stub driver holds 8 MiB: a 16 MiB tensor
-    cannot be on it; a 4 MiB one fits, but not with the policy's 256 MiB headroom."""
+    `torch.OutOfMemoryError` (what `safetensors` raises there), and pickles; `host_assembly=True`
+    opts `load_file` in to `stage()`'s policy, which `stage()` keeps; `memory_cap` still bounds
+    the load. `safe_open` keeps the policy and moves a host-assembled tensor to the GPU (where
+    torch's own out-of-memory error becomes the same class). The stub driver holds 8 MiB: a
+    16 MiB tensor cannot be on it; a 4 MiB one fits, but not with the policy's 256 MiB
+    headroom."""
     big = write_safetensors(tmp_path / "big.safetensors", [("big", "F32", (4 << 20,))], seed=3)
     write_safetensors(tmp_path / "small.safetensors", [("small", "F32", (1 << 20,))], seed=4)
     out = subprocess.run(
@@ -382,10 +403,15 @@ def test_a_drop_in_load_on_a_gpu_is_on_the_gpu_or_raises_torchs_out_of_memory(
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    for door in ("torch.load_file", "load_file", "safe_open", "get_slice"):
+    for door in ("torch.load_file", "load_file", "memory_cap", "safe_open", "get_slice"):
         said = result[door]
-        assert said.get("torch") and said.get("ours"), (door, said)
-        assert said["kind"] == "device-allocation" and "big" in said["message"], (door, said)
+        assert said.get("torch") and said.get("ours") and said["pickled"], (door, said)
+        assert said["kind"] == "device-allocation", (door, said)
+        assert ("small" if door == "memory_cap" else "big") in said["message"], (door, said)
+    assert "memory_cap" in result["memory_cap"]["message"]
+    moved = result["safe_open moved"]
+    assert moved.get("torch") and moved.get("ours") and moved["pickled"], moved
+    assert "CUDA out of memory" in moved["message"]
     assert result["opt_in"] == ["cpu", big["big"].hex()]
     assert result["stage_paths"]["host"] == 1 and result["stage_paths"]["device"] == 0
     assert result["small_True"] == ["host"] and result["small_False"] == ["device"]

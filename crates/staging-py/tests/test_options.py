@@ -48,6 +48,7 @@ TABLE: List[Dict[str, Any]] = [
         "staging_slots": 4,
         "coalesce_below": 0,
         "suballocate": False,
+        "host_assembly": False,
         "direct_io": True,
         "map": False,
     },

@@ -895,23 +895,31 @@ def test_the_garbage_collector_of_other_threads_is_left_alone(tmp_path: Path) ->
         "ours": lambda: safetensors_staging.torch.load_file(path),
         "ours (stage)": lambda: st.load_file(path),
     }
+    import _thread
+
     for who, load in loads.items():
-        seen_off, stop = [], threading.Event()
+        # A watcher started by `threading`, and one by `_thread` (as C code or an extension
+        # would start it: `threading` does not count it).
+        for started_by in ("threading", "_thread"):
+            seen_off, stop, stopped = [], threading.Event(), threading.Event()
 
-        def watch() -> None:
-            while not stop.is_set():
-                if not gc.isenabled():
-                    seen_off.append(True)
+            def watch() -> None:
+                while not stop.is_set():
+                    if not gc.isenabled():
+                        seen_off.append(True)
+                stopped.set()
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
-            for _ in range(3):
-                load()
-        finally:
-            stop.set()
-            watcher.join()
-        assert not seen_off, f"{who}: another thread ran without the collector"
+            if started_by == "threading":
+                threading.Thread(target=watch).start()
+            else:
+                _thread.start_new_thread(watch, ())
+            try:
+                for _ in range(3):
+                    load()
+            finally:
+                stop.set()
+                stopped.wait(10)
+            assert not seen_off, f"{who}: a {started_by} thread ran without the collector"
         # A thread's own gc.disable() made during the loads stays.
         started, disabled = threading.Event(), threading.Event()
 

@@ -225,6 +225,28 @@ def test_5_since_during_an_outage_compares_the_cached_snapshots(hub: FakeHub, st
     assert str(status) in plain.report()["hub"]["note"]
 
 
+@pytest.mark.parametrize("how", ["outage", "offline"])
+def test_5_since_not_in_the_cache_writes_everything(
+    hub: FakeHub, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new commit cached, `since`'s never: every file is taken as changed, as a plain load
+    (which works there) reads them all."""
+    repo = f"org/since-uncached-{how}"
+    v1 = hub.add_repo(repo, {"model.safetensors": blob({"w": full(1)})})
+    hub.add_commit(repo, {"model.safetensors": blob({"w": full(2)})})
+    expected = stt.load_file(f"hf://{repo}")
+    if how == "outage":
+        hub.set_faults(outage=503)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = {"w": full(1)}
+    result = load_into(target, f"hf://{repo}", since=v1)
+    equal(target, expected)
+    since = result.report["since"]
+    assert since["changed"] == ["model.safetensors"] and since["unchanged"] == []
+    assert "no snapshot of" in since["note"] and since["compared"] == "cache"
+
+
 def test_5_an_outage_with_nothing_cached_still_fails(hub: FakeHub) -> None:
     repo = "org/outage-uncached"
     v1 = hub.add_repo(repo, {"model.safetensors": blob({"w": full(1)})})
@@ -236,30 +258,44 @@ def test_5_an_outage_with_nothing_cached_still_fails(hub: FakeHub) -> None:
 # --- 6. a complete read-only cache --------------------------------------------------------
 
 
-@pytest.mark.parametrize("snapshot", ["kept", "gone"])
+@pytest.mark.parametrize(
+    "snapshot,edit,locks",
+    [
+        ("kept", "README.md", False),
+        ("kept", "README.md", True),
+        ("gone", "README.md", False),
+        ("kept", "config.json", True),
+    ],
+    ids=["readme", "readme-with-locks", "snapshot-gone", "config-edit"],
+)
 def test_6_a_read_only_cache_loads_after_a_commit_of_the_same_weights(
-    hub: FakeHub, sharded_dir: Path, snapshot: str
+    hub: FakeHub, sharded_dir: Path, snapshot: str, edit: str, locks: bool
 ) -> None:
-    """A mounted model volume (no `.locks/`, nothing writable) while the Hub's `main` moves to
-    a commit that edits the README alone: the weights are all in the blobs, and in the old
-    commit's snapshot (read from there) or in no snapshot at all (read from the blobs)."""
+    """A mounted model volume (nothing writable, with or without `.locks/`) while the Hub's
+    `main` moves to a commit of the same weights: the weights are all in the blobs, and in the
+    old commit's snapshot (read from there when it holds the same files but the README) or in
+    no snapshot that does (read from the blobs, no snapshot reported: the old one's config is
+    not the new commit's)."""
     from test_hub import assert_equal, source_tensors
     from test_hub_deploy import both_cached, hf_snapshot, immutable
 
     theirs_cache = both_cached(hub)
     caches = (theirs_cache, hub.cache)
     for cache in caches:
-        subprocess.run(["rm", "-rf", str(cache / ".locks")], check=True)
+        if not locks:
+            subprocess.run(["rm", "-rf", str(cache / ".locks")], check=True)
     if snapshot == "gone":
         shutil.rmtree(hub.cache / f"models--{REPO.replace('/', '--')}" / "snapshots")
     files = files_of(sharded_dir)
-    files["README.md"] = b"# edited"
+    files[edit] = b'{"edited": true}'
     new = hub.add_commit(REPO, files)
+    hub.clear_log()
     before = sorted(p.relative_to(hub.cache).as_posix() for p in hub.cache.rglob("*"))
     flagged = []
     try:
         flagged = [immutable(cache, True) for cache in caches]
         theirs, _ = hf_snapshot(hub, theirs_cache)
+        hub.clear_log()
         loaded = st.stage(f"hf://{REPO}")
         tensors = loaded.all()
         report = loaded.report()
@@ -277,8 +313,15 @@ def test_6_a_read_only_cache_loads_after_a_commit_of_the_same_weights(
     assert_equal(target, source_tensors(sharded_dir))
     hub_report = report["hub"]
     assert hub_report["commit"] == new and "could not be updated" in hub_report["note"]
-    read_from = "its blobs" if snapshot == "gone" else "the snapshot of"
+    from_blobs = snapshot == "gone" or edit == "config.json"
+    read_from = "its blobs" if from_blobs else "the snapshot of"
     assert read_from in hub_report["note"], hub_report["note"]
+    if from_blobs:
+        assert hub_report["snapshot"] is None, "no snapshot holds the new commit's files"
+    else:
+        assert Path(hub_report["snapshot"]).name == hub.sharded
+    # Nothing fetched for a cache that cannot be written: the weights and small files alike.
+    assert not [e for e in hub.log() if "/resolve/" in e.path or e.server == "cdn"], hub.log()
     assert hub_report["bytes_downloaded"] == 0
     after = sorted(p.relative_to(hub.cache).as_posix() for p in hub.cache.rglob("*"))
     assert after == before, "nothing written"
@@ -451,10 +494,14 @@ def test_since_is_a_plain_load_into_over_random_pairs_of_revisions(
             unread += 1
             continue
         was, now = writers(old_files), writers(new_files)
+        # From the cache, a tied group is always written (`since`'s snapshot may lack a copy's
+        # file, and a folder's headers do not say so).
+        from_cache = since["compared"] == "cache"
         expected_unchanged = sorted(
             name
             for group, (writer, file) in now.items()
             if was.get(group) == (writer, file) and file not in changed
+            if not (from_cache and len(group) > 1)
             for name in group
             if name in {t for tensors in new_files.values() for t in tensors}
         )
@@ -468,3 +515,29 @@ def test_since_is_a_plain_load_into_over_random_pairs_of_revisions(
     print(f"{CASES} cases: {wrote_some} wrote, {skipped_some} left some alone, {unread} unread")
     assert wrote_some > CASES // 4 and skipped_some > CASES // 4, (wrote_some, skipped_some)
     assert unread < CASES // 10, unread
+
+
+def test_offline_a_tied_copy_missing_from_since_s_snapshot_is_still_written(
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`since` had both tied copies (`h` wrote the group), its snapshot lost `h`'s file, the new
+    commit drops it: a folder's headers do not show `h`, so from the cache a tied group is
+    written, as a plain load leaves it."""
+    repo = "org/tied-partial"
+    f, g = blob({"e": full(1)}), blob({"h": full(2)})
+    v1 = hub.add_repo(repo, {"F.safetensors": f, "G.safetensors": g})
+    tied = full(0)
+    target = {"e": tied, "h": tied}  # one tensor: `h`, the last name, writes it
+    load_into(target, f"hf://{repo}")
+    assert torch.equal(target["e"], full(2))
+    hub.add_commit(repo, {"F.safetensors": f})
+    stt.load_file(f"hf://{repo}")
+    snapshot = hub.cache / "models--org--tied-partial" / "snapshots" / v1
+    (snapshot / "G.safetensors").unlink()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    plain = {"e": full(0), "h": full(0)}
+    plain["h"] = plain["e"]
+    load_into(plain, f"hf://{repo}")
+    result = load_into(target, f"hf://{repo}", since=v1)
+    assert torch.equal(target["e"], plain["e"]) and torch.equal(target["e"], full(1))
+    assert result.report["since"]["unchanged"] == []

@@ -45,7 +45,8 @@ impl<A: DeviceAllocator> Devices<'_, A> {
 
     /// Step 2 of the policy: a device buffer of its own when free memory leaves the headroom.
     /// Without host assembly, the headroom is not asked for: the allocation is tried, and out
-    /// of memory is the error.
+    /// of memory is the error; a caller's budget (`memory_cap`) still bounds the load, the
+    /// tensor itself, without headroom, having to fit what is left of it.
     pub(super) fn try_device(&self, meta: &TensorMeta) -> Result<DevicePlan<A::Buffer>> {
         let host_assembly = self.policy.host_assembly();
         if host_assembly
@@ -54,6 +55,23 @@ impl<A: DeviceAllocator> Devices<'_, A> {
                 .fits_on_device(meta.len as u64, self.free_memory(meta)?)
         {
             return Ok(DevicePlan::Fallback(FallbackCause::InsufficientMemory));
+        }
+        if !host_assembly && let Some(budget) = self.policy.memory_budget() {
+            let left = budget.saturating_sub(self.accounting.device_in_use());
+            if meta.len as u64 > left {
+                return Err(Error::Allocation {
+                    tensor: meta.name.clone(),
+                    file: meta.file.to_path_buf(),
+                    offset: meta.offset,
+                    source: AllocError::OutOfMemory {
+                        requested: meta.len,
+                        detail: format!(
+                            "{left} bytes left of the load's budget (memory_cap) of {budget}, and \
+                             host assembly is off"
+                        ),
+                    },
+                });
+            }
         }
         match self.allocator.allocate(meta.len) {
             Ok(buffer) if buffer.len() != meta.len => Err(Error::Allocation {

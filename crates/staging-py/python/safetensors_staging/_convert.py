@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, MutableMapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, MutableMapping, Optional
 
 from . import _native
 from ._device import torch_device
@@ -64,10 +64,11 @@ def torch_fast() -> Any:
 
 
 def on_the_device(device: Any, options: MutableMapping[str, Any]) -> Optional[int]:
-    """For a drop-in function (`load_file`, `safe_open`): where `device` names a GPU, no tensor
-    is assembled in host memory unless the caller asks (`host_assembly=True`): each tensor is
-    on that GPU, or the call raises an out-of-memory error, as `safetensors` raises torch's.
-    The GPU's ordinal (None for "cpu" and "auto")."""
+    """For `load_file`: where `device` names a GPU, no tensor is assembled in host memory unless
+    the caller asks (`host_assembly=True`): each tensor is on that GPU, or the call raises an
+    out-of-memory error, as `safetensors` raises torch's. The GPU's ordinal (None for "cpu"
+    and "auto"). (`safe_open` keeps the policy and moves a host-assembled tensor to the GPU,
+    which a slice of a tensor too large for the GPU needs.)"""
     from ._device import resolve_device
 
     _, gpu = resolve_device(device)
@@ -76,32 +77,57 @@ def on_the_device(device: Any, options: MutableMapping[str, Any]) -> Optional[in
     return gpu
 
 
-_TORCH_OOM: Dict[type, type] = {}
+def _torch_out_of_memory_class() -> Optional[type]:
+    """`TorchOutOfMemoryError`: the library's `OutOfMemoryError` and `torch.OutOfMemoryError`
+    at once; None where torch is not imported or has no such class."""
+    made = globals().get("_TORCH_OOM")
+    if made is not None:
+        return made
+    torch = sys.modules.get("torch")
+    theirs = getattr(torch, "OutOfMemoryError", None)
+    if theirs is None:
+        return None
+    made = type(
+        "TorchOutOfMemoryError",
+        (_native.OutOfMemoryError, theirs),
+        {
+            "__module__": __name__,
+            "__qualname__": "TorchOutOfMemoryError",
+            "__doc__": "Device memory ran short on a GPU: the library's `OutOfMemoryError` "
+            "(kind `device-allocation`) and `torch.OutOfMemoryError`, as `safetensors` raises.",
+        },
+    )
+    globals()["_TORCH_OOM"] = globals()["TorchOutOfMemoryError"] = made
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    # `TorchOutOfMemoryError` is made once torch is imported: a pickled one (sent back by a
+    # worker process) is found here by name.
+    if name == "TorchOutOfMemoryError":
+        import torch  # noqa: F401  (the class subclasses torch's)
+
+        return _torch_out_of_memory_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager
 def torch_out_of_memory(gpu: Optional[int]) -> Iterator[None]:
-    """A device out of memory (`OutOfMemoryError`) on a GPU raised as a class that is both the
-    library's and `torch.OutOfMemoryError` (what `safetensors` raises there), where torch is
-    imported and has that class: code that catches torch's catches it."""
+    """Device memory running short on a GPU (the library's `OutOfMemoryError`, or torch's from
+    moving a tensor there) raised as `TorchOutOfMemoryError`: both the library's and
+    `torch.OutOfMemoryError` (what `safetensors` raises there), where torch has that class;
+    code that catches either catches it."""
+    torch = sys.modules.get("torch")
+    theirs = getattr(torch, "OutOfMemoryError", None)
+    caught: Any = (_native.OutOfMemoryError,) + ((theirs,) if theirs is not None else ())
     try:
         yield
-    except _native.OutOfMemoryError as error:
-        torch = sys.modules.get("torch")
-        theirs = getattr(torch, "OutOfMemoryError", None)
-        if gpu is None or theirs is None or isinstance(error, theirs):
+    except caught as error:
+        both = _torch_out_of_memory_class() if gpu is not None else None
+        if both is None or isinstance(error, both):
             raise
-        kind = type(error)
-        both = _TORCH_OOM.get(kind)
-        if both is None:
-            both = type(
-                kind.__name__,
-                (kind, theirs),
-                {"__module__": kind.__module__, "__doc__": kind.__doc__},
-            )
-            _TORCH_OOM[kind] = both
         raised = both(*error.args)
-        raised.__dict__.update(error.__dict__)
+        raised.__dict__.update(getattr(error, "__dict__", {}))
         raise raised from error
 
 

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import os
+import sys
 import threading
 from typing import (
     TYPE_CHECKING,
@@ -76,7 +77,10 @@ def gc_paused() -> Iterator[None]:
     the collector, and a `gc.disable()` it made meanwhile would be undone at the end), and only
     when the collector is on; resumed only where this paused it. `safetensors` never touches
     the collector: with any other thread alive, neither does this."""
-    pause = gc.isenabled() and threading.active_count() == 1
+    # Both counts: `threading`'s threads, and every thread running Python now (one started by
+    # `_thread` or by C code is not in `threading`'s).
+    alone = threading.active_count() == 1 and len(sys._current_frames()) == 1
+    pause = gc.isenabled() and alone
     if pause:
         gc.disable()
     try:

@@ -257,6 +257,11 @@ def _held_already(
     was = {info.name: _native._hub_repository_path(str(info.file), since) for info in before}
     held = set()
     for name in candidates:
+        if changes["compared"] == "cache" and len(group_of[name]) > 1:
+            # From the cache, `since`'s snapshot may lack a file of a tied copy (a load that
+            # read another copy did not cache it), and a folder's headers do not say so: the
+            # writer at `since` is not known, and the group is written.
+            continue
         writer = [n for n in group_of[name] if n in was][-1:]
         if writer == [name] and was[name] == here[name]:
             held.add(name)
@@ -438,6 +443,7 @@ def load_into(
                 raise  # nothing was written: the target is as it was
             done_names = set(written) | set(now)
             unchanged = [n for n in loading if n not in done_names and n not in set(partly)]
+            unchanged += left  # left alone by `since=`: their bytes are the revision's
             raise _partial(cause, written + now, partly, unchanged) from cause
         # Every tensor over the memory written, each its own autograd version (a buffer
         # registered as a parameter's `.data` has one apart), as `load_state_dict` bumps each.

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
-from ._convert import ToJax, ToNumpy, ToTorch, on_the_device, torch_out_of_memory
+from ._convert import ToJax, ToNumpy, ToTorch, torch_out_of_memory
 from ._device import resolve_device
 from ._load import paths_of
 from ._native import InvalidOptionError, SelectionError, StagingError
@@ -91,7 +91,7 @@ class safe_open:
         self._gpu: Optional[int] = None
         if self._framework_name == "pt":
             spelled, gpu = resolve_device(device)
-            self._gpu = on_the_device(device, options)
+            self._gpu = gpu
             self._convert: Any = ToTorch(gpu)
         else:
             spelled = "cpu"
@@ -190,6 +190,10 @@ class safe_open:
             SelectionError: the checkpoint has no tensor `name`.
             SafetensorError: the handle is closed.
         """
+        with torch_out_of_memory(self._gpu):
+            return self._get_tensor(name)
+
+    def _get_tensor(self, name: str) -> Any:
         position = self._position_of(name)
         pending = self._read_ahead_after(name, position)
         staged = None
@@ -201,8 +205,7 @@ class safe_open:
                 # reads the tensor itself, and a real error comes again from there.
                 staged = None
         if staged is None:
-            with torch_out_of_memory(self._gpu):
-                staged = self._reader.read(name, fast=self._convert.fast)
+            staged = self._reader.read(name, fast=self._convert.fast)
             if self._mapped and not self._reader.last_mapped:
                 self._mapped = False  # no memory for a mapping: this handle reads ahead
         if isinstance(staged, _native._Staged):
