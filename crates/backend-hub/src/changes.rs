@@ -147,12 +147,7 @@ fn from_hub<'a>(
     if hub.cache && !is_commit(revision) && dirs.prepare().is_ok() {
         let _ = dirs.write_ref(revision, &commit);
     }
-    let mut changed: Vec<String> = new_files
-        .iter()
-        .filter(|(name, blob)| old_files.get(*name) != Some(*blob))
-        .map(|(name, _)| name.clone())
-        .collect();
-    changed.sort();
+    let changed = sorted_changes(&new_files, |name, blob| old_files.get(name) == Some(blob));
     Ok(Compared {
         commit,
         since,
@@ -189,16 +184,9 @@ fn from_cache(
         }
     };
     let new_files = snapshot_files(&dirs.snapshot(&commit));
-    let mut changed: Vec<String> = new_files
-        .iter()
-        .filter(|(name, file)| {
-            !old_files
-                .get(*name)
-                .is_some_and(|old| same_bytes(file, old))
-        })
-        .map(|(name, _)| name.clone())
-        .collect();
-    changed.sort();
+    let changed = sorted_changes(&new_files, |name, file| {
+        old_files.get(name).is_some_and(|old| same_bytes(file, old))
+    });
     Ok(Compared {
         commit,
         since,
@@ -206,6 +194,17 @@ fn from_cache(
         compared: "cache",
         note: Some(why),
     })
+}
+
+/// The files of `new` whose bytes `same` does not say are the old ones, sorted.
+fn sorted_changes<T>(new: &HashMap<String, T>, same: impl Fn(&str, &T) -> bool) -> Vec<String> {
+    let mut changed: Vec<String> = new
+        .iter()
+        .filter(|(name, file)| !same(name, file))
+        .map(|(name, _)| name.clone())
+        .collect();
+    changed.sort();
+    changed
 }
 
 /// A file of a snapshot: a link into the blobs (by the blob's name), or a plain file.

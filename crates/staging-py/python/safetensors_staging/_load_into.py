@@ -435,10 +435,19 @@ def load_into(
         except BaseException as cause:
             now = list(getattr(cause, "written", []))
             partly = list(getattr(cause, "partly_written", []))
-            try:
-                written_in_place(tensors[n] for name in now + partly for n in group_of[name])
-            except Exception:  # never in place of what says which tensors hold what
-                pass
+            for _ in range(3):
+                try:
+                    bumped = (tensors[n] for name in now + partly for n in group_of[name])
+                    written_in_place(bumped)
+                    break
+                except KeyboardInterrupt as late:
+                    # A Ctrl-C whose Python handler runs only now (it stopped the load from
+                    # Rust first): what it stopped is still said, the Ctrl-C the cause.
+                    if not isinstance(cause, KeyboardInterrupt):
+                        late.__context__ = cause
+                        cause = late
+                except Exception:  # never in place of what says which tensors hold what
+                    break
             if not written and not now and not partly:
                 raise  # nothing was written: the target is as it was
             done_names = set(written) | set(now)
