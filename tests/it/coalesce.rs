@@ -440,7 +440,7 @@ fn without_host_assembly_every_tensor_is_on_the_device_or_the_load_fails(#[case]
     assert_eq!(ledger.outstanding_bytes(), 0, "everything freed");
     // The caller's budget still bounds what the load holds: 600 KiB hold two tensors kept by
     // the caller, not a third.
-    let mut stager = Stager::new(
+    let stager = Stager::new(
         checkpoint,
         FaultyReader::new(HostReader),
         HostAllocator::new(),
@@ -449,7 +449,7 @@ fn without_host_assembly_every_tensor_is_on_the_device_or_the_load_fails(#[case]
     .unwrap();
     let mut loaded = Vec::new();
     let mut error = None;
-    while let Some(item) = stager.next() {
+    for item in stager {
         match item {
             Ok(tensor) => loaded.push(tensor),
             Err(e) => {
