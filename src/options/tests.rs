@@ -72,7 +72,7 @@ fn every_key_sets_its_field_and_a_bad_value_changes_nothing() {
         (_, "allow_redirect") => "cdn.example.com",
         (ValueKind::Size, _) => "2MiB",
         (ValueKind::Count, _) => "3",
-        (ValueKind::Bool, "suballocate" | "cache") => "false",
+        (ValueKind::Bool, "suballocate" | "host_assembly" | "cache") => "false",
         (ValueKind::Bool, _) => "true",
         (ValueKind::Path, _) => "/x.so",
         (_, _) => "layers.*",
