@@ -102,17 +102,6 @@ pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<i64> {
     strides
 }
 
-/// Compact row-major strides: the product of the later dimensions (0 after a dimension of 0).
-fn compact_strides(shape: &[usize]) -> Vec<i64> {
-    let mut strides = vec![0_i64; shape.len()];
-    let mut stride = 1_i64;
-    for (axis, &dimension) in shape.iter().enumerate().rev() {
-        strides[axis] = stride;
-        stride = stride.saturating_mul(i64::try_from(dimension).unwrap_or(i64::MAX));
-    }
-    strides
-}
-
 /// One loaded tensor, as handed to Python: its metadata, where it landed, and its memory.
 #[pyclass(module = "safetensors_staging._native", name = "_Staged", frozen)]
 pub(crate) struct Staged {
@@ -240,13 +229,14 @@ impl Staged {
         // The byte view keeps compact strides: a framework's `.view(dtype)` of an empty byte
         // view needs strides divisible by the element size, and 0 is (the conversion gives the
         // typed tensor torch's strides).
-        let strides = if self.as_bytes {
-            compact_strides(&shape)
+        let owner = Arc::clone(&self.owner);
+        let initialized = if self.as_bytes {
+            Dynamic::compact(shape).initialize_as::<M>(owner)
         } else {
-            row_major_strides(&shape)
+            let strides = row_major_strides(&shape);
+            Dynamic::new(shape, strides).initialize_as::<M>(owner)
         };
-        let mut initialized = Dynamic::new(shape, strides)
-            .initialize_as::<M>(Arc::clone(&self.owner))
+        let mut initialized = initialized
             .map_err(|e| PyBufferError::new_err(format!("tensor {:?}: {e}", self.name)))?;
         initialized
             .set_data(self.address as *mut std::ffi::c_void)
@@ -256,8 +246,9 @@ impl Staged {
         // (the header holds an `Arc` of it until its deleter runs), `nbytes` long, which is
         // exactly what the shape and dtype describe (the format checked `shape * bits / 8 ==
         // nbytes`; the byte view has `nbytes` elements of one byte); the strides are row-major
-        // (`row_major_strides`: the compact ones wherever an element exists); no flags are set, and the memory is writable
-        // and this tensor's alone (a mapped tensor's is a private, copy-on-write mapping: a
+        // (`row_major_strides`, or `Dynamic::compact`'s for the byte view: the same wherever
+        // an element exists); no flags are set, and the memory is writable and this tensor's
+        // alone (a mapped tensor's is a private, copy-on-write mapping: a
         // write changes this process's copy of its own bytes only).
         Ok(unsafe { initialized.finish() })
     }

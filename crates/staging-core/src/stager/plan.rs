@@ -57,7 +57,7 @@ impl<A: DeviceAllocator> Devices<'_, A> {
             return Ok(DevicePlan::Fallback(FallbackCause::InsufficientMemory));
         }
         if !host_assembly && let Some(budget) = self.policy.memory_budget() {
-            let left = budget.saturating_sub(self.accounting.device_in_use());
+            let left = self.free_memory(meta)?; // the budget less what the load holds
             if meta.len as u64 > left {
                 return Err(Error::Allocation {
                     tensor: meta.name.clone(),

@@ -139,8 +139,6 @@ def written_in_place(tensors: Iterable[Any]) -> None:
     are tensors made under `torch.inference_mode()` (which have none: torch before 2.5 raises
     when asked to bump one).
     """
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None:
         return  # no torch tensor can exist in a process that never imported torch
