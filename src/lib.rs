@@ -92,7 +92,8 @@ pub use staging_core::{
     Checkpoint, Destination, DestinationError, DeviceRegion, Dtype, ErrorKind, FallbackCause,
     Fallbacks, HeldMemory, HostBytes, HostMemory, IoMode, JsonReport, KINDS_IN_DOORS, KindInDoors,
     LoadReport, MemorySpace, PathCount, PathTotals, Piece, Plan, PolicyBuilder, RawDestination,
-    RowRange, Selection, ShardFile, StagingPath, StagingPolicy, TensorMeta, TensorRecord, is_url,
+    RowRange, Selection, ShardFile, StagingPath, StagingPolicy, TensorMeta, TensorRecord, is_hub,
+    is_url,
 };
 
 /// NVIDIA GPUs: the cuFile backend's options, its memory space and device, the hand-over of a
@@ -120,12 +121,14 @@ pub mod hipfile {
 /// (`hf://`) facts a caller may ask for before a load (`hub::changes` between two revisions).
 #[cfg(feature = "remote")]
 pub mod remote {
-    pub use backend_remote::{Interrupt, ObjectStore, Options, Remote, Stats};
+    pub use backend_remote::{
+        Interrupt, ObjectStore, Options, Remote, Scheme, Stats, redacted_text,
+    };
 
-    /// The Hugging Face Hub (`hf://`): how it is read, and what changed between two
-    /// revisions of a model.
+    /// The Hugging Face Hub (`hf://`): how it is read, what changed between two revisions of a
+    /// model, and a file's path in its repository.
     pub mod hub {
-        pub use backend_hub::{Changes, HubOptions, changes, is_repo_id};
+        pub use backend_hub::{Changes, HubOptions, changes, is_repo_id, repository_path};
     }
 }
 #[cfg(feature = "remote")]

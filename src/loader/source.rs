@@ -9,12 +9,7 @@ use staging_core::{Checkpoint, Wanted};
 use crate::error::Error;
 use crate::error::Result;
 
-/// Whether `path` names a model on the Hugging Face Hub (`hf://...`).
-pub(crate) fn is_hub(path: &Path) -> bool {
-    path.to_str()
-        .and_then(|s| s.split_once("://"))
-        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("hf"))
-}
+pub(crate) use staging_core::is_hub;
 
 /// What a Hub path opened to, for the load report's `hub`.
 #[cfg(feature = "remote")]

@@ -17,6 +17,7 @@ mod common;
 mod coalesce;
 mod conformance;
 mod descriptors;
+mod doors;
 mod fault_sweep;
 mod file_changes;
 mod hipfile;

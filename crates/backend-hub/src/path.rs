@@ -1,7 +1,5 @@
 //! `hf://org/name[@revision][/path]`: a model on the Hugging Face Hub, as every door takes it.
 
-use std::path::Path;
-
 /// A model on the Hub: `hf://org/name`, optionally `@revision` (a branch, tag or commit; a
 /// revision holding `/`, such as `refs/pr/1`, is written percent-encoded: `@refs%2Fpr%2F1`)
 /// and a path inside the repository (a directory, an index or one `.safetensors` file).
@@ -17,12 +15,8 @@ pub struct HubPath {
     pub path: Option<String>,
 }
 
-/// Whether `path` is a Hub path (`hf://...`): the scheme alone decides, as for every URL.
-pub fn is_hub(path: &Path) -> bool {
-    path.to_str()
-        .and_then(|s| s.split_once("://"))
-        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("hf"))
-}
+/// Whether `path` is a Hub path (`hf://...`): core's answer, the one every door uses.
+pub use staging_core::is_hub;
 
 /// Whether `name` is a repository name (or organization) as the Hub takes one: 1 to 96 of
 /// `A-Za-z0-9`, `-`, `_`, `.`, not starting or ending with `-` or `.`, without `--` or `..`
@@ -184,7 +178,10 @@ mod tests {
         assert_eq!((p.repo.as_str(), p.path.as_deref()), ("org/name", None));
         assert_eq!(p.cache_folder(), "models--org--name");
         assert_eq!(p.revision_or_main(), "main");
-        assert!(is_hub(Path::new("hf://x/y")) && !is_hub(Path::new("https://x/y")));
+        assert!(
+            is_hub(std::path::Path::new("hf://x/y"))
+                && !is_hub(std::path::Path::new("https://x/y"))
+        );
     }
 
     #[test]

@@ -63,7 +63,7 @@ mod write_loop;
 pub use checkpoint::{
     Checkpoint, Dtype, EntryKind, FileIdentity, INDEX_FILE_NAME, LocalFiles, MAX_HEADER_SIZE,
     MAX_INDEX_SIZE, Piece, Plan, RowRange, SINGLE_FILE_NAME, Selection, ShardFile, Store,
-    StoreFile, TensorMeta, Wanted, checked_components, is_url, natural_cmp,
+    StoreFile, TensorMeta, Wanted, checked_components, is_hub, is_url, natural_cmp,
 };
 pub use error::{
     AllocError, DestinationError, DeviceError, Error, ErrorKind, KINDS_IN_DOORS, KindInDoors,

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use backend_remote::Scheme;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use safetensors_staging::remote::{Scheme, hub, redacted_text};
 use safetensors_staging::{Dtype, LoadOptions, Selection};
 
 use crate::errors;
@@ -56,14 +56,14 @@ pub(crate) fn is_url(path: PathBuf) -> bool {
 #[pyfunction]
 #[pyo3(name = "_is_repo_id")]
 pub(crate) fn is_repo_id(name: &str) -> bool {
-    backend_hub::is_repo_id(name)
+    hub::is_repo_id(name)
 }
 
 /// `_hub_changes(path, since, **remote)`: which files of the Hub model at `path`
 /// (`hf://org/name@new`) differ from those at the revision `since` of the same repository,
 /// as `{"path": <path at the commit it names>, "commit", "since_path", "since": <its commit>,
 /// "changed": [files], "compared": "hub" | "cache", "note": <why the cache> | None}`
-/// (`backend_hub::changes`).
+/// (`safetensors_staging::remote::hub::changes`).
 #[pyfunction]
 #[pyo3(name = "_hub_changes", signature = (path, since, **kwargs))]
 pub(crate) fn hub_changes(
@@ -73,12 +73,12 @@ pub(crate) fn hub_changes(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyDict>> {
     let keywords = Keywords::parse(kwargs)?;
-    let (options, hub) = (
+    let (options, hub_options) = (
         keywords.options.remote_options(),
         keywords.options.hub_options(),
     );
     let changes = py
-        .detach(|| backend_hub::changes(&path, since, &options, &hub))
+        .detach(|| hub::changes(&path, since, &options, &hub_options))
         .map_err(|e| errors::to_py(e.into()))?;
     let out = PyDict::new(py);
     out.set_item("path", changes.path)?;
@@ -93,11 +93,11 @@ pub(crate) fn hub_changes(
 
 /// `_hub_repository_path(file, commit)`: the path in the repository of a file a load of a
 /// Hub model at `commit` reads (its `resolve` URL, or its path in the cache's snapshot), or
-/// `None` for another file (`backend_hub::repository_path`).
+/// `None` for another file (`safetensors_staging::remote::hub::repository_path`).
 #[pyfunction]
 #[pyo3(name = "_hub_repository_path")]
 pub(crate) fn hub_repository_path(file: PathBuf, commit: &str) -> Option<String> {
-    backend_hub::repository_path(&file, commit)
+    hub::repository_path(&file, commit)
 }
 
 /// `_url_store(path)`: the kind of store the remote backend reads the URL `path` from (`"s3"`,
@@ -110,7 +110,7 @@ pub(crate) fn url_store(path: PathBuf) -> Option<&'static str> {
         return None;
     }
     let (scheme, _) = path.to_str()?.split_once("://")?;
-    if backend_hub::is_hub(&path) {
+    if safetensors_staging::is_hub(&path) {
         return Some("hub");
     }
     Some(match Scheme::of(scheme)? {
@@ -126,7 +126,7 @@ pub(crate) fn url_store(path: PathBuf) -> Option<&'static str> {
 #[pyfunction]
 #[pyo3(name = "_redacted")]
 pub(crate) fn redacted(text: &str) -> String {
-    backend_remote::redacted_text(text)
+    redacted_text(text)
 }
 
 /// `_device(device)`: the device the library reads from a spelling (`"cuda:1"`, `1`, a

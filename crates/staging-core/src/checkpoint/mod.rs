@@ -24,7 +24,7 @@ pub use safetensors::Dtype;
 pub use header::FileIdentity;
 pub use partition::{Piece, Plan};
 pub use select::{RowRange, Selection};
-pub use store::{EntryKind, LocalFiles, Store, StoreFile, checked_components, is_url};
+pub use store::{EntryKind, LocalFiles, Store, StoreFile, checked_components, is_hub, is_url};
 
 use crate::error::{Error, Result};
 use header::{ParsedFile, read_header};

@@ -211,9 +211,20 @@ pub fn is_url(path: &std::path::Path) -> bool {
         })
 }
 
+/// Whether `path` names a model on the Hugging Face Hub (`hf://...`): a URL whose scheme is `hf`
+/// (any case), the scheme alone deciding, as for every URL. The one answer the loader, the Hub
+/// backend and every door use.
+pub fn is_hub(path: &std::path::Path) -> bool {
+    is_url(path)
+        && path
+            .to_str()
+            .and_then(|s| s.split_once("://"))
+            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("hf"))
+}
+
 #[cfg(test)]
 mod url_tests {
-    use super::is_url;
+    use super::{is_hub, is_url};
     use std::path::Path;
 
     #[test]
@@ -235,6 +246,23 @@ mod url_tests {
             "C:\\models",
         ] {
             assert!(!is_url(Path::new(path)), "{path}");
+        }
+    }
+
+    #[test]
+    fn the_hub_is_the_hf_scheme_of_a_url() {
+        for hub in ["hf://org/name", "HF://gpt2", "Hf://org/name@main/model.safetensors"] {
+            assert!(is_hub(Path::new(hub)), "{hub}");
+        }
+        for other in [
+            "hf:/org/name",
+            "hff://org/name",
+            "https://huggingface.co/org/name",
+            "models/hf://x",
+            "org/name",
+            "",
+        ] {
+            assert!(!is_hub(Path::new(other)), "{other}");
         }
     }
 }

@@ -46,8 +46,8 @@ _COMMIT = re.compile(r"[0-9a-fA-F]{40}")
 
 
 def is_hub(path: Any) -> bool:
-    """Whether `path` is a Hub path (`hf://...`)."""
-    return isinstance(path, str) and path[:5].lower() == "hf://"
+    """Whether `path` is a Hub path (`hf://...`): the library's answer."""
+    return isinstance(path, str) and _native._url_store(path) == "hub"
 
 
 def is_repo_id(name: Any) -> bool:
