@@ -510,7 +510,9 @@ impl LoadOptions {
                 value: self.select.join(" "),
                 reason: e.to_string(),
             })?;
+            // A typed selection that keeps nothing is refused, in every door alike.
             Selection::matching(move |name| exact.contains(name) || set.is_match(name))
+                .refusing_nothing(self.select.join(", "))
         };
         // Rules by name looked up in a map, rules by glob tried in order; the first rule given
         // wins either way. (One matcher per rule, each tried on every tensor, was quadratic: a

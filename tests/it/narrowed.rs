@@ -140,3 +140,58 @@ fn the_index_is_still_checked_against_the_headers_read_and_names_no_missing_shar
         "{error}"
     );
 }
+
+/// A selection of names and globs that keeps no tensor is refused by the library, whichever door
+/// spelled it (issue 58: only `stage` refused it, Python and C loaded nothing): the error is a
+/// selection error naming the patterns, and no tensor is handed out. A selection a program
+/// builds may keep nothing, and a typed one narrowed to nothing (`within`) is not refused.
+#[test]
+fn a_typed_selection_that_keeps_nothing_is_refused_in_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let contents = five_shards(dir.path());
+
+    let mut options = safetensors_staging::LoadOptions::new();
+    options.set("select", "gamma*").unwrap();
+    options.set("select", "s9.*").unwrap();
+    options.set("backend", "host").unwrap();
+    let err = match options.loader().unwrap().open(dir.path()) {
+        Ok(mut opened) => panic!(
+            "loaded {:?}",
+            opened.next().map(|t| t.map(|t| t.name().to_owned()))
+        ),
+        Err(e) => e,
+    };
+    assert_eq!(
+        err.kind(),
+        safetensors_staging::ErrorKind::Selection,
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the selection gamma*, s9.* matches no tensor of the checkpoint"
+    );
+
+    // One pattern that matches is enough: the load is what it keeps.
+    options.set("select", "s3.*").unwrap();
+    let mut names = Vec::new();
+    for tensor in options.loader().unwrap().open(dir.path()).unwrap() {
+        let tensor = tensor.unwrap();
+        assert_eq!(tensor.to_vec().unwrap(), contents[tensor.name()]);
+        names.push(tensor.name().to_owned());
+    }
+    assert_eq!(names, ["s3.t0", "s3.t1", "s3.t2"]);
+
+    // Built by a program: a predicate keeping nothing loads nothing.
+    let (loaded, _) = load(dir.path(), Selection::matching(|_| false)).unwrap();
+    assert!(loaded.is_empty());
+    // A typed selection narrowed to nothing once the headers are read (as `load_into` narrows
+    // to its targets) is not refused: its patterns matched.
+    let typed = Selection::matching(|name| name.starts_with("s3.")).refusing_nothing("s3.*");
+    let headers = Loader::new()
+        .backend(Backend::Host(HostOptions::default()))
+        .select(typed.clone())
+        .read_headers(&[dir.path()])
+        .unwrap();
+    let kept = headers.select(&typed.within(Vec::<String>::new())).unwrap();
+    assert!(kept.tensors().is_empty());
+}

@@ -41,7 +41,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use safetensors_staging::{ErrorKind, LoadOptions, Prepared};
+#[cfg(feature = "mock")]
+use safetensors_staging::ErrorKind;
+use safetensors_staging::{LoadOptions, Prepared};
 use staging_cli::parse_size;
 use staging_core::io_words;
 
@@ -151,7 +153,7 @@ fn run(args: &Args, options: &LoadOptions) -> Result<(), BoxError> {
         );
     }
     let (load, synthetic) = open(args, prepared)?;
-    let result = load_and_report(args, options, load);
+    let result = load_and_report(args, load);
     // The temporary checkpoint is removed after the load, and the user told so.
     if let Some(dir) = synthetic {
         let path = dir.path().to_path_buf();
@@ -251,21 +253,10 @@ fn write_synthetic(dir: &std::path::Path, size: u64) -> Result<(), BoxError> {
 
 fn load_and_report(
     args: &Args,
-    options: &LoadOptions,
     mut load: safetensors_staging::Load<'static>,
 ) -> Result<(), BoxError> {
     let total = load.checkpoint().total_bytes();
     let count = load.checkpoint().tensors().len();
-    if count == 0 && !options.select.is_empty() {
-        return Err(output::Failure::new(
-            ErrorKind::Selection,
-            format!(
-                "--select {} matches no tensor of the checkpoint",
-                options.select.join(" --select ")
-            ),
-        )
-        .into());
-    }
     let progress = if !args.json && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total);
         let style = ProgressStyle::with_template(

@@ -95,7 +95,7 @@ fn each_failure_is_one_line_in_words() {
         ),
         (
             vec![file.as_str(), "--select", "gamma*"],
-            "stage: error: --select gamma* matches no tensor of the checkpoint".to_owned(),
+            "stage: error: the selection gamma* matches no tensor of the checkpoint".to_owned(),
         ),
     ] {
         let out = stage(&args, dir.path());

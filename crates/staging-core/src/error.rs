@@ -337,6 +337,13 @@ pub enum Error {
         /// The name asked for.
         name: String,
     },
+    /// A selection of names and globs, as a caller wrote it, keeps no tensor of the checkpoint:
+    /// the rule every door shares (an empty load is never what a typed pattern meant).
+    #[error("the selection {selection} matches no tensor of the checkpoint")]
+    NothingSelected {
+        /// The selection, as the caller wrote it.
+        selection: String,
+    },
     /// A row range cannot be cut from a tensor (out of range, a scalar, rows that are not whole
     /// bytes).
     #[error("{}: tensor {tensor:?}: cannot read {rows}: {reason}", file.display())]
@@ -652,7 +659,9 @@ impl Error {
             Self::Device { .. } => ErrorKind::Device,
             Self::Destination { .. } => ErrorKind::Destination,
             Self::DestinationTooSmall { .. } => ErrorKind::DestinationTooSmall,
-            Self::UnknownTensor { .. } | Self::Rows { .. } => ErrorKind::Selection,
+            Self::UnknownTensor { .. } | Self::NothingSelected { .. } | Self::Rows { .. } => {
+                ErrorKind::Selection
+            }
             Self::Policy(_) => ErrorKind::InvalidOption,
             Self::Resource { .. } => ErrorKind::Resource,
             Self::Internal(_) => ErrorKind::Internal,
@@ -681,6 +690,7 @@ impl Error {
             | Self::Destination { file, .. }
             | Self::Rows { file, .. } => Some(file),
             Self::UnknownTensor { .. }
+            | Self::NothingSelected { .. }
             | Self::Policy(_)
             | Self::Resource { .. }
             | Self::Internal(_) => None,

@@ -1326,3 +1326,35 @@ fn load_into_writes_each_target_in_place_or_nothing() {
     // SAFETY: `config` is live and freed once.
     unsafe { stg_config_free(config) };
 }
+
+/// A `select` that keeps no tensor is the library's selection error in C too (issue 58: C loaded
+/// nothing where `stage` refused): `stg_load_new` fails with `STG_SELECTION`, writes no load,
+/// and the message names the patterns; one that matches loads.
+#[test]
+fn a_select_that_matches_nothing_is_a_selection_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = checkpoint(dir.path());
+    let c = config();
+    // SAFETY: a live config, NUL-terminated strings, a valid out-pointer.
+    unsafe {
+        assert_eq!(
+            stg_config_set(c, c"select".as_ptr(), c"gamma*".as_ptr()),
+            STG_OK
+        );
+        let mut out = sentinel::<stg_load>();
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut out), STG_SELECTION);
+        assert_eq!(out, sentinel(), "out written on failure");
+        assert_eq!(
+            config_error(c),
+            "the selection gamma* matches no tensor of the checkpoint"
+        );
+        assert_eq!(
+            stg_config_set(c, c"select".as_ptr(), c"b*".as_ptr()),
+            STG_OK
+        );
+        let mut load = null_mut();
+        assert_eq!(stg_load_new(c, path.as_ptr(), &mut load), STG_OK);
+        stg_load_free(load);
+        stg_config_free(c);
+    }
+}

@@ -94,6 +94,8 @@ pub struct Selection {
     predicate: Option<NamePredicate>,
     rows: Vec<RowsFor>,
     required: BTreeSet<String>,
+    /// The selection as a caller wrote it, when keeping no tensor is an error.
+    refuses_nothing: Option<String>,
 }
 
 impl fmt::Debug for Selection {
@@ -102,6 +104,7 @@ impl fmt::Debug for Selection {
             .field("names", &self.names)
             .field("predicate", &self.predicate.is_some())
             .field("row_rules", &self.rows.len())
+            .field("refuses_nothing", &self.refuses_nothing)
             .finish()
     }
 }
@@ -131,6 +134,19 @@ impl Selection {
             predicate: Some(Arc::new(keep)),
             ..Self::default()
         }
+    }
+
+    /// Makes a selection that keeps no tensor of the checkpoint an error
+    /// ([`Error::NothingSelected`](crate::Error::NothingSelected), naming `written`: the
+    /// selection as the caller wrote it) instead of an empty load. The names and globs of the
+    /// `select` option ask for it in every door; a selection a program builds (a rank's share,
+    /// a function's answer) may keep nothing. What is asked is whether
+    /// [`matching`](Self::matching)'s predicate keeps a tensor of the files read, so a
+    /// [`within`](Self::within) applied to a checkpoint already read (as a load into targets
+    /// narrows to them) may keep nothing.
+    pub fn refusing_nothing(mut self, written: impl Into<String>) -> Self {
+        self.refuses_nothing = Some(written.into());
+        self
     }
 
     /// Reads only `rows` of tensor `name` (it must be selected; a name the checkpoint does not
@@ -212,6 +228,14 @@ impl Checkpoint {
             return Err(Error::UnknownTensor {
                 name: missing.clone(),
             });
+        }
+        if let Some(written) = &selection.refuses_nothing {
+            let matches = |name: &str| selection.predicate.as_ref().is_none_or(|keep| keep(name));
+            if !self.tensors.iter().any(|t| matches(&t.name)) {
+                return Err(Error::NothingSelected {
+                    selection: written.clone(),
+                });
+            }
         }
         let mut tensors = Vec::new();
         for meta in self.tensors.iter().filter(|t| selection.keeps(&t.name)) {

@@ -251,7 +251,11 @@ mod url_tests {
 
     #[test]
     fn the_hub_is_the_hf_scheme_of_a_url() {
-        for hub in ["hf://org/name", "HF://gpt2", "Hf://org/name@main/model.safetensors"] {
+        for hub in [
+            "hf://org/name",
+            "HF://gpt2",
+            "Hf://org/name@main/model.safetensors",
+        ] {
             assert!(is_hub(Path::new(hub)), "{hub}");
         }
         for other in [
