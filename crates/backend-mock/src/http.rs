@@ -1,10 +1,11 @@
 //! A plain HTTP/1.1 server on loopback that serves objects from memory with `HEAD`, ranged
 //! `GET`, `ETag` and `If-Match`, `Last-Modified` and `If-Unmodified-Since`, and scripted
 //! faults: the first request of each range failing with 503, bodies cut short, denied paths,
-//! objects replaced while a load runs, validators left out, weak ETags or conditions ignored;
-//! and redirects, to wherever a test points them. It logs each request's `Authorization`
-//! header, so a test sees which host was sent a login. For tests of the remote reader against
-//! a real socket and a real HTTP client.
+//! objects replaced while a load runs, validators left out, weak ETags or conditions ignored,
+//! `GET`s never answered; redirects, to wherever a test points them; and S3's `ListObjectsV2`
+//! listing of a bucket path's objects (`?list-type=2`, in one page). It logs each request's
+//! `Authorization` header, so a test sees which host was sent a login. For tests of the remote
+//! reader against a real socket and a real HTTP client.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, Write};
