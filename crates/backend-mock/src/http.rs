@@ -1,10 +1,11 @@
 //! A plain HTTP/1.1 server on loopback that serves objects from memory with `HEAD`, ranged
 //! `GET`, `ETag` and `If-Match`, `Last-Modified` and `If-Unmodified-Since`, and scripted
 //! faults: the first request of each range failing with 503, bodies cut short, denied paths,
-//! objects replaced while a load runs, validators left out, weak ETags or conditions ignored;
-//! and redirects, to wherever a test points them. It logs each request's `Authorization`
-//! header, so a test sees which host was sent a login. For tests of the remote reader against
-//! a real socket and a real HTTP client.
+//! objects replaced while a load runs, validators left out, weak ETags or conditions ignored,
+//! `GET`s never answered; redirects, to wherever a test points them; and S3's `ListObjectsV2`
+//! listing of a bucket path's objects (`?list-type=2`, in one page). It logs each request's
+//! `Authorization` header, so a test sees which host was sent a login. For tests of the remote
+//! reader against a real socket and a real HTTP client.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, Write};
@@ -390,152 +391,166 @@ pub(crate) fn resolve(range: (u64, u64), len: u64) -> (u64, u64) {
     }
 }
 
-fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Result<()> {
-    // Each answer is written whole and then flushed: without TCP_NODELAY a response split over
-    // several small writes waits on the client's delayed ACK (40 ms per request, measured).
-    stream.set_nodelay(true)?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut out = io::BufWriter::with_capacity(64 << 10, stream);
+/// One request as read: its line and the headers the server looks at.
+struct Request {
+    method: String,
+    /// The object's path; a query (`?x-id=GetObject`, say) is not part of it.
+    path: String,
+    query: String,
+    range: Option<(u64, u64)>,
+    if_match: Option<String>,
+    if_unmodified_since: Option<String>,
+    authorization: Option<String>,
+}
+
+/// Reads one request's line and headers; `None` at the end of the stream.
+fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_owned();
+    let target = parts.next().unwrap_or("");
+    // The absolute form (`GET http://host:port/path`, as the AWS CRT client sends it) names
+    // the same path.
+    let target = match target.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
+        None => target,
+    };
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut request = Request {
+        method,
+        path: path.to_owned(),
+        query: query.to_owned(),
+        range: None,
+        if_match: None,
+        if_unmodified_since: None,
+        authorization: None,
+    };
     loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 {
+            return Ok(None);
         }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_owned();
-        // The object's path; a query (`?x-id=GetObject`, say) is not part of it.
-        let target = parts.next().unwrap_or("");
-        // The absolute form (`GET http://host:port/path`, as the AWS CRT client sends it) names
-        // the same path.
-        let target = match target.split_once("://") {
-            Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
-            None => target,
-        };
-        let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        let (path, query) = (path.to_owned(), query.to_owned());
-        let mut range = None;
-        let mut if_match = None;
-        let mut if_unmodified_since = None;
-        let mut authorization = None;
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header)? == 0 {
-                return Ok(());
-            }
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':') {
-                match name.trim().to_ascii_lowercase().as_str() {
-                    "range" => range = parse_range(value),
-                    "if-match" => if_match = Some(value.trim().to_owned()),
-                    "if-unmodified-since" => if_unmodified_since = Some(value.trim().to_owned()),
-                    "authorization" => authorization = Some(value.trim().to_owned()),
-                    _ => {}
+        let header = header.trim_end();
+        if header.is_empty() {
+            return Ok(Some(request));
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            match name.trim().to_ascii_lowercase().as_str() {
+                "range" => request.range = parse_range(value),
+                "if-match" => request.if_match = Some(value.trim().to_owned()),
+                "if-unmodified-since" => {
+                    request.if_unmodified_since = Some(value.trim().to_owned());
                 }
+                "authorization" => request.authorization = Some(value.trim().to_owned()),
+                _ => {}
             }
         }
-        let stall = method == "GET" && {
-            let state = state.lock().unwrap_or_else(|p| p.into_inner());
-            state.faults.stall
-        };
-        if stall {
-            while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            return Ok(());
+    }
+}
+
+/// What `request` is answered, from the objects, redirects and faults of `state`, where it is
+/// noted as asked for (its range and its range end: `fail_first`, `truncate_first`).
+fn answer_to(state: &mut State, request: &Request) -> Answer {
+    let path = &request.path;
+    let first = state.seen.insert((path.clone(), request.range));
+    let first_end = state
+        .seen_ends
+        .insert((path.clone(), request.range.map(|(_, b)| b)));
+    let faults = &state.faults;
+    match state.objects.get(path) {
+        _ if faults.denied.contains(path) => Answer::Status(403),
+        _ if state.redirects.contains_key(path) => Answer::Redirect(state.redirects[path].clone()),
+        None if request.method == "GET" && request.query.contains("list-type=2") => {
+            Answer::Listing(list_objects(&state.objects, path, &request.query))
         }
-        let answer = {
-            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
-            let first = state.seen.insert((path.clone(), range));
-            let first_end = state
-                .seen_ends
-                .insert((path.clone(), range.map(|(_, b)| b)));
-            let faults = state.faults.clone();
-            let answer = match state.objects.get(&path) {
-                _ if faults.denied.contains(&path) => Answer::Status(403),
-                _ if state.redirects.contains_key(&path) => {
-                    Answer::Redirect(state.redirects[&path].clone())
+        None => Answer::Status(404),
+        Some(object) => answer_object(object, request, faults, first, first_end),
+    }
+}
+
+/// What `request` is answered for an object that exists: its conditions checked, then a `HEAD`,
+/// a `GET` (whole or ranged, under the faults) or 405. `first` and `first_end`: whether this is
+/// the first request of its range, and of its range end.
+fn answer_object(
+    object: &Object,
+    request: &Request,
+    faults: &Faults,
+    first: bool,
+    first_end: bool,
+) -> Answer {
+    let bytes = &object.bytes;
+    let range = request.range.map(|r| resolve(r, bytes.len() as u64));
+    let etag = if faults.weak_etag {
+        format!("W/{}", object.etag)
+    } else {
+        object.etag.clone()
+    };
+    let validators = Validators {
+        etag: (!faults.no_etag).then_some(etag),
+        last_modified: (!faults.no_last_modified).then(|| http_date(object.modified)),
+    };
+    // Strong comparison: a weak tag on either side never matches.
+    let etag_stale = matches!(
+        (&request.if_match, &validators.etag),
+        (Some(want), Some(have))
+            if want != have || want.starts_with("W/") || have.starts_with("W/")
+    );
+    // RFC 9110 13.1.4: evaluated only without If-Match, and only when the server has a
+    // modification date.
+    let date_stale = request.if_match.is_none()
+        && validators.last_modified.is_some()
+        && request
+            .if_unmodified_since
+            .as_deref()
+            .and_then(parse_http_date)
+            .is_some_and(|since| object.modified > since);
+    if (etag_stale || date_stale) && !faults.ignore_conditions {
+        Answer::Status(412)
+    } else if request.method == "HEAD" {
+        Answer::Head {
+            len: bytes.len() as u64,
+            validators,
+        }
+    } else if request.method != "GET" {
+        Answer::Status(405)
+    } else if first && faults.fail_first {
+        Answer::Status(503)
+    } else if range.is_some_and(|(a, b)| a > b || b >= bytes.len() as u64) {
+        Answer::Status(416)
+    } else {
+        Answer::Body {
+            bytes: Arc::clone(bytes),
+            range,
+            validators,
+            cut: faults.truncate_always || (first_end && faults.truncate_first),
+        }
+    }
+}
+
+impl Answer {
+    /// The status it is sent with.
+    fn status(&self) -> u16 {
+        match self {
+            Answer::Status(s) => *s,
+            Answer::Redirect(_) => 302,
+            Answer::Head { .. } | Answer::Listing(_) => 200,
+            Answer::Body { range, .. } => {
+                if range.is_some() {
+                    206
+                } else {
+                    200
                 }
-                None if method == "GET" && query.contains("list-type=2") => {
-                    Answer::Listing(list_objects(&state.objects, &path, &query))
-                }
-                None => Answer::Status(404),
-                Some(object) => {
-                    let bytes = &object.bytes;
-                    let range = range.map(|r| resolve(r, bytes.len() as u64));
-                    let etag = if faults.weak_etag {
-                        format!("W/{}", object.etag)
-                    } else {
-                        object.etag.clone()
-                    };
-                    let validators = Validators {
-                        etag: (!faults.no_etag).then_some(etag),
-                        last_modified: (!faults.no_last_modified)
-                            .then(|| http_date(object.modified)),
-                    };
-                    // Strong comparison: a weak tag on either side never matches.
-                    let etag_stale = matches!(
-                        (&if_match, &validators.etag),
-                        (Some(want), Some(have))
-                            if want != have || want.starts_with("W/") || have.starts_with("W/")
-                    );
-                    // RFC 9110 13.1.4: evaluated only without If-Match, and only when the
-                    // server has a modification date.
-                    let date_stale = if_match.is_none()
-                        && validators.last_modified.is_some()
-                        && if_unmodified_since
-                            .as_deref()
-                            .and_then(parse_http_date)
-                            .is_some_and(|since| object.modified > since);
-                    if (etag_stale || date_stale) && !faults.ignore_conditions {
-                        Answer::Status(412)
-                    } else if method == "HEAD" {
-                        Answer::Head {
-                            len: bytes.len() as u64,
-                            validators,
-                        }
-                    } else if method != "GET" {
-                        Answer::Status(405)
-                    } else if first && faults.fail_first {
-                        Answer::Status(503)
-                    } else if range.is_some_and(|(a, b)| a > b || b >= bytes.len() as u64) {
-                        Answer::Status(416)
-                    } else {
-                        Answer::Body {
-                            bytes: Arc::clone(bytes),
-                            range,
-                            validators,
-                            cut: faults.truncate_always || (first_end && faults.truncate_first),
-                        }
-                    }
-                }
-            };
-            let status = match &answer {
-                Answer::Status(s) => *s,
-                Answer::Redirect(_) => 302,
-                Answer::Head { .. } | Answer::Listing(_) => 200,
-                Answer::Body { range, .. } => {
-                    if range.is_some() {
-                        206
-                    } else {
-                        200
-                    }
-                }
-            };
-            state.log.push(Logged {
-                method,
-                path,
-                range,
-                status,
-                if_match,
-                if_unmodified_since,
-                authorization,
-            });
-            answer
-        };
-        match answer {
+            }
+        }
+    }
+
+    /// Writes the answer and flushes it; `false` when the connection must close (a body cut
+    /// short).
+    fn write(self, out: &mut impl Write) -> io::Result<bool> {
+        match self {
             Answer::Status(status) => {
                 write!(out, "HTTP/1.1 {status} Status\r\nContent-Length: 0\r\n\r\n")?;
             }
@@ -554,7 +569,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
             }
             Answer::Head { len, validators } => {
                 write!(out, "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n")?;
-                validators.write(&mut out)?;
+                validators.write(out)?;
                 write!(out, "Accept-Ranges: bytes\r\n\r\n")?;
             }
             Answer::Body {
@@ -578,16 +593,55 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Resu
                 } else {
                     write!(out, "HTTP/1.1 200 OK\r\n")?;
                 }
-                validators.write(&mut out)?;
+                validators.write(out)?;
                 write!(out, "Content-Length: {}\r\n\r\n", body.len())?;
                 if cut {
                     out.write_all(&body[..body.len() / 2])?;
                     out.flush()?;
-                    return Ok(()); // closes the connection mid-body
+                    return Ok(false); // closes the connection mid-body
                 }
                 out.write_all(body)?;
             }
         }
         out.flush()?;
+        Ok(true)
     }
+}
+
+fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> io::Result<()> {
+    // Each answer is written whole and then flushed: without TCP_NODELAY a response split over
+    // several small writes waits on the client's delayed ACK (40 ms per request, measured).
+    stream.set_nodelay(true)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut out = io::BufWriter::with_capacity(64 << 10, stream);
+    while let Some(request) = read_request(&mut reader)? {
+        let stall = request.method == "GET" && {
+            let state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.faults.stall
+        };
+        if stall {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            return Ok(());
+        }
+        let answer = {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            let answer = answer_to(&mut state, &request);
+            state.log.push(Logged {
+                status: answer.status(),
+                method: request.method,
+                path: request.path,
+                range: request.range,
+                if_match: request.if_match,
+                if_unmodified_since: request.if_unmodified_since,
+                authorization: request.authorization,
+            });
+            answer
+        };
+        if !answer.write(&mut out)? {
+            return Ok(());
+        }
+    }
+    Ok(())
 }

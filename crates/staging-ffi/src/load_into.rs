@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void};
 
-use safetensors_staging::{Dtype, Error, RawTarget};
+use safetensors_staging::{Dtype, Error, LoadedInto, RawTarget};
 
 use crate::boundary::{guard, utf8};
 use crate::config::stg_config;
@@ -138,45 +138,11 @@ pub unsafe extern "C" fn stg_load_into(
             target.state = stg_target_state::STG_TARGET_UNCHANGED as u32;
         }
         let mut raw = BTreeMap::new();
-        for target in targets.iter_mut() {
-            // SAFETY: each name is NULL or NUL-terminated by the caller's contract.
-            let name = match unsafe { utf8(target.name) } {
-                Ok(name) => name.to_owned(),
+        for target in targets.iter() {
+            // SAFETY: forwarded caller contract, for each target.
+            let (name, entry) = match unsafe { raw_target(target) } {
+                Ok(read) => read,
                 Err(status) => return status,
-            };
-            let shape = if target.shape.is_null() {
-                None
-            } else {
-                // SAFETY: a non-null shape holds `ndim` values by the caller's contract.
-                let values = unsafe { std::slice::from_raw_parts(target.shape, target.ndim) };
-                let mut shape = Vec::with_capacity(values.len());
-                for &v in values {
-                    let Ok(v) = usize::try_from(v) else {
-                        return stg_status::STG_INVALID_ARGUMENT;
-                    };
-                    shape.push(v);
-                }
-                Some(shape)
-            };
-            let dtype = match target.dtype {
-                0 => None,
-                code => match dtype_of(code) {
-                    Some(dtype) => Some(dtype),
-                    None => return stg_status::STG_INVALID_ARGUMENT,
-                },
-            };
-            if target.data.is_null() && target.len > 0 {
-                return stg_status::STG_NULL_ARGUMENT;
-            }
-            let addr = target.data as usize;
-            if addr.checked_add(target.len).is_none() {
-                return stg_status::STG_INVALID_ARGUMENT;
-            }
-            let entry = RawTarget {
-                addr,
-                len: target.len,
-                dtype,
-                shape,
             };
             if raw.insert(name, entry).is_some() {
                 return stg_status::STG_INVALID_ARGUMENT; // the same name twice
@@ -187,37 +153,12 @@ pub unsafe extern "C" fn stg_load_into(
             // untouched until this returns, by the caller's contract (overlaps are refused).
             unsafe { loader.load_into_raw(path, raw, strict) }
         });
-        let state = |name: &str| -> Option<stg_target_state> {
-            match &outcome {
-                Ok(done) if done.missing.iter().any(|m| m == name) => {
-                    Some(stg_target_state::STG_TARGET_MISSING)
-                }
-                Ok(done) if done.written.iter().any(|w| w == name) => {
-                    Some(stg_target_state::STG_TARGET_WRITTEN)
-                }
-                Ok(_) => None,
-                Err(Error::PartialLoad {
-                    written,
-                    partly_written,
-                    ..
-                }) => {
-                    if written.iter().any(|w| w == name) {
-                        Some(stg_target_state::STG_TARGET_WRITTEN)
-                    } else if partly_written.iter().any(|p| p == name) {
-                        Some(stg_target_state::STG_TARGET_PARTLY_WRITTEN)
-                    } else {
-                        None
-                    }
-                }
-                Err(_) => None,
-            }
-        };
         for target in targets.iter_mut() {
             // SAFETY: checked above to be NUL-terminated UTF-8.
             let Ok(name) = (unsafe { utf8(target.name) }) else {
                 continue;
             };
-            if let Some(state) = state(name) {
+            if let Some(state) = state_after(&outcome, name) {
                 target.state = state as u32;
             }
         }
@@ -239,6 +180,81 @@ pub unsafe extern "C" fn stg_load_into(
             }
         }
     })
+}
+
+/// One target as the library takes it: its name, and its memory with what it must hold.
+/// `STG_NULL_ARGUMENT` for a NULL name, or NULL data of some length; `STG_INVALID_UTF8` for a
+/// name that is not UTF-8; `STG_INVALID_ARGUMENT` for a dimension or a dtype number out of
+/// range, or memory that wraps around the address space.
+///
+/// # Safety
+/// `target.name` NULL or NUL-terminated; `target.shape` NULL or `target.ndim` readable values.
+unsafe fn raw_target(target: &stg_target) -> Result<(String, RawTarget), stg_status> {
+    // SAFETY: each name is NULL or NUL-terminated by the caller's contract.
+    let name = unsafe { utf8(target.name) }?.to_owned();
+    let shape = if target.shape.is_null() {
+        None
+    } else {
+        // SAFETY: a non-null shape holds `ndim` values by the caller's contract.
+        let values = unsafe { std::slice::from_raw_parts(target.shape, target.ndim) };
+        let mut shape = Vec::with_capacity(values.len());
+        for &v in values {
+            let Ok(v) = usize::try_from(v) else {
+                return Err(stg_status::STG_INVALID_ARGUMENT);
+            };
+            shape.push(v);
+        }
+        Some(shape)
+    };
+    let dtype = match target.dtype {
+        0 => None,
+        code => match dtype_of(code) {
+            Some(dtype) => Some(dtype),
+            None => return Err(stg_status::STG_INVALID_ARGUMENT),
+        },
+    };
+    if target.data.is_null() && target.len > 0 {
+        return Err(stg_status::STG_NULL_ARGUMENT);
+    }
+    let addr = target.data as usize;
+    if addr.checked_add(target.len).is_none() {
+        return Err(stg_status::STG_INVALID_ARGUMENT);
+    }
+    let entry = RawTarget {
+        addr,
+        len: target.len,
+        dtype,
+        shape,
+    };
+    Ok((name, entry))
+}
+
+/// The state the load's `outcome` leaves the target `name` in, where it is not
+/// `STG_TARGET_UNCHANGED`: written, missing, or (after a partial load) partly written.
+fn state_after(outcome: &Result<LoadedInto, Error>, name: &str) -> Option<stg_target_state> {
+    match outcome {
+        Ok(done) if done.missing.iter().any(|m| m == name) => {
+            Some(stg_target_state::STG_TARGET_MISSING)
+        }
+        Ok(done) if done.written.iter().any(|w| w == name) => {
+            Some(stg_target_state::STG_TARGET_WRITTEN)
+        }
+        Ok(_) => None,
+        Err(Error::PartialLoad {
+            written,
+            partly_written,
+            ..
+        }) => {
+            if written.iter().any(|w| w == name) {
+                Some(stg_target_state::STG_TARGET_WRITTEN)
+            } else if partly_written.iter().any(|p| p == name) {
+                Some(stg_target_state::STG_TARGET_PARTLY_WRITTEN)
+            } else {
+                None
+            }
+        }
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]

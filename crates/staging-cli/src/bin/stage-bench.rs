@@ -299,6 +299,15 @@ fn ensure_checkpoint(dir: &Path, layout: &str, size: u64) -> Result<(), BoxError
     Ok(())
 }
 
+/// What every measurement of a run shares: the bench binary run as the child, its threads,
+/// how many times each variant runs, and whether memory is left cold between runs.
+struct Runs<'a> {
+    exe: &'a Path,
+    threads: Option<&'a str>,
+    repeat: usize,
+    cold_memory: bool,
+}
+
 fn parent(args: &[String]) -> Result<(), BoxError> {
     let sizes: Vec<u64> = arg_value(args, "--sizes")
         .unwrap_or_else(|| "2GiB".into())
@@ -319,6 +328,12 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    let runs = Runs {
+        exe: &exe,
+        threads: threads.as_deref(),
+        repeat,
+        cold_memory,
+    };
 
     let mut rows = Vec::new();
     for &size in &sizes {
@@ -346,51 +361,7 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
                     eprintln!("python-numpy: skipped (safetensors.numpy not importable)");
                     continue;
                 }
-                let mut seconds = Vec::new();
-                let (mut rss, mut host, mut device) = (0u64, None, None);
-                for _ in 0..repeat {
-                    let mut command = if variant == "python-numpy" {
-                        let mut c = Command::new("python3");
-                        c.args([
-                            "-c",
-                            "import json, sys, time\nfrom safetensors.numpy import load_file\nt = time.perf_counter()\nkept = [load_file(f) for f in sys.argv[1:]]\nprint(json.dumps({'seconds': time.perf_counter() - t, 'peak_host_bytes': None, 'peak_device_bytes': None}))",
-                        ]);
-                        c.args(&files);
-                        c
-                    } else {
-                        let mut c = Command::new(&exe);
-                        c.args(["--variant", variant, "--checkpoint"]).arg(&dir);
-                        if let Some(t) = &threads {
-                            c.args(["--threads", t]);
-                        }
-                        c
-                    };
-                    if !cold_memory {
-                        // In a process of its own: the parent's peak RSS would be inherited by
-                        // every child it forks, and counted in the child's.
-                        let status = Command::new(&exe)
-                            .args(["--touch", &tensor_bytes.to_string()])
-                            .status()?;
-                        if !status.success() {
-                            return Err("touching memory failed".into());
-                        }
-                    }
-                    let (out, kib) = run_measured(&mut command)?;
-                    let child: ChildResult = serde_json::from_str(out.trim())?;
-                    seconds.push(child.seconds);
-                    rss = rss.max(kib);
-                    host = child.peak_host_bytes;
-                    device = child.peak_device_bytes;
-                }
-                seconds.sort_by(f64::total_cmp);
-                let median = seconds[seconds.len() / 2];
-                results.push(Measured {
-                    variant: variant.to_owned(),
-                    seconds: median,
-                    rss_kib: rss,
-                    host,
-                    device,
-                });
+                results.push(measure(&runs, variant, &dir, &files, tensor_bytes)?);
             }
             let rate = |name: &str| {
                 results
@@ -427,6 +398,69 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    print_table(&rows, repeat);
+    Ok(())
+}
+
+/// Runs `variant` on the checkpoint `dir` (its `files`, `tensor_bytes` bytes of tensors)
+/// `runs.repeat` times, each in a child process (memory touched first, unless it is to stay
+/// cold): the median time, the peak RSS of all runs and the stager's peaks of the last.
+fn measure(
+    runs: &Runs<'_>,
+    variant: &str,
+    dir: &Path,
+    files: &[PathBuf],
+    tensor_bytes: u64,
+) -> Result<Measured, BoxError> {
+    let mut seconds = Vec::new();
+    let (mut rss, mut host, mut device) = (0u64, None, None);
+    for _ in 0..runs.repeat {
+        let mut command = if variant == "python-numpy" {
+            let mut c = Command::new("python3");
+            c.args([
+                "-c",
+                "import json, sys, time\nfrom safetensors.numpy import load_file\nt = time.perf_counter()\nkept = [load_file(f) for f in sys.argv[1:]]\nprint(json.dumps({'seconds': time.perf_counter() - t, 'peak_host_bytes': None, 'peak_device_bytes': None}))",
+            ]);
+            c.args(files);
+            c
+        } else {
+            let mut c = Command::new(runs.exe);
+            c.args(["--variant", variant, "--checkpoint"]).arg(dir);
+            if let Some(t) = runs.threads {
+                c.args(["--threads", t]);
+            }
+            c
+        };
+        if !runs.cold_memory {
+            // In a process of its own: the parent's peak RSS would be inherited by
+            // every child it forks, and counted in the child's.
+            let status = Command::new(runs.exe)
+                .args(["--touch", &tensor_bytes.to_string()])
+                .status()?;
+            if !status.success() {
+                return Err("touching memory failed".into());
+            }
+        }
+        let (out, kib) = run_measured(&mut command)?;
+        let child: ChildResult = serde_json::from_str(out.trim())?;
+        seconds.push(child.seconds);
+        rss = rss.max(kib);
+        host = child.peak_host_bytes;
+        device = child.peak_device_bytes;
+    }
+    seconds.sort_by(f64::total_cmp);
+    let median = seconds[seconds.len() / 2];
+    Ok(Measured {
+        variant: variant.to_owned(),
+        seconds: median,
+        rss_kib: rss,
+        host,
+        device,
+    })
+}
+
+/// The rows as a Markdown table, times the median of `repeat` runs.
+fn print_table(rows: &[Row], repeat: usize) {
     println!(
         "| size | layout | variant | GB/s | s (median of {repeat}) | vs fresh-memory | vs python-numpy | peak RSS MiB | stager peak host / device MiB |"
     );
@@ -450,5 +484,4 @@ fn parent(args: &[String]) -> Result<(), BoxError> {
             held
         );
     }
-    Ok(())
 }

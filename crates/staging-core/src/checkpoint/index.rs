@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::header::read_header;
+use super::header::{ParsedFile, read_header};
 use super::store::{LocalFiles, Store};
 use super::{Checkpoint, MAX_INDEX_SIZE, Wanted, natural_cmp};
 use crate::error::{Error, Result};
@@ -47,51 +47,8 @@ impl Checkpoint {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let file = store.open(index_path)?;
-        let size = file.size();
-        if size > MAX_INDEX_SIZE {
-            return Err(Error::index(
-                index_path,
-                format!("{size} bytes is over the {MAX_INDEX_SIZE}-byte limit"),
-            ));
-        }
-        let text = file.read_exact(0, size)?;
-        let index: IndexFile = serde_json::from_slice(&text).map_err(|e| {
-            let reason = e.to_string();
-            // A JSON file that is no index at all (a model's config.json, given as its path).
-            let reason = if reason.starts_with("missing field `weight_map`") {
-                "no `weight_map`, so not a safetensors index (a config.json? give the \
-                 checkpoint's directory or its .safetensors files)"
-                    .to_owned()
-            } else {
-                reason
-            };
-            Error::index(index_path, reason)
-        })?;
-
-        // Shards in natural order of their names; names resolving to one file are one shard.
-        let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
-        names.sort_by(|a, b| natural_cmp(a, b));
-        names.dedup();
-        let mut shard_of_name: HashMap<&str, usize> = HashMap::new();
-        let mut shard_paths: Vec<PathBuf> = Vec::new();
-        let mut canonical_seen: HashMap<PathBuf, usize> = HashMap::new();
-        for name in names {
-            let joined = store
-                .join(&root, name)
-                .map_err(|why| Error::index(index_path, format!("shard path {name:?} {why}")))?;
-            let Some(canonical) = store.canonical(&joined)? else {
-                return Err(Error::index(
-                    index_path,
-                    format!("shard {name:?} does not exist"),
-                ));
-            };
-            let slot = *canonical_seen.entry(canonical).or_insert_with(|| {
-                shard_paths.push(joined);
-                shard_paths.len() - 1
-            });
-            shard_of_name.insert(name, slot);
-        }
+        let index = read_index(store, index_path)?;
+        let (shard_paths, shard_of_name) = shards_of(store, &root, index_path, &index)?;
 
         // The shards to read: those holding a tensor wanted (every one when all are).
         let read: Vec<bool> = match wanted {
@@ -118,58 +75,131 @@ impl Checkpoint {
                 parsed.push(read_header(store, path)?);
             }
         }
-        // The index and the headers read must agree both ways. Each shard's names as a set: a
-        // scan of the shard per name listed was quadratic in the tensors of a shard (60,000
-        // tensors in one file: 6.3 s of a 6.6 s load).
-        let held: Vec<HashSet<&str>> = parsed
-            .iter()
-            .map(|p| p.tensors.iter().map(|t| t.name.as_str()).collect())
-            .collect();
-        for (tensor, shard_name) in &index.weight_map {
-            let slot = shard_of_name.get(shard_name.as_str()).copied();
-            let Some(place) = slot.map(|s| place[s]) else {
-                return Err(Error::index(
-                    index_path,
-                    format!(
-                        "tensor {tensor:?} is listed in shard {shard_name:?}, which does not hold it"
-                    ),
-                ));
-            };
-            let Some(place) = place else {
-                continue; // a shard not read: nothing of it is loaded
-            };
-            let found = held
-                .get(place)
-                .is_some_and(|names| names.contains(tensor.as_str()));
-            if !found {
-                return Err(Error::index(
-                    index_path,
-                    format!(
-                        "tensor {tensor:?} is listed in shard {shard_name:?}, which does not hold it"
-                    ),
-                ));
-            }
-        }
-        for shard in &parsed {
-            if let Some(extra) = shard
-                .tensors
-                .iter()
-                .find(|t| !index.weight_map.contains_key(&t.name))
-            {
-                // A tensor the index lists under another shard is not "extra": when that shard
-                // holds it too, `assemble` reports the duplicate.
-                return Err(Error::index(
-                    index_path,
-                    format!(
-                        "shard {} holds tensor {:?}, which the index does not list",
-                        shard.file.path.display(),
-                        extra.name
-                    ),
-                ));
-            }
-        }
+        check_agreement(index_path, &index, &shard_of_name, &place, &parsed)?;
         Self::assemble(parsed)
     }
+}
+
+/// Reads and parses the index file (at most [`MAX_INDEX_SIZE`] bytes).
+fn read_index(store: &dyn Store, index_path: &Path) -> Result<IndexFile> {
+    let file = store.open(index_path)?;
+    let size = file.size();
+    if size > MAX_INDEX_SIZE {
+        return Err(Error::index(
+            index_path,
+            format!("{size} bytes is over the {MAX_INDEX_SIZE}-byte limit"),
+        ));
+    }
+    let text = file.read_exact(0, size)?;
+    serde_json::from_slice(&text).map_err(|e| {
+        let reason = e.to_string();
+        // A JSON file that is no index at all (a model's config.json, given as its path).
+        let reason = if reason.starts_with("missing field `weight_map`") {
+            "no `weight_map`, so not a safetensors index (a config.json? give the \
+             checkpoint's directory or its .safetensors files)"
+                .to_owned()
+        } else {
+            reason
+        };
+        Error::index(index_path, reason)
+    })
+}
+
+/// The index's shards: their paths in natural order of their names (names resolving to one file
+/// are one shard, at the place of the first), and each name's place among them. Every name must
+/// be a plain relative path under `root` ([`Store::join`]) naming a file that exists.
+fn shards_of<'i>(
+    store: &dyn Store,
+    root: &Path,
+    index_path: &Path,
+    index: &'i IndexFile,
+) -> Result<(Vec<PathBuf>, HashMap<&'i str, usize>)> {
+    let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
+    names.sort_by(|a, b| natural_cmp(a, b));
+    names.dedup();
+    let mut shard_of_name: HashMap<&str, usize> = HashMap::new();
+    let mut shard_paths: Vec<PathBuf> = Vec::new();
+    let mut canonical_seen: HashMap<PathBuf, usize> = HashMap::new();
+    for name in names {
+        let joined = store
+            .join(root, name)
+            .map_err(|why| Error::index(index_path, format!("shard path {name:?} {why}")))?;
+        let Some(canonical) = store.canonical(&joined)? else {
+            return Err(Error::index(
+                index_path,
+                format!("shard {name:?} does not exist"),
+            ));
+        };
+        let slot = *canonical_seen.entry(canonical).or_insert_with(|| {
+            shard_paths.push(joined);
+            shard_paths.len() - 1
+        });
+        shard_of_name.insert(name, slot);
+    }
+    Ok((shard_paths, shard_of_name))
+}
+
+/// Checks that the index and the headers read (`parsed`; `place` gives each shard's place among
+/// them, `None` for one not read) agree both ways: every tensor listed in a shard read is in
+/// its header, and every tensor of a header read is listed.
+fn check_agreement(
+    index_path: &Path,
+    index: &IndexFile,
+    shard_of_name: &HashMap<&str, usize>,
+    place: &[Option<usize>],
+    parsed: &[ParsedFile],
+) -> Result<()> {
+    // The index and the headers read must agree both ways. Each shard's names as a set: a
+    // scan of the shard per name listed was quadratic in the tensors of a shard (60,000
+    // tensors in one file: 6.3 s of a 6.6 s load).
+    let held: Vec<HashSet<&str>> = parsed
+        .iter()
+        .map(|p| p.tensors.iter().map(|t| t.name.as_str()).collect())
+        .collect();
+    for (tensor, shard_name) in &index.weight_map {
+        let slot = shard_of_name.get(shard_name.as_str()).copied();
+        let Some(place) = slot.map(|s| place[s]) else {
+            return Err(Error::index(
+                index_path,
+                format!(
+                    "tensor {tensor:?} is listed in shard {shard_name:?}, which does not hold it"
+                ),
+            ));
+        };
+        let Some(place) = place else {
+            continue; // a shard not read: nothing of it is loaded
+        };
+        let found = held
+            .get(place)
+            .is_some_and(|names| names.contains(tensor.as_str()));
+        if !found {
+            return Err(Error::index(
+                index_path,
+                format!(
+                    "tensor {tensor:?} is listed in shard {shard_name:?}, which does not hold it"
+                ),
+            ));
+        }
+    }
+    for shard in parsed {
+        if let Some(extra) = shard
+            .tensors
+            .iter()
+            .find(|t| !index.weight_map.contains_key(&t.name))
+        {
+            // A tensor the index lists under another shard is not "extra": when that shard
+            // holds it too, `assemble` reports the duplicate.
+            return Err(Error::index(
+                index_path,
+                format!(
+                    "shard {} holds tensor {:?}, which the index does not list",
+                    shard.file.path.display(),
+                    extra.name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
