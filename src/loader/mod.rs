@@ -9,9 +9,13 @@
 //!
 //! The builder is in `builder`, the prepared loader (opening checkpoints, reading headers,
 //! revalidating a store) in `prepared`, where bytes come from (local paths or URLs) in `source`;
-//! the load itself, erased over the backend's reader and allocator, is here.
+//! loads whose tensors are mappings of their files in `mapped`, with their copies into a
+//! caller's destination in `copy` and reads of some columns of a tensor in `columns`; the load
+//! itself, erased over the backend's reader and allocator, is here.
 
 mod builder;
+mod columns;
+mod copy;
 mod mapped;
 mod prepared;
 mod source;

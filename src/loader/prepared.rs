@@ -217,7 +217,7 @@ impl<'d> Prepared<'d> {
         {
             return Ok(None);
         }
-        Ok(super::mapped::read_columns(
+        Ok(super::columns::read_columns(
             checkpoint,
             self.maps.as_ref(),
             columns,
