@@ -175,6 +175,15 @@ impl fmt::Debug for Load<'_> {
 }
 
 impl Load<'_> {
+    /// The template of a progress bar over a load's bytes (an `indicatif` template), which
+    /// every door that draws one uses (`stage` on a terminal, Python's `progress=True`): sizes
+    /// in binary units, as the report and the documentation give them (`86.65 MiB/1.2 GiB`), the
+    /// rate in decimal ones, as every GB/s the project reports.
+    pub const PROGRESS_TEMPLATE: &'static str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {decimal_bytes_per_sec}";
+    /// The characters the bar is drawn with (done, the head, to do), with
+    /// [`PROGRESS_TEMPLATE`](Self::PROGRESS_TEMPLATE).
+    pub const PROGRESS_CHARS: &'static str = "=> ";
+
     /// The report so far; final once the iterator has returned `None` or an error.
     pub fn report(&self) -> LoadReport {
         let mut report = self.inner.report();

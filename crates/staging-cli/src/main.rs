@@ -41,7 +41,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use safetensors_staging::{ErrorKind, LoadOptions, Prepared};
+use safetensors_staging::{ErrorKind, Load, LoadOptions, Prepared};
 use staging_cli::parse_size;
 use staging_core::io_words;
 
@@ -268,10 +268,8 @@ fn load_and_report(
     }
     let progress = if !args.json && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total);
-        let style = ProgressStyle::with_template(
-            "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
-        )?;
-        bar.set_style(style.progress_chars("=> "));
+        let style = ProgressStyle::with_template(Load::PROGRESS_TEMPLATE)?;
+        bar.set_style(style.progress_chars(Load::PROGRESS_CHARS));
         bar
     } else {
         ProgressBar::hidden()
