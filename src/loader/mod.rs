@@ -32,6 +32,7 @@ pub use builder::Loader;
 
 pub use prepared::Prepared;
 
+use crate::backend::OnReader;
 use crate::error::{Error, Result};
 use crate::space::sealed::Sealed;
 use crate::space::{AnyDestination, Boxed, KnownSpace};
@@ -52,7 +53,7 @@ struct Setup<'d> {
     destination: AnyDestination<'d>,
 }
 
-impl<'d> prepared::OnReader<'d> for Setup<'d> {
+impl<'d> OnReader<'d> for Setup<'d> {
     type Output = Box<dyn ErasedLoad + 'd>;
 
     fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
