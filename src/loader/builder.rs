@@ -12,7 +12,7 @@ use super::Load;
 use super::mapped::MapDecision;
 use super::prepared::Prepared;
 use super::source::Source;
-use crate::backend::{self, Backend, MapFiles, Opened};
+use crate::backend::{self, Backend, MapFiles};
 use crate::device::Device;
 #[cfg(doc)]
 use crate::error::Error;
@@ -340,8 +340,8 @@ impl<'d> Loader<'d> {
                 .memory_budget(self.memory_cap.or(self.policy.memory_budget()))
                 .build()?
         };
-        let map = match &chosen.opened {
-            Opened::Host { options, .. } if !options.direct_io => {
+        let map = match chosen.opened.host_options() {
+            Some(options) if !options.direct_io => {
                 map_decision(options.map, device, self.memory_cap)
             }
             _ => MapDecision::No,

@@ -9,9 +9,13 @@
 //!
 //! The builder is in `builder`, the prepared loader (opening checkpoints, reading headers,
 //! revalidating a store) in `prepared`, where bytes come from (local paths or URLs) in `source`;
-//! the load itself, erased over the backend's reader and allocator, is here.
+//! loads whose tensors are mappings of their files in `mapped`, with their copies into a
+//! caller's destination in `copy` and reads of some columns of a tensor in `columns`; the load
+//! itself, erased over the backend's reader and allocator, is here.
 
 mod builder;
+mod columns;
+mod copy;
 mod mapped;
 mod prepared;
 mod source;
@@ -28,6 +32,7 @@ pub use builder::Loader;
 
 pub use prepared::Prepared;
 
+use crate::backend::OnReader;
 use crate::error::{Error, Result};
 use crate::space::sealed::Sealed;
 use crate::space::{AnyDestination, Boxed, KnownSpace};
@@ -48,7 +53,7 @@ struct Setup<'d> {
     destination: AnyDestination<'d>,
 }
 
-impl<'d> prepared::OnReader<'d> for Setup<'d> {
+impl<'d> OnReader<'d> for Setup<'d> {
     type Output = Box<dyn ErasedLoad + 'd>;
 
     fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
@@ -171,6 +176,15 @@ impl fmt::Debug for Load<'_> {
 }
 
 impl Load<'_> {
+    /// The template of a progress bar over a load's bytes (an `indicatif` template), which
+    /// every door that draws one uses (`stage` on a terminal, Python's `progress=True`): sizes
+    /// in binary units, as the report and the documentation give them (`86.65 MiB/1.2 GiB`), the
+    /// rate in decimal ones, as every GB/s the project reports.
+    pub const PROGRESS_TEMPLATE: &'static str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {decimal_bytes_per_sec}";
+    /// The characters the bar is drawn with (done, the head, to do), with
+    /// [`PROGRESS_TEMPLATE`](Self::PROGRESS_TEMPLATE).
+    pub const PROGRESS_CHARS: &'static str = "=> ";
+
     /// The report so far; final once the iterator has returned `None` or an error.
     pub fn report(&self) -> LoadReport {
         let mut report = self.inner.report();

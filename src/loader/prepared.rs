@@ -6,7 +6,6 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use staging_core::host::HostReader;
 use staging_core::{
     Checkpoint, Destination, DeviceAllocator, HostMemory, IoThreads, KeepOpen, OpenFiles,
     RawDestination, Reader, Selection, ShardFile, StagingPolicy, Wanted,
@@ -17,7 +16,7 @@ use super::Loader;
 use super::mapped::{MapCache, MapDecision, MappedLoad};
 use super::source::{HubFacts, Source, is_hub};
 use super::{Load, Setup};
-use crate::backend::{Chosen, Opened};
+use crate::backend::{Chosen, OnReader};
 use crate::error::Result;
 use crate::space::{AnyDestination, KnownSpace};
 
@@ -97,15 +96,7 @@ impl fmt::Debug for Prepared<'_> {
 impl<'d> Prepared<'d> {
     /// The backend chosen: `host`, `cufile`, `hipfile` or `mock`.
     pub fn backend_name(&self) -> &'static str {
-        match &self.chosen.opened {
-            Opened::Host { .. } => "host",
-            #[cfg(feature = "cufile")]
-            Opened::Cufile(_) => "cufile",
-            #[cfg(feature = "hipfile")]
-            Opened::Hipfile(_) => "hipfile",
-            #[cfg(feature = "mock")]
-            Opened::Mock { .. } => "mock",
-        }
+        self.chosen.opened.name()
     }
 
     /// What the Hugging Face Hub path opened last (by [`open`](Self::open) or
@@ -217,7 +208,7 @@ impl<'d> Prepared<'d> {
         {
             return Ok(None);
         }
-        Ok(super::mapped::read_columns(
+        Ok(super::columns::read_columns(
             checkpoint,
             self.maps.as_ref(),
             columns,
@@ -453,53 +444,10 @@ impl<'d> Prepared<'d> {
 
     /// Runs `task` with the reader and allocator this loader's backend reads `source` with.
     fn with_reader<T: OnReader<'d>>(&self, source: Source, task: T) -> Result<T::Output> {
-        match (&self.chosen.opened, source) {
-            (
-                Opened::Host {
-                    options,
-                    allocator,
-                    direct,
-                },
-                Source::Local,
-            ) if options.direct_io => task.run(Arc::clone(direct), allocator.clone(), "host"),
-            (Opened::Host { allocator, .. }, Source::Local) => {
-                task.run(HostReader, allocator.clone(), "host")
-            }
+        match source {
+            Source::Local => self.chosen.opened.with_reader(None, task),
             #[cfg(feature = "remote")]
-            (Opened::Host { allocator, .. }, Source::Remote(remote)) => {
-                task.run(remote.reader(), allocator.clone(), "host")
-            }
-            #[cfg(feature = "cufile")]
-            (Opened::Cufile(backend), Source::Local) => task.run(
-                backend.reader.another(),
-                backend.allocator.clone(),
-                "cufile",
-            ),
-            #[cfg(all(feature = "cufile", feature = "remote"))]
-            (Opened::Cufile(backend), Source::Remote(remote)) => {
-                let reader = backend.reader.bounced(remote.reader());
-                task.run(reader, backend.allocator.clone(), "cufile")
-            }
-            #[cfg(feature = "hipfile")]
-            (Opened::Hipfile(backend), Source::Local) => task.run(
-                backend.reader.another(),
-                backend.allocator.clone(),
-                "hipfile",
-            ),
-            #[cfg(all(feature = "hipfile", feature = "remote"))]
-            (Opened::Hipfile(backend), Source::Remote(remote)) => {
-                let reader = backend.reader.bounced(remote.reader());
-                task.run(reader, backend.allocator.clone(), "hipfile")
-            }
-            #[cfg(feature = "mock")]
-            (Opened::Mock { reader, allocator }, Source::Local) => {
-                task.run(Arc::clone(reader), Arc::clone(allocator), "mock")
-            }
-            #[cfg(all(feature = "mock", feature = "remote"))]
-            (Opened::Mock { allocator, .. }, Source::Remote(remote)) => {
-                let reader = backend_mock::FaultyReader::new(remote.reader()).labelled("mock");
-                task.run(reader, Arc::clone(allocator), "mock")
-            }
+            Source::Remote(remote) => self.chosen.opened.with_reader(Some(&remote), task),
         }
     }
 
@@ -581,10 +529,7 @@ impl<'d> Prepared<'d> {
             destination: std::mem::replace(&mut self.destination, AnyDestination::None),
         };
         #[cfg(feature = "mock")]
-        let ledger = match &self.chosen.opened {
-            Opened::Mock { allocator, .. } => Some(allocator.ledger()),
-            _ => None,
-        };
+        let ledger = self.chosen.opened.ledger();
         // Each load reads through a reader of its own, on what the backend's loads share.
         let inner = self.with_reader(source, setup)?;
         Ok(Load {
@@ -596,20 +541,6 @@ impl<'d> Prepared<'d> {
             ledger,
         })
     }
-}
-
-/// Work done with the reader (and allocator) a backend reads a source with: a load, or binding
-/// a reader's files ([`Prepared::keep_files_open_for`]).
-pub(super) trait OnReader<'d> {
-    type Output;
-
-    fn run<R, A>(self, reader: R, allocator: A, backend: &str) -> Result<Self::Output>
-    where
-        R: Reader + 'd,
-        R::File: 'static,
-        R::Space: KnownSpace,
-        A: DeviceAllocator<Space = R::Space> + 'static,
-        A::Buffer: Sync + 'static;
 }
 
 /// Opens files into the files a reader keeps ([`OpenFiles`]), each checked against the identity

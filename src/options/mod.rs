@@ -3,36 +3,40 @@
 //! `stg_config_set(config, key, value)` each hand `(key, value)` pairs (or typed values) to
 //! [`LoadOptions::set`], and [`LoadOptions::loader`] turns the result into a [`Loader`]. What
 //! `auto` means, and what "a GPU was asked for" means, is decided in [`crate::backend`] from
-//! [`Device`] and [`BackendKind`], for every door alike.
+//! [`Device`](crate::Device) and [`BackendKind`], for every door alike.
 //!
-//! - `table`: the one table of keys ([`OptionSpec`]): aliases, kinds, defaults, help, setters;
+//! - `table`: the one list of options: each row the field of [`LoadOptions`], its default, and
+//!   its entry in the table of keys ([`OptionSpec`]: aliases, kind, documented default, help,
+//!   how it is parsed and shown);
+//! - `spec`: what an entry is, and the macro that makes the struct, its `Default` and `Debug`,
+//!   and the table from the list;
 //! - `parse`: the spellings of values (sizes, booleans, hosts, row ranges, globs).
 
 mod parse;
+mod spec;
 mod table;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::str::FromStr;
 
 use staging_core::{RowRange, Selection, StagingPolicy};
 
-use crate::backend::{AutoOptions, Backend, HostOptions, MapFiles};
-use crate::device::Device;
+use crate::backend::{AutoOptions, Backend, HostOptions};
 use crate::error::{Error, Result};
 use crate::loader::Loader;
 
 pub use backend_gds::{CufileMode, HipfileMode};
 pub use parse::{escape_name, parse_rows, parse_size};
 use parse::{glob, is_name};
-pub use table::{OptionSpec, ValueKind};
+pub use spec::{OptionSpec, ValueKind};
+pub use table::LoadOptions;
 
 /// Which backend loads the tensors, by name (its options are the other fields of
 /// [`LoadOptions`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum BackendKind {
-    /// Decided by the [`Device`]: a GPU backend (cuFile, then hipFile) when the device is a GPU
+    /// Decided by the [`Device`](crate::Device): a GPU backend (cuFile, then hipFile) when the device is a GPU
     /// or `auto`, the host backend for `cpu` or when `auto` finds no GPU.
     #[default]
     Auto,
@@ -83,221 +87,6 @@ impl FromStr for BackendKind {
                 [rest @ .., last] => format!("expected {} or {last}", rest.join(", ")),
                 [] => "no backend".to_owned(),
             })
-    }
-}
-
-/// Every setting of a load, as plain data: what `stage`'s flags, Python's keywords and C's
-/// `stg_config_set` keys all spell, one field per key of [`LoadOptions::specs`]. `None` keeps the
-/// library's default. Two doors given the same settings produce equal options. Neither `Debug`
-/// nor [`describe`](Self::describe) (the `key = value` lines every door prints) shows a secret:
-/// a store option that may hold one reads `<redacted>`.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LoadOptions {
-    /// `backend`: which backend loads (default `auto`).
-    pub backend: BackendKind,
-    /// `device`: where the tensors go (default `auto`).
-    pub device: Device,
-    /// `memory_cap`: device bytes the load may use: the host backend's capacity, or a budget
-    /// replacing a GPU's free-memory figure.
-    pub memory_cap: Option<u64>,
-    /// `chunk_size`: the largest single read; also the staging buffer's size unless
-    /// `staging_size` is set.
-    pub chunk_size: Option<usize>,
-    /// `staging_size`: the size of each device staging buffer of host assembly.
-    pub staging_size: Option<usize>,
-    /// `headroom_min`: the headroom's floor, in bytes (`max(headroom_min, len / divisor)`).
-    pub headroom_min: Option<u64>,
-    /// `headroom_divisor`: the headroom's divisor.
-    pub headroom_divisor: Option<u64>,
-    /// `threads`: I/O threads.
-    pub threads: Option<usize>,
-    /// `staging_slots`: staging buffers host assembly uses at once.
-    pub staging_slots: Option<usize>,
-    /// `coalesce_below`: back-to-back tensors smaller than this are read together.
-    pub coalesce_below: Option<usize>,
-    /// `suballocate`: tensors under 1 MiB are carved from shared blocks (default true).
-    pub suballocate: bool,
-    /// `host_assembly`: a tensor the device cannot hold is assembled in host memory (default
-    /// true); off, it is an out-of-memory error (`StagingPolicy::host_assembly`).
-    pub host_assembly: bool,
-    /// `direct_io`: the host backend reads with `O_DIRECT` (default false).
-    pub direct_io: bool,
-    /// `map`: host tensors from local files are mappings of the files (default `auto`: for
-    /// device `cpu`).
-    pub map: MapFiles,
-    /// `cufile_mode`: how cuFile reads (default `auto`).
-    pub cufile_mode: CufileMode,
-    /// `cufile_lib`: an explicit libcufile path.
-    pub cufile_lib: Option<PathBuf>,
-    /// `hipfile_mode`: how hipFile reads (default `auto`).
-    pub hipfile_mode: HipfileMode,
-    /// `hipfile_lib`: an explicit libhipfile path.
-    pub hipfile_lib: Option<PathBuf>,
-    /// `hip_lib`: an explicit HIP runtime path.
-    pub hip_lib: Option<PathBuf>,
-    /// `select` (repeatable): tensors to load, by glob; a pattern without `*?[]{}` is a name,
-    /// and a name the checkpoint does not hold is an error. None: every tensor.
-    pub select: Vec<String>,
-    /// `rows` (repeatable, `GLOB=START:END` or `GLOB=RANK/PARTS`): rows of dimension 0 to load
-    /// of the tensors matching GLOB (the first rule that matches wins; a GLOB that is a name
-    /// must exist).
-    pub rows: Vec<(String, RowRange)>,
-    /// `concurrency`: for a URL, ranged GETs in flight.
-    pub concurrency: Option<usize>,
-    /// `range_size`: for a URL, bytes per ranged GET.
-    pub range_size: Option<usize>,
-    /// `retries`: for a URL, retries of a transiently failed request.
-    pub retries: Option<usize>,
-    /// `bandwidth`: for a URL, at most this many bytes per second.
-    pub bandwidth: Option<u64>,
-    /// `store_option` (repeatable, `KEY=VALUE`): object_store options, after the environment.
-    pub store_options: Vec<(String, String)>,
-    /// `allow_redirect` (repeatable): for a URL, a host a redirect may lead to besides the one
-    /// asked for (`cdn.example.com`, `*.example.com`, or `*` for any).
-    pub allow_redirects: Vec<String>,
-    /// `cache`: a model from the Hub (`hf://`) is written into the Hugging Face cache as it
-    /// streams (default true); false streams it without writing anything.
-    pub cache: bool,
-    /// `cache_dir`: the Hugging Face cache (default `HF_HUB_CACHE`, else `$HF_HOME/hub`).
-    pub cache_dir: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for LoadOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Every field by name, so that a new one cannot be left out of the dump unnoticed.
-        let Self {
-            backend,
-            device,
-            memory_cap,
-            chunk_size,
-            staging_size,
-            headroom_min,
-            headroom_divisor,
-            threads,
-            staging_slots,
-            coalesce_below,
-            suballocate,
-            host_assembly,
-            direct_io,
-            map,
-            cufile_mode,
-            cufile_lib,
-            hipfile_mode,
-            hipfile_lib,
-            hip_lib,
-            select,
-            rows,
-            concurrency,
-            range_size,
-            retries,
-            bandwidth,
-            store_options,
-            allow_redirects,
-            cache,
-            cache_dir,
-        } = self;
-        f.debug_struct("LoadOptions")
-            .field("backend", backend)
-            .field("device", device)
-            .field("memory_cap", memory_cap)
-            .field("chunk_size", chunk_size)
-            .field("staging_size", staging_size)
-            .field("headroom_min", headroom_min)
-            .field("headroom_divisor", headroom_divisor)
-            .field("threads", threads)
-            .field("staging_slots", staging_slots)
-            .field("coalesce_below", coalesce_below)
-            .field("suballocate", suballocate)
-            .field("host_assembly", host_assembly)
-            .field("direct_io", direct_io)
-            .field("map", map)
-            .field("cufile_mode", cufile_mode)
-            .field("cufile_lib", cufile_lib)
-            .field("hipfile_mode", hipfile_mode)
-            .field("hipfile_lib", hipfile_lib)
-            .field("hip_lib", hip_lib)
-            .field("select", select)
-            .field("rows", rows)
-            .field("concurrency", concurrency)
-            .field("range_size", range_size)
-            .field("retries", retries)
-            .field("bandwidth", bandwidth)
-            .field("store_options", &redacted_store_options(store_options))
-            .field("allow_redirects", allow_redirects)
-            .field("cache", cache)
-            .field("cache_dir", cache_dir)
-            .finish()
-    }
-}
-
-/// A size in the grammar `set` parses: the largest binary unit it is a whole number of.
-fn show_size(bytes: u64) -> String {
-    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
-/// Rows in the spelling `rows` takes after its `GLOB=`.
-fn show_rows(range: &RowRange) -> String {
-    match range {
-        RowRange::Rows(rows) => format!("{}:{}", rows.start, rows.end),
-        RowRange::Part { rank, parts } => format!("{rank}/{parts}"),
-    }
-}
-
-/// `options` as they may be shown: the remote backend's redaction of secret values, or (in a
-/// build without it) every value redacted.
-fn redacted_store_options(options: &[(String, String)]) -> Vec<(String, String)> {
-    #[cfg(feature = "remote")]
-    {
-        backend_remote::redacted_options(options)
-    }
-    #[cfg(not(feature = "remote"))]
-    {
-        options
-            .iter()
-            .map(|(key, _)| (key.clone(), "<redacted>".to_owned()))
-            .collect()
-    }
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self {
-            backend: BackendKind::Auto,
-            device: Device::Auto,
-            memory_cap: None,
-            chunk_size: None,
-            staging_size: None,
-            headroom_min: None,
-            headroom_divisor: None,
-            threads: None,
-            staging_slots: None,
-            coalesce_below: None,
-            suballocate: true,
-            host_assembly: true,
-            direct_io: false,
-            map: MapFiles::Auto,
-            cufile_mode: CufileMode::Auto,
-            cufile_lib: None,
-            hipfile_mode: HipfileMode::Auto,
-            hipfile_lib: None,
-            hip_lib: None,
-            select: Vec::new(),
-            rows: Vec::new(),
-            concurrency: None,
-            range_size: None,
-            retries: None,
-            bandwidth: None,
-            store_options: Vec::new(),
-            allow_redirects: Vec::new(),
-            cache: true,
-            cache_dir: None,
-        }
     }
 }
 
@@ -376,7 +165,7 @@ impl LoadOptions {
         let mut text = String::new();
         for spec in Self::specs() {
             let key = spec.name();
-            let values = self.values_of(key);
+            let values = spec.values(self);
             let is_default = spec.default_is_value() && values == [spec.default()];
             if values.is_empty() || is_default {
                 // `writeln!` into a String cannot fail.
@@ -393,63 +182,6 @@ impl LoadOptions {
             }
         }
         text
-    }
-
-    /// `key`'s values as [`set`](Self::set) spells them; none where it is unset.
-    fn values_of(&self, key: &str) -> Vec<String> {
-        let size = |value: Option<u64>| value.map(show_size).into_iter().collect();
-        let usize_size = |value: Option<usize>| size(value.map(|v| v as u64));
-        let count = |value: Option<usize>| value.map(|v| v.to_string()).into_iter().collect();
-        let path = |value: &Option<PathBuf>| {
-            value
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .into_iter()
-                .collect()
-        };
-        match key {
-            "backend" => vec![self.backend.as_str().to_owned()],
-            "device" => vec![self.device.to_string()],
-            "memory_cap" => size(self.memory_cap),
-            "chunk_size" => usize_size(self.chunk_size),
-            "staging_size" => usize_size(self.staging_size),
-            "headroom_min" => size(self.headroom_min),
-            "headroom_divisor" => self
-                .headroom_divisor
-                .map(|v| v.to_string())
-                .into_iter()
-                .collect(),
-            "threads" => count(self.threads),
-            "staging_slots" => count(self.staging_slots),
-            "coalesce_below" => usize_size(self.coalesce_below),
-            "suballocate" => vec![self.suballocate.to_string()],
-            "host_assembly" => vec![self.host_assembly.to_string()],
-            "direct_io" => vec![self.direct_io.to_string()],
-            "map" => vec![self.map.as_str().to_owned()],
-            "cufile_mode" => vec![self.cufile_mode.to_string()],
-            "cufile_lib" => path(&self.cufile_lib),
-            "hipfile_mode" => vec![self.hipfile_mode.to_string()],
-            "hipfile_lib" => path(&self.hipfile_lib),
-            "hip_lib" => path(&self.hip_lib),
-            "select" => self.select.clone(),
-            "rows" => self
-                .rows
-                .iter()
-                .map(|(glob, range)| format!("{glob}={}", show_rows(range)))
-                .collect(),
-            "concurrency" => count(self.concurrency),
-            "range_size" => usize_size(self.range_size),
-            "retries" => count(self.retries),
-            "bandwidth" => size(self.bandwidth),
-            "store_option" => redacted_store_options(&self.store_options)
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect(),
-            "allow_redirect" => self.allow_redirects.clone(),
-            "cache" => vec![self.cache.to_string()],
-            "cache_dir" => path(&self.cache_dir),
-            _ => Vec::new(),
-        }
     }
 
     /// The staging policy these options give (the defaults for what is unset; `chunk_size` also

@@ -2,6 +2,7 @@
 //! the table; its documented defaults against the real ones.
 
 use super::*;
+use crate::device::Device;
 use rstest::rstest;
 
 #[rstest]
@@ -366,7 +367,7 @@ fn a_bad_size_says_what_was_expected(#[case] value: &str, #[case] message: &str)
 }
 
 /// Every key of the table shows in `describe` as set once it is set to something other than
-/// its default: a key added to the table without its line in `values_of` fails here.
+/// its default: a row whose getter does not show what its setter set fails here.
 #[test]
 fn describe_shows_every_key_once_set() {
     for spec in LoadOptions::specs() {

@@ -43,7 +43,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 #[cfg(feature = "mock")]
 use safetensors_staging::ErrorKind;
-use safetensors_staging::{LoadOptions, Prepared};
+use safetensors_staging::{Load, LoadOptions, Prepared};
 use staging_cli::parse_size;
 use staging_core::io_words;
 
@@ -259,10 +259,8 @@ fn load_and_report(
     let count = load.checkpoint().tensors().len();
     let progress = if !args.json && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total);
-        let style = ProgressStyle::with_template(
-            "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
-        )?;
-        bar.set_style(style.progress_chars("=> "));
+        let style = ProgressStyle::with_template(Load::PROGRESS_TEMPLATE)?;
+        bar.set_style(style.progress_chars(Load::PROGRESS_CHARS));
         bar
     } else {
         ProgressBar::hidden()

@@ -132,10 +132,8 @@ pub(crate) fn stage(
     let total = load.checkpoint().total_bytes();
     let bar = if progress && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total);
-        if let Ok(style) = ProgressStyle::with_template(
-            "{spinner} {elapsed_precise} [{wide_bar}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}",
-        ) {
-            bar.set_style(style.progress_chars("=> "));
+        if let Ok(style) = ProgressStyle::with_template(Load::PROGRESS_TEMPLATE) {
+            bar.set_style(style.progress_chars(Load::PROGRESS_CHARS));
         }
         Some(bar)
     } else {

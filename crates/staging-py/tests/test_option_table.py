@@ -94,7 +94,8 @@ def error_rows() -> Dict[str, str]:
 
 def test_the_error_reference_names_the_classes_raised() -> None:
     rows = error_rows()
-    assert len(rows) == 17, rows
+    # The page parsed (the generated page has a row per kind: reference.rs holds it to the table).
+    assert len(rows) >= 17, rows
     for name in rows.values():
         cls = getattr(st, name)
         assert issubclass(cls, st.StagingError), name
