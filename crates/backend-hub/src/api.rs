@@ -14,7 +14,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use super::HubPath;
+use crate::path::HubPath;
 use backend_remote::redacted;
 use backend_remote::{Redirects, RetryPolicy, transport_failure};
 

@@ -28,10 +28,11 @@ use object_store::{
 };
 use reqwest::{Method, StatusCode};
 
-use super::HubPath;
-use super::api::{
+use crate::api::{
     Api, MAX_HOPS, Resolved, TreeFile, redirect_loop, redirect_target, status_error, transient,
 };
+use crate::counters::Counters;
+use crate::path::HubPath;
 
 /// Signed URLs asked for again in a row for one request, at most.
 const RERESOLVE: usize = 3;
@@ -77,7 +78,7 @@ struct Shared {
     resolved: Mutex<HashMap<String, Resolved>>,
     retry: RetryPolicy,
     /// Bytes received and read from the cache are counted here.
-    counters: Arc<super::Counters>,
+    counters: Arc<Counters>,
 }
 
 impl HubStore {
@@ -88,7 +89,7 @@ impl HubStore {
         files: HashMap<String, TreeFile>,
         local: HashMap<String, Local>,
         retry: RetryPolicy,
-        counters: Arc<super::Counters>,
+        counters: Arc<Counters>,
     ) -> Self {
         Self {
             inner: Arc::new(Shared {
@@ -359,7 +360,7 @@ impl Body {
                         chunk
                     };
                     self.received += chunk.len() as u64;
-                    super::Counters::add(&self.shared.counters.downloaded, chunk.len() as u64);
+                    Counters::add(&self.shared.counters.downloaded, chunk.len() as u64);
                     return Some((Ok(chunk), self));
                 }
                 Some(Err(e)) => e.to_string(),
@@ -486,7 +487,7 @@ impl ObjectStore for HubStore {
         } else if let Some(local) = shared.local.get(location.as_ref()) {
             let bytes = read_local(local, &range, file).await.map_err(failure)?;
             if matches!(local, Local::Blob(_)) {
-                super::Counters::add(&shared.counters.from_cache, bytes.len() as u64);
+                Counters::add(&shared.counters.from_cache, bytes.len() as u64);
             }
             futures::stream::once(async move { Ok(bytes) }).boxed()
         } else {
