@@ -14,9 +14,12 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use super::HubPath;
+use crate::path::HubPath;
 use backend_remote::redacted;
-use backend_remote::{Redirects, RetryPolicy, transport_failure};
+use backend_remote::{
+    Attempt, Redirects, RetryError, RetryPolicy, transient_status, transient_transport,
+    transport_failure,
+};
 
 /// Redirects followed for one request at most: a `resolve` of a renamed repository (on the
 /// Hub), then the CDN's own.
@@ -154,7 +157,7 @@ pub(crate) fn status_error(
                 file.map_or_else(|| format!("revision {revision}"), |f| format!("file {f}"))
             ),
         ),
-        _ if transient(status) => io::Error::other(NoAnswer(format!(
+        _ if transient_status(status) => io::Error::other(NoAnswer(format!(
             "{repo}: the Hub answered {status}{message}"
         ))),
         _ => hub_error(
@@ -186,11 +189,6 @@ pub(crate) async fn body(
         out.extend_from_slice(&chunk);
     }
     Ok(out)
-}
-
-/// Whether a status is worth asking again: the server's trouble, or too many requests.
-pub(crate) fn transient(status: StatusCode) -> bool {
-    status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
 }
 
 /// Where a `resolve` of a file sends its bytes from.
@@ -289,25 +287,37 @@ impl Api {
         }
     }
 
-    /// Sends a request, retrying a transport failure or a transient status as `retry` says.
+    /// Sends a request, retrying a transport failure or a transient status as `retry` says
+    /// (`backend-remote`'s one retry loop); once the retries run out, the last answer is
+    /// handed back (its status in words is the caller's), or the transport failure.
     pub(crate) async fn send(
         &self,
         method: Method,
         url: &url::Url,
         retry: RetryPolicy,
     ) -> io::Result<reqwest::Response> {
-        let mut delays = retry.delays();
-        loop {
-            let result = self.request(method.clone(), url).send().await;
-            let again = match &result {
-                Ok(response) => transient(response.status()),
-                Err(e) => !e.is_builder(),
-            };
-            match (result, again.then(|| delays.next()).flatten()) {
-                (_, Some(delay)) => tokio::time::sleep(delay).await,
-                (Ok(response), None) => return Ok(response),
-                (Err(e), None) => return Err(transport(&e, url.as_str())),
-            }
+        let outcome = retry
+            .retry(|| {
+                let request = self.request(method.clone(), url).send();
+                async move {
+                    match request.await {
+                        Ok(response) if transient_status(response.status()) => {
+                            Attempt::Transient(Ok(response))
+                        }
+                        Ok(response) => Attempt::Done(response),
+                        Err(e) if transient_transport(&e) => Attempt::Transient(Err(e)),
+                        Err(e) => Attempt::Permanent(Err(e)),
+                    }
+                }
+            })
+            .await;
+        match outcome {
+            Ok(response)
+            | Err(RetryError {
+                error: Ok(response),
+                ..
+            }) => Ok(response),
+            Err(RetryError { error: Err(e), .. }) => Err(transport(&e, url.as_str())),
         }
     }
 

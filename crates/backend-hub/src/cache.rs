@@ -28,7 +28,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use sha2::Digest;
 
-use super::api::TreeFile;
+use crate::api::TreeFile;
+use crate::counters::Counters;
 
 /// What `huggingface_hub` writes into `CACHEDIR.TAG`.
 const CACHEDIR_TAG: &str = "Signature: 8a477f597d28d172789f06886806bc55\n\
@@ -83,7 +84,7 @@ impl RepoCache {
     pub(crate) fn read_ref(&self, revision: &str) -> Option<String> {
         let text = std::fs::read_to_string(self.repo.join("refs").join(revision)).ok()?;
         let text = text.trim();
-        super::api::is_commit(text).then(|| text.to_owned())
+        crate::api::is_commit(text).then(|| text.to_owned())
     }
 
     /// Creates the folders of blobs and locks and `CACHEDIR.TAG` (when missing). Not the
@@ -423,7 +424,7 @@ pub(crate) struct HubCache {
     dirs: RepoCache,
     commit: String,
     /// Bytes committed are counted here.
-    counters: Arc<super::Counters>,
+    counters: Arc<Counters>,
     /// The files the store serves, by object key.
     files: HashMap<String, TreeFile>,
     blobs: Mutex<HashMap<String, Arc<Blob>>>,
@@ -434,7 +435,7 @@ impl HubCache {
         dirs: RepoCache,
         commit: String,
         files: HashMap<String, TreeFile>,
-        counters: Arc<super::Counters>,
+        counters: Arc<Counters>,
     ) -> Self {
         Self {
             dirs,
@@ -619,7 +620,7 @@ impl HubCache {
         }
         drop(lock);
         drop(state);
-        super::Counters::add(&self.counters.written, size);
+        Counters::add(&self.counters.written, size);
         self.dirs.link(&self.commit, &blob.file)
     }
 

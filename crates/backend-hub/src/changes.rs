@@ -12,8 +12,11 @@ use staging_core::Error;
 
 use crate::api::{self, is_commit};
 use crate::cache::RepoCache;
-use crate::{Connection, HubOptions, HubPath, Opened, connect, error_at, offline, open_offline};
-use crate::{parse, repo_cache};
+use crate::config::{HubOptions, Settings};
+use crate::connect::{Connection, connect};
+use crate::facts::Opened;
+use crate::local::open_offline;
+use crate::path::{HubPath, error_at, parse};
 
 /// What changed between two commits of a Hub model ([`changes`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,15 +63,17 @@ pub fn changes(
         revision: Some(since.to_owned()),
         ..what.clone()
     };
-    let dirs = repo_cache(&what, hub);
-    let compared = if offline(hub) {
+    // The environment, read once for what `hub` leaves unsaid.
+    let settings = Settings::from_env(hub);
+    let dirs = RepoCache::new(&settings.cache_dir, &what.cache_folder());
+    let compared = if settings.offline {
         let why = "HF_HUB_OFFLINE is set: the cache's snapshots compared".to_owned();
         from_cache(&what, &old, &dirs, why)?
     } else {
-        let connection = connect(&what, options, hub)?;
-        match from_hub(&connection, &what, &old, &dirs, options, hub) {
+        let connection = connect(&what, options, &settings)?;
+        match from_hub(&connection, &what, &old, &dirs, options, &settings) {
             Ok(compared) => compared,
-            Err((e, of)) if hub.cache && api::unavailable(&e) => {
+            Err((e, of)) if settings.cache && api::unavailable(&e) => {
                 let why =
                     format!("the Hub could not be asked ({e}): the cache's snapshots compared");
                 from_cache(&what, &old, &dirs, why).map_err(|_| error_at(of, e))?
@@ -121,7 +126,7 @@ fn from_hub<'a>(
     old: &'a HubPath,
     dirs: &RepoCache,
     options: &Options,
-    hub: &HubOptions,
+    settings: &Settings,
 ) -> Result<Compared, Failed<'a>> {
     let Connection { api, runtime, .. } = connection;
     let retry = options.retry();
@@ -144,7 +149,7 @@ fn from_hub<'a>(
     // start after this reload (an engine's restart, a config read by `huggingface_hub`) finds
     // the new commit. A cache that cannot be written is the load's to report.
     let revision = what.revision_or_main();
-    if hub.cache && !is_commit(revision) && dirs.prepare().is_ok() {
+    if settings.cache && !is_commit(revision) && dirs.prepare().is_ok() {
         let _ = dirs.write_ref(revision, &commit);
     }
     let changed = sorted_changes(&new_files, |name, blob| old_files.get(name) == Some(blob));

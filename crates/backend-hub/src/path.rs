@@ -1,5 +1,10 @@
 //! `hf://org/name[@revision][/path]`: a model on the Hugging Face Hub, as every door takes it.
 
+use std::io;
+use std::path::{Path, PathBuf};
+
+use staging_core::Error;
+
 /// A model on the Hub: `hf://org/name`, optionally `@revision` (a branch, tag or commit; a
 /// revision holding `/`, such as `refs/pr/1`, is written percent-encoded: `@refs%2Fpr%2F1`)
 /// and a path inside the repository (a directory, an index or one `.safetensors` file).
@@ -144,6 +149,26 @@ impl std::fmt::Display for HubPath {
 /// What a revision has percent-encoded in a Hub path: `/` (it would start the path), `%`, `@`.
 const REVISION: percent_encoding::AsciiSet =
     percent_encoding::CONTROLS.add(b'/').add(b'%').add(b'@');
+
+/// `path` as a Hub path, or why not.
+pub(crate) fn parse(path: &Path) -> Result<HubPath, Error> {
+    let text = path.to_str().ok_or_else(|| Error::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "a Hub path must be UTF-8"),
+    })?;
+    HubPath::parse(text).map_err(|why| Error::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, why),
+    })
+}
+
+/// An error about `what`, as the core reports one.
+pub(crate) fn error_at(what: &HubPath, e: io::Error) -> Error {
+    Error::Io {
+        path: PathBuf::from(what.to_string()),
+        source: e,
+    }
+}
 
 #[cfg(test)]
 mod tests {

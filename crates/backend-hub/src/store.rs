@@ -8,14 +8,15 @@
 //! once per file and kept), with no token; a signed URL that has expired (the CDN answers 400,
 //! 401, 403 or 410) is asked for again, at most [`RERESOLVE`] times in a row. A body cut short
 //! is resumed from where it stopped; a transient failure (5xx, 429, no answer) is retried, both
-//! under the load's [`RetryPolicy`] (its waits jittered).
+//! under the load's [`RetryPolicy`] (its waits jittered) by `backend-remote`'s one retry loop
+//! ([`RetryContext::run`]): the re-resolve and the resumption are the operations it retries, not
+//! loops of their own.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -28,18 +29,20 @@ use object_store::{
 };
 use reqwest::{Method, StatusCode};
 
-use super::HubPath;
-use super::api::{
-    Api, MAX_HOPS, Resolved, TreeFile, redirect_loop, redirect_target, status_error, transient,
-};
+use crate::api::{Api, MAX_HOPS, Resolved, TreeFile, redirect_loop, redirect_target, status_error};
+use crate::counters::Counters;
+use crate::path::HubPath;
 
 /// Signed URLs asked for again in a row for one request, at most.
 const RERESOLVE: usize = 3;
 
+use backend_remote::{
+    Attempt, RetryContext, RetryError, RetryPolicy, StoreFailure, transient_status,
+    transient_transport, transport_failure,
+};
+
 /// An error of the Hub, carried through object_store's error as its source: its words are
 /// shown as they are.
-use backend_remote::{RetryPolicy, StoreFailure};
-
 fn failure(e: io::Error) -> object_store::Error {
     object_store::Error::Generic {
         store: "Hugging Face Hub",
@@ -77,7 +80,7 @@ struct Shared {
     resolved: Mutex<HashMap<String, Resolved>>,
     retry: RetryPolicy,
     /// Bytes received and read from the cache are counted here.
-    counters: Arc<super::Counters>,
+    counters: Arc<Counters>,
 }
 
 impl HubStore {
@@ -88,7 +91,7 @@ impl HubStore {
         files: HashMap<String, TreeFile>,
         local: HashMap<String, Local>,
         retry: RetryPolicy,
-        counters: Arc<super::Counters>,
+        counters: Arc<Counters>,
     ) -> Self {
         Self {
             inner: Arc::new(Shared {
@@ -159,104 +162,120 @@ impl Shared {
         Ok(resolved)
     }
 
-    /// A response with the bytes `range` of the file at `key`: its body is exactly them.
+    /// A response with the bytes `range` of the file at `key`: its body is exactly them. Tried
+    /// under the load's retry policy (`backend-remote`'s one retry loop), the operation retried
+    /// being [`Shared::try_open`]: a signed URL that has expired is asked for afresh and the
+    /// request re-issued at once, at most [`RERESOLVE`] times in a row.
     async fn open(
         &self,
         key: &Key,
         file: &TreeFile,
         range: Range<u64>,
     ) -> io::Result<reqwest::Response> {
-        let mut fresh = false;
-        let mut reresolved = 0;
-        let mut delays = self.retry.delays();
-        loop {
-            let source = self.source(key, file, fresh).await?;
-            fresh = false;
-            let mut url = source.url.clone();
-            let mut hops = 0;
-            let response = loop {
-                let request = self.api.request(Method::GET, &url).header(
-                    reqwest::header::RANGE,
-                    format!("bytes={}-{}", range.start, range.end - 1),
-                );
-                let response = match request.send().await {
-                    Ok(response) => response,
-                    Err(e) => match delays.next() {
-                        Some(delay) => break Err(delay),
-                        None => {
-                            return Err(io::Error::other(format!(
-                                "{}: {}",
-                                file.path,
-                                backend_remote::transport_failure(&e)
-                                    .unwrap_or_else(|| e.to_string())
-                            )));
-                        }
-                    },
-                };
-                if response.status().is_redirection() {
-                    hops += 1;
-                    if hops > MAX_HOPS {
-                        return Err(redirect_loop(&source.url));
-                    }
-                    let target = redirect_target(&url, response.headers())?;
-                    self.api.follow(&url, &target, Some(&file.path))?;
-                    url = target;
-                    continue;
-                }
-                break Ok(response);
+        let mut context = RetryContext::new(&self.retry);
+        let range = &range;
+        let run = context.run(Reissue::default(), |mut state: Reissue| async move {
+            let attempt = match self.try_open(key, file, range, &mut state).await {
+                Ok(attempt) => attempt,
+                Err(e) => Attempt::Permanent(e),
             };
-            // A transport failure: again, after its wait.
-            let response = match response {
-                Ok(response) => response,
-                Err(delay) => {
-                    tokio::time::sleep(delay).await;
-                    continue;
-                }
-            };
-            let status = response.status();
-            if status == StatusCode::PARTIAL_CONTENT || status == StatusCode::OK {
-                check_range(&response, &range, file)?;
-                return Ok(response);
-            }
-            if transient(status)
-                && let Some(delay) = delays.next()
-            {
-                tokio::time::sleep(delay).await;
-                continue;
-            }
-            let expired = !self.api.on_hub(&url)
-                && matches!(
-                    status,
-                    StatusCode::BAD_REQUEST
-                        | StatusCode::UNAUTHORIZED
-                        | StatusCode::FORBIDDEN
-                        | StatusCode::GONE
-                );
-            if expired && reresolved < RERESOLVE {
-                reresolved += 1;
-                fresh = true;
-                continue;
-            }
-            if expired {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "{}: the storage server refused the Hub's signed URL {} times in a \
-                         row ({status}), asked for afresh each time",
-                        file.path,
-                        RERESOLVE + 1
-                    ),
-                ));
-            }
-            return Err(status_error(
-                status,
-                response.headers(),
-                &self.what,
-                Some(&file.path),
-                self.api.has_token(),
-            ));
-        }
+            (state, attempt)
+        });
+        run.await.1.map_err(|e| e.error)
     }
+
+    /// One try of [`Shared::open`]: the file's source (asked afresh when `state` says the kept
+    /// one expired), a ranged `GET` of it, and its redirects followed. `Err`: a permanent
+    /// failure.
+    async fn try_open(
+        &self,
+        key: &Key,
+        file: &TreeFile,
+        range: &Range<u64>,
+        state: &mut Reissue,
+    ) -> io::Result<Attempt<reqwest::Response, io::Error>> {
+        let source = self
+            .source(key, file, std::mem::take(&mut state.fresh))
+            .await?;
+        let mut url = source.url.clone();
+        let mut hops = 0;
+        let response = loop {
+            let request = self.api.request(Method::GET, &url).header(
+                reqwest::header::RANGE,
+                format!("bytes={}-{}", range.start, range.end - 1),
+            );
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(e) => {
+                    let words = transport_failure(&e).unwrap_or_else(|| e.to_string());
+                    let error = io::Error::other(format!("{}: {words}", file.path));
+                    return Ok(if transient_transport(&e) {
+                        Attempt::Transient(error)
+                    } else {
+                        Attempt::Permanent(error)
+                    });
+                }
+            };
+            if !response.status().is_redirection() {
+                break response;
+            }
+            hops += 1;
+            if hops > MAX_HOPS {
+                return Err(redirect_loop(&source.url));
+            }
+            let target = redirect_target(&url, response.headers())?;
+            self.api.follow(&url, &target, Some(&file.path))?;
+            url = target;
+        };
+        let status = response.status();
+        if status == StatusCode::PARTIAL_CONTENT || status == StatusCode::OK {
+            check_range(&response, range, file)?;
+            return Ok(Attempt::Done(response));
+        }
+        let error = status_error(
+            status,
+            response.headers(),
+            &self.what,
+            Some(&file.path),
+            self.api.has_token(),
+        );
+        if transient_status(status) {
+            return Ok(Attempt::Transient(error));
+        }
+        let expired = !self.api.on_hub(&url)
+            && matches!(
+                status,
+                StatusCode::BAD_REQUEST
+                    | StatusCode::UNAUTHORIZED
+                    | StatusCode::FORBIDDEN
+                    | StatusCode::GONE
+            );
+        if !expired {
+            return Err(error);
+        }
+        if state.reresolved < RERESOLVE {
+            state.reresolved += 1;
+            state.fresh = true;
+            return Ok(Attempt::Reissue);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: the storage server refused the Hub's signed URL {} times in a row \
+                 ({status}), asked for afresh each time",
+                file.path,
+                RERESOLVE + 1
+            ),
+        ))
+    }
+}
+
+/// What a ranged read carries from one try to the next: whether the signed URL kept has
+/// expired (the next try asks for it afresh), and how often it was asked for afresh.
+#[derive(Debug, Default)]
+struct Reissue {
+    fresh: bool,
+    reresolved: usize,
 }
 
 /// Whether `response` carries exactly `range` of `file`.
@@ -312,75 +331,99 @@ fn check_range(
     }
 }
 
-/// The body of one ranged read, resumed from where it stopped when cut short.
+/// The body of one ranged read, resumed from where it stopped when cut short: each chunk is
+/// the operation retried ([`Reading::chunk`]), under one [`RetryContext`] for the whole body.
 struct Body {
+    reading: Reading,
+    /// The waits before each resumption (the retry policy's), across the body's chunks.
+    context: RetryContext,
+    done: bool,
+}
+
+/// Where a body's reading has got to: what a resumption starts from.
+struct Reading {
     shared: Arc<Shared>,
     key: Key,
     file: TreeFile,
     range: Range<u64>,
     received: u64,
     stream: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
-    resumed: usize,
-    /// The waits before each resumption (the retry policy's).
-    delays: Box<dyn Iterator<Item = Duration> + Send>,
-    done: bool,
+}
+
+/// Why a chunk could not be read: the request for the rest failed (for good: it was retried
+/// already), or the body was cut short (in these words).
+enum Stop {
+    Open(io::Error),
+    Cut(String),
 }
 
 impl Body {
     async fn next(mut self) -> Option<(object_store::Result<Bytes>, Self)> {
-        let len = self.range.end - self.range.start;
-        loop {
-            if self.done || self.received >= len {
-                return None;
-            }
-            let stream = match self.stream.as_mut() {
-                Some(stream) => stream,
-                None => {
-                    let from = self.range.start + self.received;
-                    match self
-                        .shared
-                        .open(&self.key, &self.file, from..self.range.end)
-                        .await
-                    {
-                        Ok(response) => self.stream.insert(response.bytes_stream().boxed()),
-                        Err(e) => {
-                            self.done = true;
-                            return Some((Err(failure(e)), self));
-                        }
-                    }
-                }
-            };
-            let cut = match stream.next().await {
-                Some(Ok(chunk)) => {
-                    let left = len - self.received;
-                    let chunk = if chunk.len() as u64 > left {
-                        chunk.slice(..left as usize)
-                    } else {
-                        chunk
-                    };
-                    self.received += chunk.len() as u64;
-                    super::Counters::add(&self.shared.counters.downloaded, chunk.len() as u64);
-                    return Some((Ok(chunk), self));
-                }
-                Some(Err(e)) => e.to_string(),
-                None => "the body ended early".to_owned(),
-            };
-            self.stream = None;
-            let Some(delay) = self.delays.next() else {
-                self.done = true;
-                let e = io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{}: the body was cut short {} times ({cut})",
-                        self.file.path,
-                        self.resumed + 1
-                    ),
-                );
-                return Some((Err(failure(e)), self));
-            };
-            tokio::time::sleep(delay).await;
-            self.resumed += 1;
+        let len = self.reading.range.end - self.reading.range.start;
+        if self.done || self.reading.received >= len {
+            return None;
         }
+        let (reading, outcome) = self.context.run(self.reading, Reading::chunk).await;
+        self.reading = reading;
+        let e = match outcome {
+            Ok(chunk) => return Some((Ok(chunk), self)),
+            Err(RetryError {
+                error: Stop::Open(e),
+                ..
+            }) => e,
+            Err(RetryError {
+                error: Stop::Cut(cut),
+                ..
+            }) => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: the body was cut short {} times ({cut})",
+                    self.reading.file.path,
+                    self.context.retries() + 1
+                ),
+            ),
+        };
+        self.done = true;
+        Some((Err(failure(e)), self))
+    }
+}
+
+impl Reading {
+    /// The next chunk: the rest of the range asked for first where no body is being read (the
+    /// first, or the last cut short).
+    async fn chunk(mut self) -> (Self, Attempt<Bytes, Stop>) {
+        let len = self.range.end - self.range.start;
+        let stream = match self.stream.as_mut() {
+            Some(stream) => stream,
+            None => {
+                let from = self.range.start + self.received;
+                match self
+                    .shared
+                    .open(&self.key, &self.file, from..self.range.end)
+                    .await
+                {
+                    Ok(response) => self.stream.insert(response.bytes_stream().boxed()),
+                    Err(e) => return (self, Attempt::Permanent(Stop::Open(e))),
+                }
+            }
+        };
+        let cut = match stream.next().await {
+            Some(Ok(chunk)) => {
+                let left = len - self.received;
+                let chunk = if chunk.len() as u64 > left {
+                    chunk.slice(..left as usize)
+                } else {
+                    chunk
+                };
+                self.received += chunk.len() as u64;
+                Counters::add(&self.shared.counters.downloaded, chunk.len() as u64);
+                return (self, Attempt::Done(chunk));
+            }
+            Some(Err(e)) => e.to_string(),
+            None => "the body ended early".to_owned(),
+        };
+        self.stream = None;
+        (self, Attempt::Transient(Stop::Cut(cut)))
     }
 }
 
@@ -486,19 +529,20 @@ impl ObjectStore for HubStore {
         } else if let Some(local) = shared.local.get(location.as_ref()) {
             let bytes = read_local(local, &range, file).await.map_err(failure)?;
             if matches!(local, Local::Blob(_)) {
-                super::Counters::add(&shared.counters.from_cache, bytes.len() as u64);
+                Counters::add(&shared.counters.from_cache, bytes.len() as u64);
             }
             futures::stream::once(async move { Ok(bytes) }).boxed()
         } else {
             let body = Body {
-                shared: Arc::clone(shared),
-                key: location.clone(),
-                file: file.clone(),
-                range: range.clone(),
-                received: 0,
-                stream: None,
-                resumed: 0,
-                delays: Box::new(shared.retry.delays()),
+                reading: Reading {
+                    shared: Arc::clone(shared),
+                    key: location.clone(),
+                    file: file.clone(),
+                    range: range.clone(),
+                    received: 0,
+                    stream: None,
+                },
+                context: RetryContext::new(&shared.retry),
                 done: false,
             };
             futures::stream::unfold(body, Body::next).boxed()

@@ -11,6 +11,7 @@ use object_store::{GetOptions, GetRange, ObjectStoreExt};
 
 use crate::errors::{describe, kind_of};
 use crate::inner::Inner;
+use crate::retry::{Attempt, RetryContext};
 use crate::version::{Object, Version};
 
 impl Inner {
@@ -49,19 +50,18 @@ impl Inner {
     /// One ranged `GET`, conditional on `object`'s version, streamed into `dst`. Without an
     /// ETag a body cut short is not resumed: the whole range is asked for again, at most
     /// as often as the retry policy allows, after its waits (with an ETag object_store resumes
-    /// it, conditional on the ETag).
+    /// it, conditional on the ETag). The retry loop is the crate's one ([`RetryContext::run`]).
     async fn fetch_range(&self, object: &Object, offset: u64, dst: &mut [u8]) -> io::Result<()> {
-        let mut delays = self.retry.delays();
-        loop {
-            match self.fetch_range_once(object, offset, dst).await {
-                Err(Failure::Body(e)) if object.version.etag.is_none() => match delays.next() {
-                    Some(delay) => tokio::time::sleep(delay).await,
-                    None => return Err(e),
-                },
-                Err(Failure::Body(e) | Failure::Request(e)) => return Err(e),
-                Ok(()) => return Ok(()),
-            }
-        }
+        let mut context = RetryContext::new(&self.retry);
+        let tries = context.run(dst, |dst: &mut [u8]| async move {
+            let attempt = match self.fetch_range_once(object, offset, dst).await {
+                Ok(()) => Attempt::Done(()),
+                Err(Failure::Body(e)) if object.version.etag.is_none() => Attempt::Transient(e),
+                Err(Failure::Body(e) | Failure::Request(e)) => Attempt::Permanent(e),
+            };
+            (dst, attempt)
+        });
+        tries.await.1.map_err(|e| e.error)
     }
 
     async fn fetch_range_once(

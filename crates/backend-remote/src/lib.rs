@@ -49,15 +49,16 @@
 //! `http://` endpoint is allowed because it says so), then [`Options::config`] (object_store's
 //! keys, such as `aws_endpoint` or `allow_http`), which wins.
 
-// The modules, bottom up (none uses one above it): `options` (what a `Remote` is opened with;
-// which store options are secret), `location` (URLs as store keys, and their redaction),
-// `client` (the HTTP client: logins, redirects), `errors` (object_store's errors as
+// The modules, bottom up (none uses one above it): `retry` (the one retry policy, and the one
+// retry loop every retry outside object_store runs through), `options` (what a `Remote` is
+// opened with; which store options are secret), `location` (URLs as store keys, and their
+// redaction), `client` (the HTTP client: logins, redirects), `errors` (object_store's errors as
 // `io::Error`s), `pace` (the bandwidth cap), `runtime` (the `Remote`'s own tokio runtime, and
 // calls that block on it), `version` (what an object was when its header was read, and whether
 // a response shows another one), `inner` (what the parts share: the store, its runtime, the
-// versions recorded, the `HEAD`s answered), `fetch` (ranged, conditional `GET`s and their
-// retries), `reader` (the `RemoteReader`) and `store` (the `Remote` itself and its `Store`:
-// `HEAD`s, listings, the files a header is read from).
+// versions recorded, the `HEAD`s answered), `fetch` (ranged, conditional `GET`s, retried
+// through `retry`'s loop), `reader` (the `RemoteReader`) and `store` (the `Remote` itself and
+// its `Store`: `HEAD`s, listings, the files a header is read from).
 mod client;
 mod errors;
 mod fetch;
@@ -73,7 +74,7 @@ mod version;
 
 // What a protocol built on this crate's reader needs (`backend-hub`): a store of its own
 // behind a `Remote` (`Remote::with_store`), its runtime, its redirects, its errors, a tee of
-// the bytes read.
+// the bytes read, the retry loop its requests run through.
 pub use client::{Redirects, install_crypto};
 pub use errors::{StoreFailure, transport_failure};
 pub use inner::{Stats, Tee};
@@ -82,7 +83,10 @@ pub use location::{REDACTED, Scheme, redacted, redacted_path, redacted_text};
 pub use object_store::ObjectStore;
 pub use options::{Interrupt, Options, is_secret_option, redacted_options};
 pub use reader::RemoteReader;
-pub use retry::{MAX_BACKOFF, RetryPolicy};
+pub use retry::{
+    Attempt, MAX_BACKOFF, RetryContext, RetryError, RetryPolicy, transient_status,
+    transient_transport,
+};
 pub use runtime::OwnedRuntime;
 pub use store::Remote;
 pub use version::{Object, Validator};
