@@ -145,6 +145,34 @@ def test_the_library_says_what_a_selection_keeps(layered: Path) -> None:
     assert raised.value.kind == "selection"
 
 
+def test_a_typed_selection_that_keeps_nothing_is_refused_by_every_door(
+    layered: Path, stage_bin: Path
+) -> None:
+    """Names and globs that keep no tensor are the library's `SelectionError` (issue 58: only
+    `stage` refused them, Python loaded nothing), with `stage`'s message; an explicit empty
+    `select=[]` or a function that accepts no name still loads nothing."""
+    import subprocess
+
+    patterns = ["model.layers.9.*", "*.bias"]
+    expected = "the selection model.layers.9.*, *.bias matches no tensor of the checkpoint"
+    doors = {
+        "load_file": lambda: st.load_file(layered, select=patterns),
+        "stage": lambda: dict(st.stage(layered, select=patterns)),
+        "native": lambda: _native._select([str(layered)], select=patterns),
+    }
+    for door, call in doors.items():
+        with pytest.raises(st.SelectionError) as raised:
+            call()
+        assert (raised.value.kind, str(raised.value)) == ("selection", expected), door
+    command = [str(stage_bin), str(layered), "--backend", "host"]
+    for pattern in patterns:
+        command += ["--select", pattern]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stderr) == (1, f"stage: error: {expected}\n")
+    assert st.load_file(layered, select=[]) == {}
+    assert st.load_file(layered, select=lambda name: False) == {}
+
+
 def test_safe_open_reads_the_rows_a_plain_load_keeps(layered: Path) -> None:
     _, kept = _native._select([str(layered)], select=SELECT, rows=ROWS)
     plain = st.load_file(layered, select=SELECT, rows=ROWS)
