@@ -609,3 +609,32 @@ fn a_load_of_some_tensors_leaves_no_partial_blob() {
             .is_file()
     );
 }
+
+#[test]
+fn a_selection_reads_only_the_headers_of_the_shards_holding_it() {
+    // The index is read first; the streamed load then opens it for the tensors selected, as an
+    // `s3://` load does, so the second shard is never asked for, not even its header.
+    let f = fixture();
+    let mut load = f
+        .loader(f.options())
+        .select(safetensors_staging::Selection::names(["small"]))
+        .open("hf://org/tiny")
+        .unwrap();
+    let (loaded, error) = drain(&mut load);
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(loaded.len(), 1);
+    let report = load.report();
+    assert_eq!(report.mode.as_str(), "remote");
+    assert_eq!((report.headers_read, report.files), (1, 1));
+    let log = f.hub.log();
+    assert!(
+        log.iter()
+            .any(|l| l.path.ends_with("model-00001-of-00002.safetensors")),
+        "{log:#?}"
+    );
+    assert!(
+        !log.iter()
+            .any(|l| l.path.ends_with("model-00002-of-00002.safetensors")),
+        "{log:#?}"
+    );
+}

@@ -1,6 +1,11 @@
-//! Which files of a repository a load reads, as the loaders choose them: the index, else
-//! `model.safetensors`, else every `*.safetensors` in natural order; the shards an index names;
-//! the small files fetched beside the weights (every file that is not a weight).
+//! Which files of a repository a load reads, as core chooses them for every store
+//! ([`checkpoint_files`]: the index, else `model.safetensors`, else every `*.safetensors` in
+//! natural order); the shards an index names, as core reads them ([`index_shard_names`]); the
+//! small files fetched beside the weights (every file that is not a weight).
+
+use staging_core::{
+    INDEX_FILE_NAME, Layout, SINGLE_FILE_NAME, checkpoint_files, index_shard_names,
+};
 
 use crate::api::TreeFile;
 use crate::path::HubPath;
@@ -43,8 +48,9 @@ pub(crate) fn is_weight(name: &str) -> bool {
 }
 
 /// The weight files the loaders would read under `dir` (`""`: the root), and the index, if
-/// one names them: `model.safetensors.index.json`, else `model.safetensors`, else every
-/// `*.safetensors` there in natural order. `Err` says what is there instead.
+/// one names them: the file asked for, else what core's rule picks of the folder's files
+/// ([`checkpoint_files`]: `model.safetensors.index.json`, else `model.safetensors`, else every
+/// `*.safetensors` there in natural order). `Err` says what is there instead.
 pub(crate) fn choose(
     files: &[TreeFile],
     what: &HubPath,
@@ -62,25 +68,22 @@ pub(crate) fn choose(
     } else {
         format!("{given}/")
     };
+    // The names directly in the folder (the listing holds files only).
     let in_dir = |name: &str| {
         name.strip_prefix(dir.as_str())
             .filter(|rest| !rest.contains('/'))
             .is_some()
     };
-    let index = format!("{dir}model.safetensors.index.json");
-    if files.iter().any(|f| f.path == index) {
-        return Ok((Some(index), Vec::new()));
-    }
-    let single = format!("{dir}model.safetensors");
-    if files.iter().any(|f| f.path == single) {
-        return Ok((None, vec![single]));
-    }
-    let mut found: Vec<String> = files
+    let names = files
         .iter()
-        .map(|f| f.path.clone())
-        .filter(|p| in_dir(p) && p.ends_with(".safetensors"))
-        .filter(|p| !p.rsplit('/').next().unwrap_or("").starts_with('.'))
-        .collect();
+        .filter_map(|f| f.path.strip_prefix(dir.as_str()))
+        .filter(|rest| !rest.contains('/'));
+    let found = match checkpoint_files(names) {
+        Layout::Index => return Ok((Some(format!("{dir}{INDEX_FILE_NAME}")), Vec::new())),
+        Layout::Single => return Ok((None, vec![format!("{dir}{SINGLE_FILE_NAME}")])),
+        Layout::Files(found) => found,
+        Layout::Nothing => Vec::new(),
+    };
     if found.is_empty() {
         if !given.is_empty() && !files.iter().any(|f| f.path.starts_with(&dir)) {
             return Err(format!("{} has no file or folder {given}", what.repo));
@@ -102,8 +105,10 @@ pub(crate) fn choose(
             if given.is_empty() { "its root" } else { given }
         ));
     }
-    found.sort_by(|a, b| staging_core::natural_cmp(a, b));
-    Ok((None, found))
+    Ok((
+        None,
+        found.iter().map(|name| format!("{dir}{name}")).collect(),
+    ))
 }
 
 /// Whether `path` is a repository's documentation (`README.md`, any `*.md`, `.gitattributes`),
@@ -113,31 +118,21 @@ pub(crate) fn is_documentation(path: &str) -> bool {
     name.to_ascii_lowercase().ends_with(".md") || name == ".gitattributes"
 }
 
-/// The shard files an index names (joined under the index's folder), in the order first named.
+/// The shard files the index `index` names (joined under its folder), each once, in natural
+/// order: core's reading of an index ([`index_shard_names`]), with its checks and words.
 pub(crate) fn shards_of(bytes: &[u8], index: &str) -> Result<Vec<String>, String> {
-    /// An index as far as it is read here: which file holds each tensor.
-    #[derive(serde::Deserialize)]
-    struct Index {
-        weight_map: std::collections::BTreeMap<String, String>,
-    }
-    let doc: Index = serde_json::from_slice(bytes)
-        .map_err(|e| format!("{index} is not an index (a weight_map of file names): {e}"))?;
+    let names = index_shard_names(std::path::Path::new(index), bytes).map_err(|e| e.to_string())?;
     let dir = index.rsplit_once('/').map_or("", |(d, _)| d);
-    let mut seen = std::collections::HashSet::new();
-    let mut shards = Vec::new();
-    for name in doc.weight_map.values() {
-        staging_core::checked_components(name)
-            .map_err(|why| format!("{index} names a shard {name:?}, which {why}"))?;
-        let joined = if dir.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{dir}/{name}")
-        };
-        if seen.insert(joined.clone()) {
-            shards.push(joined);
-        }
-    }
-    Ok(shards)
+    Ok(names
+        .into_iter()
+        .map(|name| {
+            if dir.is_empty() {
+                name
+            } else {
+                format!("{dir}/{name}")
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -233,16 +228,17 @@ mod tests {
 
     #[test]
     fn an_index_names_its_shards_under_its_folder_and_nothing_outside() {
-        let index = br#"{"weight_map":{"a":"s-1.safetensors","b":"s-2.safetensors","c":"s-1.safetensors"}}"#;
+        // Each once, in natural order (as core reads them), whichever tensor names them first.
+        let index = br#"{"weight_map":{"a":"s-10.safetensors","b":"s-2.safetensors","c":"s-10.safetensors"}}"#;
         assert_eq!(
             shards_of(index, "sub/model.safetensors.index.json").unwrap(),
-            ["sub/s-1.safetensors", "sub/s-2.safetensors"]
+            ["sub/s-2.safetensors", "sub/s-10.safetensors"]
         );
         let hostile = br#"{"weight_map":{"a":"../../etc/passwd"}}"#;
         assert!(shards_of(hostile, "i.json").unwrap_err().contains("'..'"));
         for bad in [&b"{}"[..], br#"{"weight_map":{"a":1}}"#, b"[]", b"not json"] {
             let error = shards_of(bad, "i.json").unwrap_err();
-            assert!(error.starts_with("i.json is not an index"), "{error}");
+            assert!(error.starts_with("i.json: invalid index: "), "{error}");
         }
         // Other keys (`metadata`) are the index's business.
         let with_metadata = br#"{"metadata":{"total_size":8},"weight_map":{"a":"s.safetensors"}}"#;
@@ -250,5 +246,100 @@ mod tests {
             shards_of(with_metadata, "i.json").unwrap(),
             ["s.safetensors"]
         );
+    }
+
+    /// The names a folder may hold: the index, the single file, shards whose natural and
+    /// byte orders differ, hidden files, near misses and other formats.
+    const POOL: &[&str] = &[
+        "model.safetensors.index.json",
+        "model.safetensors",
+        "model-00002-of-00003.safetensors",
+        "model-00010-of-00003.safetensors",
+        "model-00001-of-00003.safetensors",
+        "a-9.safetensors",
+        "a-10.safetensors",
+        "A-2.safetensors",
+        ".hidden.safetensors",
+        "model.safetensors.bak",
+        "x.SAFETENSORS",
+        "pytorch_model.bin",
+        "config.json",
+    ];
+
+    /// A safetensors file holding one byte, the tensor `tensor`.
+    fn write_weights(path: &std::path::Path, tensor: &str) {
+        let header = format!(r#"{{"{tensor}":{{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}}}"#);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.push(7);
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    proptest::proptest! {
+        /// For any folder listing (at the root or in a folder, beside files of another folder),
+        /// the Hub picks the files core's open of a real folder of those files reads: the index's
+        /// shards in the same order, the single file, or the shards in the same order; and
+        /// neither finds weights where the other finds none.
+        #[test]
+        fn the_hub_picks_what_core_opens(
+            chosen in proptest::sample::subsequence(POOL, 0..=POOL.len()),
+            in_index in proptest::collection::vec(proptest::bool::ANY, POOL.len()),
+            in_sub in proptest::bool::ANY,
+        ) {
+            let root = tempfile::tempdir().unwrap();
+            let (prefix, other) = if in_sub { ("sub/", "") } else { ("", "sub/") };
+            std::fs::create_dir_all(root.path().join("sub")).unwrap();
+            let folder = root.path().join(prefix);
+            let mut listing: Vec<String> = vec![
+                format!("{other}model.safetensors"),
+                format!("{other}b.safetensors"),
+            ];
+            for name in [&format!("{other}model.safetensors"), &format!("{other}b.safetensors")] {
+                write_weights(&root.path().join(name), name);
+            }
+            // The index names the chosen weight files its mask picks.
+            let mut weight_map = std::collections::BTreeMap::new();
+            for (name, named) in chosen.iter().zip(&in_index) {
+                listing.push(format!("{prefix}{name}"));
+                let path = folder.join(name);
+                if name.ends_with(".safetensors") {
+                    write_weights(&path, &format!("t:{name}"));
+                    if *named {
+                        weight_map.insert(format!("t:{name}"), name.to_string());
+                    }
+                } else if *name != INDEX_FILE_NAME {
+                    std::fs::write(&path, b"{}").unwrap();
+                }
+            }
+            let index = serde_json::to_vec(&serde_json::json!({ "weight_map": weight_map })).unwrap();
+            if chosen.contains(&INDEX_FILE_NAME) {
+                std::fs::write(folder.join(INDEX_FILE_NAME), &index).unwrap();
+            }
+            let tree: Vec<TreeFile> = listing.iter().map(|p| file(p)).collect();
+            let hub = choose(&tree, &what(in_sub.then_some("sub")));
+            let core = staging_core::Checkpoint::open(&folder);
+            let hub_files = match hub {
+                Ok((Some(index_path), files)) => {
+                    proptest::prop_assert!(files.is_empty());
+                    proptest::prop_assert_eq!(index_path, format!("{prefix}{INDEX_FILE_NAME}"));
+                    shards_of(&index, &format!("{prefix}{INDEX_FILE_NAME}")).unwrap()
+                }
+                Ok((None, files)) => files,
+                Err(why) => {
+                    proptest::prop_assert!(core.is_err(), "the Hub: {why}; core: {core:?}");
+                    return Ok(());
+                }
+            };
+            let core = core.unwrap();
+            let core_files: Vec<String> = core
+                .files()
+                .iter()
+                .map(|f| {
+                    let name = f.path.strip_prefix(root.path()).unwrap();
+                    name.to_string_lossy().into_owned()
+                })
+                .collect();
+            proptest::prop_assert_eq!(hub_files, core_files);
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use staging_core::Error;
+use staging_core::{Error, Layout, SINGLE_FILE_NAME, checkpoint_files};
 
 use crate::api::{TreeFile, is_commit};
 use crate::cache::RepoCache;
@@ -64,8 +64,8 @@ pub(crate) fn cached_target(
 }
 
 /// The weight files a local load of `path` (in the snapshot `snapshot`) reads, as paths in
-/// the repository: the index and every shard it names, else the `.safetensors` files of a
-/// folder in natural order, else the file. `None` when they are not all there.
+/// the repository: the index and every shard it names, else the weights of a folder as core
+/// chooses them ([`checkpoint_files`]), else the file. `None` when they are not all there.
 fn snapshot_files(snapshot: &Path, path: &Path) -> Option<Vec<String>> {
     let in_repo = |p: &Path| {
         p.strip_prefix(snapshot)
@@ -73,7 +73,7 @@ fn snapshot_files(snapshot: &Path, path: &Path) -> Option<Vec<String>> {
             .map(|rel| rel.to_string_lossy().into_owned())
     };
     let index = if path.is_dir() {
-        path.join("model.safetensors.index.json")
+        path.join(staging_core::INDEX_FILE_NAME)
     } else {
         path.to_path_buf()
     };
@@ -93,15 +93,23 @@ fn snapshot_files(snapshot: &Path, path: &Path) -> Option<Vec<String>> {
         return Some(files);
     }
     if path.is_dir() {
-        let mut found: Vec<String> = std::fs::read_dir(path)
+        // The files there, chosen as core's open of the folder chooses them.
+        let names: Vec<String> = std::fs::read_dir(path)
             .ok()?
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
             .filter(|e| e.path().is_file())
-            .filter_map(|e| in_repo(&e.path()))
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
             .collect();
-        found.sort_by(|a, b| staging_core::natural_cmp(a, b));
-        return (!found.is_empty()).then_some(found);
+        let found = match checkpoint_files(names.iter().map(String::as_str)) {
+            Layout::Single => vec![SINGLE_FILE_NAME],
+            Layout::Files(found) => found,
+            // An index that is a file was read above.
+            Layout::Index | Layout::Nothing => return None,
+        };
+        return found
+            .into_iter()
+            .map(|name| in_repo(&path.join(name)))
+            .collect();
     }
     path.is_file()
         .then(|| in_repo(path))
@@ -173,4 +181,50 @@ pub(crate) fn open_offline(
         ));
     };
     Ok(local_load(what, dirs, commit, counters))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_folder_s_files_are_those_core_opens() {
+        let snapshot = tempfile::tempdir().unwrap();
+        let sub = snapshot.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        for name in ["b-10.safetensors", "b-9.safetensors", ".b-0.safetensors"] {
+            std::fs::write(sub.join(name), b"").unwrap();
+        }
+        assert_eq!(
+            snapshot_files(snapshot.path(), &sub).unwrap(),
+            ["sub/b-9.safetensors", "sub/b-10.safetensors"]
+        );
+        // The single file wins over the others, as core's open of the folder reads it alone.
+        std::fs::write(sub.join("model.safetensors"), b"").unwrap();
+        assert_eq!(
+            snapshot_files(snapshot.path(), &sub).unwrap(),
+            ["sub/model.safetensors"]
+        );
+        // The index wins, and names the shards read, in natural order.
+        let index = br#"{"weight_map":{"a":"b-10.safetensors","b":"b-9.safetensors"}}"#;
+        std::fs::write(sub.join(INDEX), index).unwrap();
+        assert_eq!(
+            snapshot_files(snapshot.path(), &sub).unwrap(),
+            [
+                "sub/model.safetensors.index.json",
+                "sub/b-9.safetensors",
+                "sub/b-10.safetensors"
+            ]
+        );
+        // Weights the index names that are not there: not a snapshot to load from.
+        let missing = br#"{"weight_map":{"a":"gone.safetensors"}}"#;
+        std::fs::write(sub.join(INDEX), missing).unwrap();
+        assert_eq!(snapshot_files(snapshot.path(), &sub), None);
+        let empty = snapshot.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        std::fs::write(empty.join(".hidden.safetensors"), b"").unwrap();
+        assert_eq!(snapshot_files(snapshot.path(), &empty), None);
+    }
+
+    const INDEX: &str = staging_core::INDEX_FILE_NAME;
 }

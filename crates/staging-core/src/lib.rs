@@ -61,9 +61,10 @@ pub mod write;
 mod write_loop;
 
 pub use checkpoint::{
-    Checkpoint, Dtype, EntryKind, FileIdentity, INDEX_FILE_NAME, LocalFiles, MAX_HEADER_SIZE,
-    MAX_INDEX_SIZE, Piece, Plan, RowRange, SINGLE_FILE_NAME, Selection, ShardFile, Store,
-    StoreFile, TensorMeta, Wanted, checked_components, is_hub, is_url, natural_cmp,
+    Checkpoint, Dtype, EntryKind, FileIdentity, INDEX_FILE_NAME, Layout, LocalFiles,
+    MAX_HEADER_SIZE, MAX_INDEX_SIZE, Piece, Plan, RowRange, SINGLE_FILE_NAME, Selection, ShardFile,
+    Store, StoreFile, TensorMeta, Wanted, checked_components, checkpoint_files,
+    checkpoint_files_with, index_shard_names, is_hub, is_url, natural_cmp,
 };
 pub use error::{
     AllocError, DestinationError, DeviceError, Error, ErrorKind, KINDS_IN_DOORS, KindInDoors,

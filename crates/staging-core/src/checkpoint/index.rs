@@ -5,20 +5,14 @@
 //! index cannot reach outside its directory by what it says. Symlinks are followed wherever they
 //! point, as Python `safetensors` and `transformers` do, so hub-cache snapshots load as they are.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use super::header::{ParsedFile, read_header};
+use super::layout::IndexFile;
 use super::store::{LocalFiles, Store};
-use super::{Checkpoint, MAX_INDEX_SIZE, Wanted, natural_cmp};
+use super::{Checkpoint, MAX_INDEX_SIZE, Wanted};
 use crate::error::{Error, Result};
-
-#[derive(Deserialize)]
-struct IndexFile {
-    weight_map: BTreeMap<String, String>,
-}
 
 impl Checkpoint {
     /// Opens a sharded checkpoint from its index file. Every shard name, as written, must be a
@@ -91,18 +85,7 @@ fn read_index(store: &dyn Store, index_path: &Path) -> Result<IndexFile> {
         ));
     }
     let text = file.read_exact(0, size)?;
-    serde_json::from_slice(&text).map_err(|e| {
-        let reason = e.to_string();
-        // A JSON file that is no index at all (a model's config.json, given as its path).
-        let reason = if reason.starts_with("missing field `weight_map`") {
-            "no `weight_map`, so not a safetensors index (a config.json? give the \
-             checkpoint's directory or its .safetensors files)"
-                .to_owned()
-        } else {
-            reason
-        };
-        Error::index(index_path, reason)
-    })
+    IndexFile::parse(&text).map_err(|reason| Error::index(index_path, reason))
 }
 
 /// The index's shards: their paths in natural order of their names (names resolving to one file
@@ -114,9 +97,9 @@ fn shards_of<'i>(
     index_path: &Path,
     index: &'i IndexFile,
 ) -> Result<(Vec<PathBuf>, HashMap<&'i str, usize>)> {
-    let mut names: Vec<&str> = index.weight_map.values().map(String::as_str).collect();
-    names.sort_by(|a, b| natural_cmp(a, b));
-    names.dedup();
+    let names = index
+        .shard_names()
+        .map_err(|reason| Error::index(index_path, reason))?;
     let mut shard_of_name: HashMap<&str, usize> = HashMap::new();
     let mut shard_paths: Vec<PathBuf> = Vec::new();
     let mut canonical_seen: HashMap<PathBuf, usize> = HashMap::new();

@@ -9,11 +9,11 @@
 
 mod header;
 mod index;
+mod layout;
 mod partition;
 mod select;
 mod store;
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
@@ -22,6 +22,10 @@ use std::sync::Arc;
 pub use safetensors::Dtype;
 
 pub use header::FileIdentity;
+pub use layout::{
+    INDEX_FILE_NAME, Layout, SINGLE_FILE_NAME, checkpoint_files, checkpoint_files_with,
+    index_shard_names, natural_cmp,
+};
 pub use partition::{Piece, Plan};
 pub use select::{RowRange, Selection};
 pub use store::{EntryKind, LocalFiles, Store, StoreFile, checked_components, is_hub, is_url};
@@ -29,10 +33,6 @@ pub use store::{EntryKind, LocalFiles, Store, StoreFile, checked_components, is_
 use crate::error::{Error, Result};
 use header::{ParsedFile, read_header};
 
-/// The index file name Hugging Face uses for sharded checkpoints.
-pub const INDEX_FILE_NAME: &str = "model.safetensors.index.json";
-/// The single-file checkpoint name.
-pub const SINGLE_FILE_NAME: &str = "model.safetensors";
 /// The largest header the `safetensors` format allows, in bytes.
 pub const MAX_HEADER_SIZE: u64 = 100_000_000;
 /// The largest index file this library reads, in bytes (a million entries fit well inside).
@@ -174,28 +174,20 @@ impl Checkpoint {
                 )
             })
         };
-        let index = entry(INDEX_FILE_NAME)?;
-        if store.exists(&index) {
-            return Self::from_index_for_in(store, &index, wanted);
+        let layout =
+            checkpoint_files_with(|name| Ok(store.exists(&entry(name)?)), || store.list(dir))?;
+        match layout {
+            Layout::Index => Self::from_index_for_in(store, &entry(INDEX_FILE_NAME)?, wanted),
+            Layout::Single => Self::from_files_in(store, [entry(SINGLE_FILE_NAME)?]),
+            Layout::Files(found) => {
+                let files = found
+                    .iter()
+                    .map(|name| entry(name))
+                    .collect::<Result<Vec<_>>>()?;
+                Self::from_files_in(store, files)
+            }
+            Layout::Nothing => Err(Error::NoCheckpoint { path: dir.into() }),
         }
-        let single = entry(SINGLE_FILE_NAME)?;
-        if store.exists(&single) {
-            return Self::from_files_in(store, [single]);
-        }
-        let mut found: Vec<String> = store
-            .list(dir)?
-            .into_iter()
-            .filter(|name| name.ends_with(".safetensors") && !name.starts_with('.'))
-            .collect();
-        if found.is_empty() {
-            return Err(Error::NoCheckpoint { path: dir.into() });
-        }
-        found.sort_by(|a, b| natural_cmp(a, b));
-        let files = found
-            .iter()
-            .map(|name| entry(name))
-            .collect::<Result<Vec<_>>>()?;
-        Self::from_files_in(store, files)
     }
 
     fn assemble(parsed: Vec<ParsedFile>) -> Result<Self> {
@@ -273,55 +265,5 @@ impl Checkpoint {
     /// sharded checkpoints usually carry the same in every shard, see [`ShardFile::metadata`]).
     pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.files.first().and_then(|f| f.metadata.as_ref())
-    }
-}
-
-/// Compares names the way people count: "shard-2" before "shard-10".
-pub fn natural_cmp(a: &str, b: &str) -> Ordering {
-    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
-    loop {
-        match (x.first(), y.first()) {
-            (None, None) => return a.cmp(b),
-            (None, Some(_)) => return Ordering::Less,
-            (Some(_), None) => return Ordering::Greater,
-            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
-                let dx = x.iter().take_while(|c| c.is_ascii_digit()).count();
-                let dy = y.iter().take_while(|c| c.is_ascii_digit()).count();
-                let (nx, ny) = (&x[..dx], &y[..dy]);
-                let trim = |s: &'_ [u8]| -> usize { s.iter().take_while(|&&c| c == b'0').count() };
-                let (tx, ty) = (&nx[trim(nx)..], &ny[trim(ny)..]);
-                let ord = tx.len().cmp(&ty.len()).then_with(|| tx.cmp(ty));
-                if ord != Ordering::Equal {
-                    return ord;
-                }
-                x = &x[dx..];
-                y = &y[dy..];
-            }
-            (Some(c), Some(d)) => {
-                if c != d {
-                    return c.cmp(d);
-                }
-                x = &x[1..];
-                y = &y[1..];
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rstest::rstest;
-
-    #[rstest]
-    #[case("a-2", "a-10", Ordering::Less)]
-    #[case("model-00002-of-00003", "model-00010-of-00003", Ordering::Less)]
-    #[case("x10", "x9", Ordering::Greater)]
-    #[case("x010", "x10", Ordering::Less)]
-    #[case("abc", "abd", Ordering::Less)]
-    #[case("ab", "ab1", Ordering::Less)]
-    fn natural_order(#[case] a: &str, #[case] b: &str, #[case] expected: Ordering) {
-        assert_eq!(natural_cmp(a, b), expected);
-        assert_eq!(natural_cmp(b, a), expected.reverse());
     }
 }
