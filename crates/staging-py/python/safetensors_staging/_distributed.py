@@ -34,6 +34,7 @@ group, and the group can load again meanwhile.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
@@ -226,20 +227,21 @@ def stage_group(
         "fingerprint": None,
         "own": None,
     }
-    generator = _exchange(
-        torch,
-        dist,
-        group,
-        agree,
-        device,
-        state,
-        open_kept,
-        open_own,
-        to_torch,
-        check,
-        relay_chunk,
-        batch_bytes,
+    exchange = _Exchange(
+        torch=torch,
+        dist=dist,
+        group=group,
+        agree=agree,
+        device=device,
+        state=state,
+        open_kept=open_kept,
+        open_own=open_own,
+        to_torch=to_torch,
+        check=check,
+        relay_chunk=relay_chunk,
+        batch_bytes=batch_bytes,
     )
+    generator = exchange.run()
     return GroupStage(generator, state)
 
 
@@ -272,77 +274,138 @@ def _batches(pieces: List[Piece], batch_bytes: int) -> List[List[Piece]]:
     return batches
 
 
-def _exchange(
-    torch,
-    dist,
-    group,
-    agree,
-    device,
-    state,
-    open_kept,
-    open_own,
-    to_torch,
-    check,
-    relay_chunk,
-    batch_bytes,
-):
-    rank = agree.rank
-    error: Optional[BaseException] = None
-    try:
-        checkpoint, selected = open_kept()
-        fingerprint, pieces = checkpoint.plan(agree.world)
-        infos = {info.name: info for info in checkpoint.tensors()}
-        kept = _keep(infos, selected)
-        for name, (_, _, shape) in kept.items():
-            check(infos[name].dtype, shape, name)
-    except Exception as e:  # noqa: BLE001 - every rank must learn of it
-        error = e
-    agree(error)
-    state["fingerprint"] = fingerprint
-    # The same plan everywhere: the lowest and highest fingerprint agree.
-    signed = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint
-    low = torch.tensor([signed], dtype=torch.int64, device=device)
-    high = low.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-    if low.item() != high.item():
-        agree(
-            StagingError(
-                f"the ranks planned differently (fingerprint {fingerprint:#x}): "
-                "they do not see the same checkpoint"
-            )
-        )
-    mine = [p for p in pieces if p[3] == rank]
-    state["pieces_owned"] = len(mine)
-    batches = _batches(pieces, batch_bytes)
-    units = [_units(batch, relay_chunk) for batch in batches]
-    error = None
-    try:
-        # Functions, not lists: the library takes a list's strings as globs, and these are
-        # exact names.
-        own_names = {p[0] for p in mine}
-        own_rows = {p[0]: p[4] for p in mine if p[4] is not None}
-        own = open_own(
-            select=lambda name: name in own_names,
-            rows=lambda name, _info: own_rows.get(name),
-        )
-        state["own"] = own
-        # What passes through this rank without being kept, and a run of small pieces packed
-        # for one broadcast, go through this one buffer, allocated here and not in the exchange.
-        scratch = torch.empty(
-            _scratch_bytes(batches, units, relay_chunk), dtype=torch.uint8, device=device
-        )
-    except Exception as e:  # noqa: BLE001
-        error = e
-    agree(error)
+@dataclass
+class _Exchange:
+    """One rank's part of a load across the group (see the module's doc): the group, its
+    agreement and the load's callables, given; what the plan says this rank keeps, and the
+    memory the exchange holds, found as it runs (`run`, a generator of the kept tensors)."""
 
-    pieces_left = Counter(p[0] for p in pieces)
-    buffers: Dict[str, Any] = {}
-    for batch, batch_units in zip(batches, units):
-        # Prepared: this rank's own pieces loaded, the buffers of the kept tensors the batch
-        # starts allocated (the owner's own load is the tensor when it keeps all of it: no copy).
-        loaded: Dict[int, Any] = {}
+    torch: Any
+    dist: Any
+    group: Any
+    agree: _Agreement
+    device: Any
+    # The report's counts (`GroupStage`'s state), kept up to date; `own` this rank's load.
+    state: Dict[str, Any]
+    open_kept: Callable[[], Tuple[Any, List[Any]]]
+    open_own: Callable[..., Any]
+    to_torch: Callable[[Any, str, List[int], str], Any]
+    check: Callable[[str, List[int], str], None]
+    relay_chunk: int
+    batch_bytes: int
+    # The checkpoint (held while the exchange runs), its tensors by name, and what this rank
+    # keeps of them (`_keep`).
+    checkpoint: Any = None
+    infos: Dict[str, Any] = field(default_factory=dict)
+    kept: Dict[str, Tuple[int, int, List[int]]] = field(default_factory=dict)
+    # The kept tensors begun and not yet handed out: name -> the memory of their kept bytes.
+    buffers: Dict[str, Any] = field(default_factory=dict)
+    # What passes through this rank without being kept, and a run of small pieces packed for
+    # one broadcast, go through this one buffer, allocated before the exchange.
+    scratch: Any = None
+
+    def run(self) -> Iterator[Tuple[str, Any]]:
+        pieces = self._plan()
+        mine = [p for p in pieces if p[3] == self.agree.rank]
+        self.state["pieces_owned"] = len(mine)
+        batches = _batches(pieces, self.batch_bytes)
+        units = [_units(batch, self.relay_chunk) for batch in batches]
+        own = self._open(mine, batches, units)
+        pieces_left = Counter(p[0] for p in pieces)
+        for batch, batch_units in zip(batches, units):
+            loaded = self._prepare(batch, own)
+            # Exchanged: broadcasts, and copies into the memory prepared above.
+            local = _FirstFailure()
+            finished: List[Tuple[str, Any]] = []
+            for unit in batch_units:
+                if len(unit) > 1:
+                    self._send_packed(batch, unit, loaded, local)
+                else:
+                    self._send_alone(batch, unit[0], loaded, local)
+                for i in unit:
+                    name = batch[i][0]
+                    loaded.pop(i, None)
+                    pieces_left[name] -= 1
+                    keep = self.kept.get(name)
+                    if pieces_left[name] == 0 and keep is not None:
+                        buffer = self.buffers.pop(name)
+                        dtype = self.infos[name].dtype
+                        tensor = local.run(self.to_torch, buffer, dtype, keep[2], name)
+                        finished.append((name, tensor))
+            self.agree(local.error)
+            yield from finished
+        # Every rank's own load ended with its last piece; let it say so (and free its buffers),
+        # and agree once more, so that no rank returns while another still waits on it.
         error = None
+        try:
+            for _ in own:
+                pass
+        except Exception as e:  # noqa: BLE001
+            error = e
+        self.agree(error)
+
+    def _plan(self) -> List[Piece]:
+        """The plan's pieces, once every rank has planned the same and can hand over what it
+        keeps."""
+        torch, dist, agree = self.torch, self.dist, self.agree
+        error: Optional[BaseException] = None
+        try:
+            self.checkpoint, selected = self.open_kept()
+            fingerprint, pieces = self.checkpoint.plan(agree.world)
+            self.infos = {info.name: info for info in self.checkpoint.tensors()}
+            self.kept = _keep(self.infos, selected)
+            for name, (_, _, shape) in self.kept.items():
+                self.check(self.infos[name].dtype, shape, name)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it
+            error = e
+        agree(error)
+        self.state["fingerprint"] = fingerprint
+        # The same plan everywhere: the lowest and highest fingerprint agree.
+        signed = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint
+        low = torch.tensor([signed], dtype=torch.int64, device=self.device)
+        high = low.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.group)
+        if low.item() != high.item():
+            agree(
+                StagingError(
+                    f"the ranks planned differently (fingerprint {fingerprint:#x}): "
+                    "they do not see the same checkpoint"
+                )
+            )
+        return pieces
+
+    def _open(self, mine: List[Piece], batches: List[List[Piece]], units: List[Any]) -> Any:
+        """This rank's load of its own pieces (`mine`), and the scratch buffer, once every
+        rank has opened both."""
+        error: Optional[BaseException] = None
+        try:
+            # Functions, not lists: the library takes a list's strings as globs, and these are
+            # exact names.
+            own_names = {p[0] for p in mine}
+            own_rows = {p[0]: p[4] for p in mine if p[4] is not None}
+            own = self.open_own(
+                select=lambda name: name in own_names,
+                rows=lambda name, _info: own_rows.get(name),
+            )
+            self.state["own"] = own
+            self.scratch = self.torch.empty(
+                _scratch_bytes(batches, units, self.relay_chunk),
+                dtype=self.torch.uint8,
+                device=self.device,
+            )
+        except Exception as e:  # noqa: BLE001
+            error = e
+        self.agree(error)
+        return own
+
+    def _prepare(self, batch: List[Piece], own: Any) -> Dict[int, Any]:
+        """The batch prepared, once every rank has: this rank's own pieces loaded (returned,
+        by their index in the batch), the buffers of the kept tensors the batch starts
+        allocated (the owner's own load is the tensor when it keeps all of it: no copy)."""
+        torch, rank, buffers = self.torch, self.agree.rank, self.buffers
+        loaded: Dict[int, Any] = {}
+        error: Optional[BaseException] = None
         try:
             for i, (name, _, _length, owner, _) in enumerate(batch):
                 if owner != rank:
@@ -353,91 +416,75 @@ def _exchange(
                         f"internal error: rank {rank} loaded {got!r} where the plan says {name!r}"
                     )
                 flat = torch.from_dlpack(staged.as_bytes()).reshape(-1)
-                if flat.device != device:
-                    flat = flat.to(device)  # a piece the policy assembled in host memory
+                if flat.device != self.device:
+                    flat = flat.to(self.device)  # a piece the policy assembled in host memory
                 loaded[i] = flat
             for i, (name, offset, length, owner, _) in enumerate(batch):
-                keep = kept.get(name)
+                keep = self.kept.get(name)
                 if keep is None or name in buffers:
                     continue
-                whole = offset == 0 and length == infos[name].nbytes and keep[:2] == (0, length)
+                whole = (
+                    offset == 0 and length == self.infos[name].nbytes and keep[:2] == (0, length)
+                )
                 if owner == rank and whole:
                     buffers[name] = loaded[i]
                 else:
-                    buffers[name] = torch.empty(keep[1] - keep[0], dtype=torch.uint8, device=device)
+                    size = keep[1] - keep[0]
+                    buffers[name] = torch.empty(size, dtype=torch.uint8, device=self.device)
         except Exception as e:  # noqa: BLE001
             error = e
-        agree(error)
+        self.agree(error)
+        return loaded
 
-        # Exchanged: broadcasts, and copies into the memory prepared above.
-        local = _FirstFailure()
-        finished: List[Tuple[str, Any]] = []
-        for unit in batch_units:
-            owner = batch[unit[0]][3]
-            source_rank = dist.get_global_rank(group, owner)
-            if len(unit) > 1:
-                # Small pieces of one owner travel together: one broadcast instead of one each.
-                size = sum(batch[i][2] for i in unit)
-                packed = scratch[:size]
-                if owner == rank:
-                    local.run(_pack, packed, [loaded[i] for i in unit])
-                else:
-                    state["bytes_received"] += size
-                dist.broadcast(packed, src=source_rank, group=group)
-                at = 0
-                for i in unit:
-                    name, offset, length = batch[i][:3]
-                    keep = kept.get(name)
-                    if keep is not None and buffers[name] is not loaded.get(i):
-                        piece = packed[at : at + length]
-                        local.run(
-                            _copy_overlap, buffers[name], keep, piece, offset, offset + length
-                        )
-                    at += length
+    def _send_packed(
+        self, batch: List[Piece], unit: List[int], loaded: Dict[int, Any], local: _FirstFailure
+    ) -> None:
+        """A run of small pieces of one owner, together: one broadcast instead of one each."""
+        owner = batch[unit[0]][3]
+        source_rank = self.dist.get_global_rank(self.group, owner)
+        size = sum(batch[i][2] for i in unit)
+        packed = self.scratch[:size]
+        if owner == self.agree.rank:
+            local.run(_pack, packed, [loaded[i] for i in unit])
+        else:
+            self.state["bytes_received"] += size
+        self.dist.broadcast(packed, src=source_rank, group=self.group)
+        at = 0
+        for i in unit:
+            name, offset, length = batch[i][:3]
+            keep = self.kept.get(name)
+            if keep is not None and self.buffers[name] is not loaded.get(i):
+                piece = packed[at : at + length]
+                local.run(_copy_overlap, self.buffers[name], keep, piece, offset, offset + length)
+            at += length
+
+    def _send_alone(
+        self, batch: List[Piece], i: int, loaded: Dict[int, Any], local: _FirstFailure
+    ) -> None:
+        """One piece, in chunks of at most `relay_chunk` bytes: a receiver keeping all of a
+        chunk receives it into the tensor's own buffer, any other into the scratch buffer."""
+        dist, group, relay_chunk = self.dist, self.group, self.relay_chunk
+        name, offset, length, owner = batch[i][:4]
+        source_rank = dist.get_global_rank(group, owner)
+        keep = self.kept.get(name)
+        source = loaded.get(i)
+        for c0 in range(offset, offset + length, relay_chunk):
+            c1 = min(c0 + relay_chunk, offset + length)
+            if owner == self.agree.rank:
+                chunk = source[c0 - offset : c1 - offset]
+                dist.broadcast(chunk, src=source_rank, group=group)
+                if keep is not None and self.buffers[name] is not source:
+                    local.run(_copy_overlap, self.buffers[name], keep, chunk, c0, c1)
+                continue
+            if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
+                kept_chunk = self.buffers[name][c0 - keep[0] : c1 - keep[0]]
+                dist.broadcast(kept_chunk, src=source_rank, group=group)
             else:
-                (i,) = unit
-                name, offset, length = batch[i][:3]
-                keep = kept.get(name)
-                source = loaded.get(i)
-                for c0 in range(offset, offset + length, relay_chunk):
-                    c1 = min(c0 + relay_chunk, offset + length)
-                    if owner == rank:
-                        chunk = source[c0 - offset : c1 - offset]
-                        dist.broadcast(chunk, src=source_rank, group=group)
-                        if keep is not None and buffers[name] is not source:
-                            local.run(_copy_overlap, buffers[name], keep, chunk, c0, c1)
-                        continue
-                    if keep is not None and keep[0] <= c0 and c1 <= keep[1]:
-                        dist.broadcast(
-                            buffers[name][c0 - keep[0] : c1 - keep[0]], src=source_rank, group=group
-                        )
-                    else:
-                        chunk = scratch[: c1 - c0]
-                        dist.broadcast(chunk, src=source_rank, group=group)
-                        if keep is not None:
-                            local.run(_copy_overlap, buffers[name], keep, chunk, c0, c1)
-                    state["bytes_received"] += c1 - c0
-            for i in unit:
-                name = batch[i][0]
-                loaded.pop(i, None)
-                pieces_left[name] -= 1
-                keep = kept.get(name)
-                if pieces_left[name] == 0 and keep is not None:
-                    tensor = local.run(
-                        to_torch, buffers.pop(name), infos[name].dtype, keep[2], name
-                    )
-                    finished.append((name, tensor))
-        agree(local.error)
-        yield from finished
-    # Every rank's own load ended with its last piece; let it say so (and free its buffers),
-    # and agree once more, so that no rank returns while another still waits on it.
-    error = None
-    try:
-        for _ in own:
-            pass
-    except Exception as e:  # noqa: BLE001
-        error = e
-    agree(error)
+                chunk = self.scratch[: c1 - c0]
+                dist.broadcast(chunk, src=source_rank, group=group)
+                if keep is not None:
+                    local.run(_copy_overlap, self.buffers[name], keep, chunk, c0, c1)
+            self.state["bytes_received"] += c1 - c0
 
 
 def _units(batch: List[Piece], relay_chunk: int) -> List[List[int]]:

@@ -344,14 +344,7 @@ def stage(
     spelled, gpu = resolve_device(device)
     if process_group is not None:
         return stage_in_group(
-            path,
-            spelled,
-            gpu,
-            process_group,
-            unsupported_dtypes,
-            relay_chunk,
-            batch_bytes,
-            options,
+            path, spelled, gpu, process_group, unsupported_dtypes, relay_chunk, batch_bytes, options
         )
     return stage_with(
         path,

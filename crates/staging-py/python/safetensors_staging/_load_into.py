@@ -220,8 +220,7 @@ def _held_already(
     changes: Mapping[str, Any],
     group_of: Mapping[str, List[str]],
     wanted: Set[str],
-    rows: Any,
-    options: Mapping[str, Any],
+    load: Mapping[str, Any],
 ) -> Tuple[Set[str], Optional[str]]:
     """The names of `loading` (each tied group's writer) whose bytes a target that holds the
     revision `since` holds already: the same name wrote its group at `since`, from the same
@@ -241,15 +240,9 @@ def _held_already(
     note: Optional[str] = changes.get("note")
     if not candidates:
         return set(), note
-    store_options = options.get("store_options")
-    remote = {k: v for k, v in options.items() if k != "store_options"}
     try:
         _, before = _native._select(
-            paths_of(changes["since_path"]),
-            select=lambda name: name in wanted,
-            rows=rows,
-            store_options=store_options,
-            **remote,
+            paths_of(changes["since_path"]), select=lambda name: name in wanted, **load
         )
     except StagingError as error:
         why = f"{since}'s headers could not be read ({error}): every tensor written"
@@ -333,50 +326,23 @@ def load_into(
     patterns = None if only is None else ([only] if isinstance(only, str) else list(only))
     changes: Optional[Dict[str, Any]] = None
     if since is not None:
-        if not isinstance(source, (str, os.PathLike)) or not _is_hub(os.fspath(source)):
-            raise TypeError(
-                f"since={since!r} names a revision of a model on the Hub: the source must be "
-                f"an hf:// path, not {source!r}"
-            )
-        changes = _native._hub_changes(
-            os.fspath(source),
-            since,
-            store_options=options.get("store_options"),
-            **{k: v for k, v in options.items() if k != "store_options"},
-        )
+        changes = _changes(source, since, options)
         source = changes["path"]  # the commit the changes were found at
     tensors = _targets(target)
-    groups = _tied_groups(tensors)
-    group_of = {name: group for group in groups for name in group}
+    group_of = {name: group for group in _tied_groups(tensors) for name in group}
     wanted = {name for name in tensors if _matches(name, patterns)}
-    store_options = options.pop("store_options", None)
-    remote = dict(options)
-    checkpoint, kept = _native._select(
-        paths_of(source),
-        select=lambda name: name in wanted,
-        rows=rows,
-        store_options=store_options,
-        **remote,
-    )
+    # The keywords of every library call of this load (`options` holds the remote ones).
+    load = {"rows": rows, "store_options": options.pop("store_options", None), **options}
+    checkpoint, kept = _native._select(paths_of(source), select=lambda name: name in wanted, **load)
     in_checkpoint = [name for name in checkpoint.keys() if _matches(name, patterns)]
     present = set(in_checkpoint)
-    # One name per tied group is loaded: the last, in the target's order, that the checkpoint
-    # has. `load_state_dict` copies every name in that order into the one tensor, so the last
-    # one's bytes are what it leaves (the copies of a checkpoint may differ). Chosen over the
-    # whole checkpoint, with `since=` too: a group is then left alone only where its writer's
-    # bytes are the ones the target holds.
-    kept_names = {info.name for info in kept}
-    chosen = {id(group): [n for n in group if n in kept_names][-1:] for group in groups}
-    loading: Dict[str, TensorInfo] = {
-        info.name: info for info in kept if chosen[id(group_of[info.name])] == [info.name]
-    }
+    writer = _writers(kept, group_of)
+    loading = {info.name: info for info in kept if writer[info.name] == info.name}
     left: List[str] = []
     since_note: Optional[str] = None
     if changes is not None:
-        same, since_note = _held_already(
-            loading, changes, group_of, wanted, rows, {**remote, "store_options": store_options}
-        )
-        left = [info.name for info in kept if chosen[id(group_of[info.name])][0] in same]
+        same, since_note = _held_already(loading, changes, group_of, wanted, load)
+        left = [info.name for info in kept if writer[info.name] in same]
         loading = {name: info for name, info in loading.items() if name not in same}
     missing = [
         name
@@ -388,6 +354,48 @@ def load_into(
     if strict:
         problems += [f"{name}: missing from the checkpoint" for name in missing]
         problems += [f"{name}: in the checkpoint, not in the target" for name in unexpected]
+    by_device = _by_device(tensors, loading, problems)
+    reports = _write(paths_of(source), by_device, tensors, loading, group_of, left, load)
+    merged = _merged(reports) if reports else {"tensors": 0, "bytes": 0, "bytes_read": 0}
+    if changes is not None:
+        merged["since"] = _since_report(changes, left, since_note)
+    return LoadIntoResult(missing, unexpected, merged)
+
+
+def _changes(source: Paths, since: str, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """What changed on the Hub between the revision `since` and `source`'s (`since=`)."""
+    if not isinstance(source, (str, os.PathLike)) or not _is_hub(os.fspath(source)):
+        raise TypeError(
+            f"since={since!r} names a revision of a model on the Hub: the source must be "
+            f"an hf:// path, not {source!r}"
+        )
+    return _native._hub_changes(
+        os.fspath(source),
+        since,
+        store_options=options.get("store_options"),
+        **{k: v for k, v in options.items() if k != "store_options"},
+    )
+
+
+def _writers(kept: List[TensorInfo], group_of: Mapping[str, List[str]]) -> Dict[str, str]:
+    """Each kept name -> the name its tied group is loaded from.
+
+    One name per tied group is loaded: the last, in the target's order, that the checkpoint
+    has. `load_state_dict` copies every name in that order into the one tensor, so the last
+    one's bytes are what it leaves (the copies of a checkpoint may differ). Chosen over the
+    whole checkpoint, with `since=` too: a group is then left alone only where its writer's
+    bytes are the ones the target holds."""
+    kept_names = {info.name for info in kept}
+    chosen = {id(group): [n for n in group if n in kept_names][-1:] for group in group_of.values()}
+    return {info.name: chosen[id(group_of[info.name])][0] for info in kept}
+
+
+def _by_device(
+    tensors: Mapping[str, torch.Tensor], loading: Mapping[str, TensorInfo], problems: List[str]
+) -> Dict[str, List[str]]:
+    """The names of `loading` by the device of their target, each checked (shape, dtype,
+    contiguous memory, no overlap); a `MismatchError` listing `problems` and those found,
+    before any byte is written, if there are any."""
     by_device: Dict[str, List[str]] = {}
     for name, info in loading.items():
         tensor = tensors[name]
@@ -399,10 +407,24 @@ def load_into(
     problems += _overlaps({name: tensors[name] for name in loading})
     if problems:
         raise _mismatch(problems)
-    # Writing begins, in one call of the library per device (no Python between two tensors):
-    # each target's memory by address, with what the checkpoint's tensor was checked to be,
-    # checked again by the library as the load reaches it.
-    paths = paths_of(source)
+    return by_device
+
+
+def _write(
+    paths: List[str],
+    by_device: Mapping[str, List[str]],
+    tensors: Mapping[str, torch.Tensor],
+    loading: Mapping[str, TensorInfo],
+    group_of: Mapping[str, List[str]],
+    left: List[str],
+    load: Mapping[str, Any],
+) -> List[Dict[str, Any]]:
+    """Writes the checked tensors of `loading` into their targets; the reports of the loads.
+
+    In one call of the library per device (no Python between two tensors): each target's
+    memory by address, with what the checkpoint's tensor was checked to be, checked again by
+    the library as the load reaches it. A failure once something was written is a
+    `PartialLoadError` (`left`, the tensors `since=` left alone, among its `unchanged`)."""
     written: List[str] = []
     reports: List[Dict[str, Any]] = []
     for device, names in by_device.items():
@@ -424,30 +446,11 @@ def load_into(
             for name in names
         ]
         try:
-            done, report = _native._load_into(
-                paths,
-                targets,
-                device=spelled,
-                rows=rows,
-                store_options=store_options,
-                **remote,
-            )
+            done, report = _native._load_into(paths, targets, device=spelled, **load)
         except BaseException as cause:
             now = list(getattr(cause, "written", []))
             partly = list(getattr(cause, "partly_written", []))
-            for _ in range(3):
-                try:
-                    bumped = (tensors[n] for name in now + partly for n in group_of[name])
-                    written_in_place(bumped)
-                    break
-                except KeyboardInterrupt as late:
-                    # A Ctrl-C whose Python handler runs only now (it stopped the load from
-                    # Rust first): what it stopped is still said, the Ctrl-C the cause.
-                    if not isinstance(cause, KeyboardInterrupt):
-                        late.__context__ = cause
-                        cause = late
-                except Exception:  # never in place of what says which tensors hold what
-                    break
+            cause = _bumped_after(cause, now + partly, tensors, group_of)
             if not written and not now and not partly:
                 raise  # nothing was written: the target is as it was
             done_names = set(written) | set(now)
@@ -459,17 +462,43 @@ def load_into(
         written_in_place(tensors[n] for name in done for n in group_of[name])
         written += done
         reports.append(json.loads(report))
-    merged = _merged(reports) if reports else {"tensors": 0, "bytes": 0, "bytes_read": 0}
-    if changes is not None:
-        merged["since"] = {
-            "commit": changes["commit"],
-            "since": changes["since"],
-            "changed": changes["changed"],
-            "unchanged": left,
-            "compared": changes["compared"],
-            "note": since_note,
-        }
-    return LoadIntoResult(missing, unexpected, merged)
+    return reports
+
+
+def _bumped_after(
+    cause: BaseException,
+    names: List[str],
+    tensors: Mapping[str, torch.Tensor],
+    group_of: Mapping[str, List[str]],
+) -> BaseException:
+    """After a failed write, the tensors whose writing began (`names` and their tied copies)
+    have their autograd versions bumped; returns what caused the failure: `cause`, or a
+    Ctrl-C whose Python handler ran only now."""
+    for _ in range(3):
+        try:
+            written_in_place(tensors[n] for name in names for n in group_of[name])
+            break
+        except KeyboardInterrupt as late:
+            # A Ctrl-C whose Python handler runs only now (it stopped the load from
+            # Rust first): what it stopped is still said, the Ctrl-C the cause.
+            if not isinstance(cause, KeyboardInterrupt):
+                late.__context__ = cause
+                cause = late
+        except Exception:  # never in place of what says which tensors hold what
+            break
+    return cause
+
+
+def _since_report(changes: Mapping[str, Any], left: List[str], note: Optional[str]) -> Any:
+    """The report's `since`: the commits compared, the files changed, the tensors left."""
+    return {
+        "commit": changes["commit"],
+        "since": changes["since"],
+        "changed": changes["changed"],
+        "unchanged": left,
+        "compared": changes["compared"],
+        "note": note,
+    }
 
 
 def _merged(reports: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -62,10 +62,128 @@ __all__ = [
 ENGINE_KEYS = ("enable_weights_track",)
 
 
+class _AskingVllm:
+    """The methods of `StagingModelLoader` that ask vLLM's modules only when called: defined
+    here, with the module, and mixed in first when the class is made (the class itself must
+    wait for vLLM's `DefaultModelLoader`)."""
+
+    def _world_group_coordinator(self) -> Any:
+        from vllm.distributed.parallel_state import get_world_group
+
+        return get_world_group()
+
+    def _engine_device(self) -> Any:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        if config is None:
+            return None
+        if config.load_config.device is not None:
+            return config.load_config.device
+        return config.device_config.device
+
+    def _untie_as_the_checkpoint_says(self, model_config: Any) -> None:
+        """vLLM's `ModelConfig.maybe_untie_word_embeddings` (which looked at the model
+        directory, not at `weights`): a config tying the word embeddings while the
+        checkpoint holds an `lm_head` loads it untied; vLLM re-ties them after loading
+        when the two are equal."""
+        hf_config = model_config.hf_config
+        if not getattr(hf_config, "tie_word_embeddings", False):
+            return
+        model, revision = model_config.model, model_config.revision
+        source = self._streamed(model, revision, own=True, plain=True) or self._model_dir(
+            model, True
+        )
+        remote = ("concurrency", "range_size", "retries", "bandwidth", "store_options")
+        with _load.open(
+            source, **{k: v for k, v in self.options.items() if k in remote}
+        ) as checkpoint:
+            if not any(name.endswith("lm_head.weight") for name in checkpoint.keys()):
+                return
+        hf_config.tie_word_embeddings = False
+        hf_config.get_text_config().tie_word_embeddings = False
+        model_config.word_embeddings_untied_by_checkpoint = True
+
+    def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:
+        """vLLM's `_get_weights_iterator` with this library reading the tensors."""
+        import time
+
+        if getattr(self.load_config, "safetensors_load_strategy", None) == "torchao":
+            # Set by vLLM's `load_weights` for a torchao-serialized checkpoint, whose
+            # tensor subclasses vLLM's own iterator rebuilds.
+            raise ValueError(
+                f"load format {LOAD_FORMAT!r} reads plain tensors; this checkpoint is "
+                "torchao-serialized, which vLLM's own safetensors iterator rebuilds. "
+                "Use --load-format safetensors for this model."
+            )
+        plain = (
+            not source.prefix
+            and getattr(source, "subfolder", None) is None
+            and source.allow_patterns_overrides is None
+        )
+        own = source.model_or_path == self._own_path if self._own_path is not None else plain
+        files: Any = self._streamed(source.model_or_path, source.revision, own, plain)
+        unused = getattr(source, "is_unused_weight", None)
+        keep = None
+        if files is None:
+            hf_folder, files, _, index_file = self._prepare_weights(
+                self._model_dir(source.model_or_path, own),
+                getattr(source, "subfolder", None),
+                source.revision,
+                source.fall_back_to_pt,
+                source.allow_patterns_overrides,
+            )
+            files = self._filter_files(source, files, hf_folder, index_file)
+            from vllm.model_executor.model_loader import weight_utils
+
+            # The order vLLM's own safetensors iterator reads the files in.
+            files = sorted(files, key=getattr(weight_utils, "_natural_sort_key", None))
+        elif unused is not None:
+            # A streamed checkpoint has no file choice: the model's rule (the one its
+            # `load_weights` follows) picks the tensors instead.
+            keep = lambda name: not unused(name)  # noqa: E731
+        if self.local_expert_ids is not None:
+            from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+
+            experts, named = self.local_expert_ids, keep
+            keep = lambda name: (  # noqa: E731
+                not should_skip_weight(name, experts) and (named is None or named(name))
+            )
+            files, keep = _through_index(files, keep)
+        weights = self._read(files, keep)
+        if self.counter_before_loading_weights == 0.0:
+            self.counter_before_loading_weights = time.perf_counter()
+        return ((source.prefix + name, tensor) for name, tensor in weights)
+
+    def _filter_files(self, source: Any, files: Any, hf_folder: str, index_file: str) -> Any:
+        """vLLM's shard filters: `--mm-encoder-only` and `is_unused_checkpoint_weight`."""
+        from vllm.model_executor.model_loader import weight_utils
+
+        if self._encoder_only_lm_prefixes is not None and files:
+            files = weight_utils.filter_mm_encoder_only_safetensors_files(
+                files,
+                hf_folder,
+                index_file,
+                self._encoder_only_lm_prefixes,
+                weights_mapper=self._encoder_only_weights_mapper,
+            )
+            if not files:
+                raise RuntimeError(
+                    "mm-encoder-only shard filter removed all weight files for "
+                    f"`{source.model_or_path}`; check language_model prefixes "
+                    f"{self._encoder_only_lm_prefixes}"
+                )
+        if source.is_unused_weight is not None:
+            files = weight_utils.filter_safetensors_files_by_weight_name(
+                files, source.is_unused_weight
+            )
+        return files
+
+
 def _make_loader_class() -> type:
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-    class StagingModelLoader(_engines.EngineLoaderMixin, DefaultModelLoader):
+    class StagingModelLoader(_AskingVllm, _engines.EngineLoaderMixin, DefaultModelLoader):
         """vLLM's `DefaultModelLoader` whose tensors come from `safetensors_staging`.
 
         Everything else is vLLM's: which files (`_prepare_weights`, as for its load format
@@ -89,21 +207,6 @@ def _make_loader_class() -> type:
             # vLLM's own checks and state, on the keys it knows; then the config as given.
             DefaultModelLoader.__init__(self, _engines.with_format(load_config, "staging", engine))
             self.load_config = load_config
-
-        def _world_group_coordinator(self) -> Any:
-            from vllm.distributed.parallel_state import get_world_group
-
-            return get_world_group()
-
-        def _engine_device(self) -> Any:
-            from vllm.config import get_current_vllm_config_or_none
-
-            config = get_current_vllm_config_or_none()
-            if config is None:
-                return None
-            if config.load_config.device is not None:
-                return config.load_config.device
-            return config.device_config.device
 
         def _prepare_weights(self, *args: Any, **kwargs: Any) -> Any:
             """vLLM's file choice, as for its load format `safetensors`."""
@@ -144,103 +247,6 @@ def _make_loader_class() -> type:
             self._own_path = model_config.model
             self._weights_of = getattr(model, "_staging_weights_of", None)
             yield from super().get_all_weights(model_config, model)
-
-        def _untie_as_the_checkpoint_says(self, model_config: Any) -> None:
-            """vLLM's `ModelConfig.maybe_untie_word_embeddings` (which looked at the model
-            directory, not at `weights`): a config tying the word embeddings while the
-            checkpoint holds an `lm_head` loads it untied; vLLM re-ties them after loading
-            when the two are equal."""
-            hf_config = model_config.hf_config
-            if not getattr(hf_config, "tie_word_embeddings", False):
-                return
-            model, revision = model_config.model, model_config.revision
-            source = self._streamed(model, revision, own=True, plain=True) or self._model_dir(
-                model, True
-            )
-            remote = ("concurrency", "range_size", "retries", "bandwidth", "store_options")
-            with _load.open(
-                source, **{k: v for k, v in self.options.items() if k in remote}
-            ) as checkpoint:
-                if not any(name.endswith("lm_head.weight") for name in checkpoint.keys()):
-                    return
-            hf_config.tie_word_embeddings = False
-            hf_config.get_text_config().tie_word_embeddings = False
-            model_config.word_embeddings_untied_by_checkpoint = True
-
-        def _get_weights_iterator(self, source: Any) -> Iterator[Tuple[str, Any]]:
-            """vLLM's `_get_weights_iterator` with this library reading the tensors."""
-            import time
-
-            if getattr(self.load_config, "safetensors_load_strategy", None) == "torchao":
-                # Set by vLLM's `load_weights` for a torchao-serialized checkpoint, whose
-                # tensor subclasses vLLM's own iterator rebuilds.
-                raise ValueError(
-                    f"load format {LOAD_FORMAT!r} reads plain tensors; this checkpoint is "
-                    "torchao-serialized, which vLLM's own safetensors iterator rebuilds. "
-                    "Use --load-format safetensors for this model."
-                )
-            plain = (
-                not source.prefix
-                and getattr(source, "subfolder", None) is None
-                and source.allow_patterns_overrides is None
-            )
-            own = source.model_or_path == self._own_path if self._own_path is not None else plain
-            files: Any = self._streamed(source.model_or_path, source.revision, own, plain)
-            unused = getattr(source, "is_unused_weight", None)
-            keep = None
-            if files is None:
-                hf_folder, files, _, index_file = self._prepare_weights(
-                    self._model_dir(source.model_or_path, own),
-                    getattr(source, "subfolder", None),
-                    source.revision,
-                    source.fall_back_to_pt,
-                    source.allow_patterns_overrides,
-                )
-                files = self._filter_files(source, files, hf_folder, index_file)
-                from vllm.model_executor.model_loader import weight_utils
-
-                # The order vLLM's own safetensors iterator reads the files in.
-                files = sorted(files, key=getattr(weight_utils, "_natural_sort_key", None))
-            elif unused is not None:
-                # A streamed checkpoint has no file choice: the model's rule (the one its
-                # `load_weights` follows) picks the tensors instead.
-                keep = lambda name: not unused(name)  # noqa: E731
-            if self.local_expert_ids is not None:
-                from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
-
-                experts, named = self.local_expert_ids, keep
-                keep = lambda name: (  # noqa: E731
-                    not should_skip_weight(name, experts) and (named is None or named(name))
-                )
-                files, keep = _through_index(files, keep)
-            weights = self._read(files, keep)
-            if self.counter_before_loading_weights == 0.0:
-                self.counter_before_loading_weights = time.perf_counter()
-            return ((source.prefix + name, tensor) for name, tensor in weights)
-
-        def _filter_files(self, source: Any, files: Any, hf_folder: str, index_file: str) -> Any:
-            """vLLM's shard filters: `--mm-encoder-only` and `is_unused_checkpoint_weight`."""
-            from vllm.model_executor.model_loader import weight_utils
-
-            if self._encoder_only_lm_prefixes is not None and files:
-                files = weight_utils.filter_mm_encoder_only_safetensors_files(
-                    files,
-                    hf_folder,
-                    index_file,
-                    self._encoder_only_lm_prefixes,
-                    weights_mapper=self._encoder_only_weights_mapper,
-                )
-                if not files:
-                    raise RuntimeError(
-                        "mm-encoder-only shard filter removed all weight files for "
-                        f"`{source.model_or_path}`; check language_model prefixes "
-                        f"{self._encoder_only_lm_prefixes}"
-                    )
-            if source.is_unused_weight is not None:
-                files = weight_utils.filter_safetensors_files_by_weight_name(
-                    files, source.is_unused_weight
-                )
-            return files
 
     return StagingModelLoader
 

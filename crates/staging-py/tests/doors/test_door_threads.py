@@ -99,7 +99,7 @@ CTRL_C = SERVER + textwrap.dedent(
 
     # Every GET takes 0.3 s: an interrupt predicate that fires is asked (every 50 ms) before the
     # answer comes, as on a real network.
-    delay[0] = 0.3
+    server.delay = 0.3
     result = {}
     if sys.argv[2] == "safe_open":
         with st.safe_open(url, "np", concurrency=1, threads=1) as f:
@@ -369,18 +369,17 @@ READ_AHEAD = SERVER + textwrap.dedent(
     b_start = 8 + size + json.loads(data[8:8 + size])["b"]["data_offsets"][0]
     b_asked = threading.Event()
     b_gets = []
-    answer = Handler.do_GET
 
-    def do_GET(self):
-        if int(self.headers["Range"].split("=")[1].split("-")[0]) == b_start:
-            b_gets.append(time.monotonic())
-            if len(b_gets) == 1:
-                b_asked.set()
-                done.wait(600)
-                return
-        answer(self)
+    def hold(request):
+        if request.range is None or request.range[0] != b_start:
+            return False
+        b_gets.append(time.monotonic())
+        if len(b_gets) == 1:
+            b_asked.set()
+            return True
+        return False
 
-    Handler.do_GET = do_GET
+    server.hold = hold
 
     def close_during_read_ahead(result):
         f = st.safe_open(url, "np", concurrency=2, threads=1)

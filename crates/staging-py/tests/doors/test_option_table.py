@@ -16,8 +16,8 @@ import safetensors_staging as st
 from safetensors_staging import _native
 
 HERE = Path(__file__).resolve().parent
-STUB = HERE.parent / "python" / "safetensors_staging" / "_native.pyi"
-ERRORS_PAGE = HERE.parents[2] / "docs" / "reference" / "errors.md"
+STUB = HERE.parents[1] / "python" / "safetensors_staging" / "_native.pyi"
+ERRORS_PAGE = HERE.parents[3] / "docs" / "reference" / "errors.md"
 
 
 def stub_class_keys(name: str) -> List[str]:

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Set, Tuple
 import pytest
 import torch
 
-STANDINS = Path(__file__).parent / "standins"
+STANDINS = Path(__file__).parents[1] / "standins"
 
 
 def real_importable(package: str) -> bool:

@@ -225,7 +225,7 @@ def test_a_missing_framework_names_the_extra(
 
 
 def test_the_torch_extra_installs_torch() -> None:
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '\ntorch = ["torch>=2.1"]\n' in text
     assert '\nflax = ["jax"]\n' in text
 

@@ -1,6 +1,6 @@
 """What a checkpoint at a URL may make the loader read, and what the Python door shows of a
-caller's secrets. A hostile server written here in plain Python (HEAD, ranged GET, ETag,
-redirects) logs every request: an index naming `%2e%2e/%2e%2e/secret/...` asks for nothing
+caller's secrets. A hostile server (`range_server`'s: HEAD, ranged GET, ETag, redirects)
+logs every request: an index naming `%2e%2e/%2e%2e/secret/...` asks for nothing
 outside its prefix (over HTTP and over S3's path-style API, where such a request would be signed
 with the caller's keys), a redirect to another host is refused unless allowed, and no login or
 secret store option appears in an exception, a report, a checkpoint's file list or the option
@@ -8,14 +8,12 @@ dump."""
 
 from __future__ import annotations
 
-import hashlib
-import http.server
 import json
-import threading
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from range_server import RangeServer
 
 import safetensors_staging as st
 from safetensors_staging import _native
@@ -23,90 +21,25 @@ from safetensors_staging import _native
 from conftest import write_safetensors
 
 
-class Hostile:
-    """A loopback HTTP server of objects (path -> bytes) and redirects (path -> URL) that logs
-    `(method, path, Authorization)` of every request."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.objects: Dict[str, bytes] = {}
-        self.redirects: Dict[str, str] = {}
-        self.log: List[Tuple[str, str, Optional[str]]] = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self, body: bool) -> None:
-                path = self.path.split("?", 1)[0]
-                server.log.append((self.command, path, self.headers.get("Authorization")))
-                if path in server.redirects:
-                    self.send_response(302)
-                    self.send_header("Location", server.redirects[path])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                data = server.objects.get(path)
-                if data is None:
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                etag = '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
-                start, end = 0, len(data) - 1
-                ranged = self.headers.get("Range")
-                if ranged:
-                    a, b = ranged.split("=", 1)[1].split("-")
-                    start, end = int(a), min(int(b), len(data) - 1)
-                self.send_response(206 if ranged else 200)
-                if ranged:
-                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-                self.send_header("ETag", etag)
-                self.send_header("Accept-Ranges", "bytes")
-                self.send_header("Content-Length", str(end - start + 1 if body else len(data)))
-                self.end_headers()
-                if body:
-                    self.wfile.write(data[start : end + 1])
-
-            def do_HEAD(self) -> None:
-                self._answer(body=False)
-
-            def do_GET(self) -> None:
-                self._answer(body=True)
-
-        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}{path}"
-
-    @property
-    def authority(self) -> str:
-        return self.url("")[len("http://") :]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+@pytest.fixture
+def server() -> Iterator[RangeServer]:
+    with RangeServer() as s:
+        yield s
 
 
 @pytest.fixture
-def server() -> Iterator[Hostile]:
-    s = Hostile()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def other_host() -> Iterator[Hostile]:
+def other_host() -> Iterator[RangeServer]:
     # Another host: another loopback address (Linux answers the whole of 127/8).
-    s = Hostile("127.0.0.2")
-    yield s
-    s.close()
+    with RangeServer("127.0.0.2") as s:
+        yield s
+
+
+def server_paths(server: RangeServer) -> List[str]:
+    return [r.path for r in server.requests()]
+
+
+def logins(server: RangeServer) -> List[Optional[str]]:
+    return [r.authorization for r in server.requests()]
 
 
 def checkpoint_bytes(tmp_path: Path, seed: int) -> Tuple[bytes, Dict[str, bytes]]:
@@ -130,19 +63,19 @@ HOSTILE = [
 
 @pytest.mark.parametrize("shard", HOSTILE)
 def test_an_index_never_reaches_outside_its_prefix_over_http(
-    server: Hostile, tmp_path: Path, shard: str
+    server: RangeServer, tmp_path: Path, shard: str
 ) -> None:
     server.objects["/secret/model.safetensors"], _ = checkpoint_bytes(tmp_path, 1)
     server.objects["/models/a/model.safetensors.index.json"] = hostile_index(shard)
     with pytest.raises(st.MalformedCheckpointError, match="shard path") as raised:
         st.load_file(server.url("/models/a/model.safetensors.index.json"), retries=0)
     assert raised.value.kind == "invalid-checkpoint"
-    assert all(path.startswith("/models/a/") for _, path, _ in server.log), server.log
+    assert all(path.startswith("/models/a/") for path in server_paths(server)), server.log
 
 
 @pytest.mark.parametrize("shard", HOSTILE)
 def test_an_index_never_reaches_outside_its_prefix_in_s3(
-    server: Hostile, tmp_path: Path, shard: str
+    server: RangeServer, tmp_path: Path, shard: str
 ) -> None:
     # S3's path-style API against the logging server: the request a hostile index would make
     # for s3://bkt/secret/... carries the caller's signature.
@@ -160,12 +93,12 @@ def test_an_index_never_reaches_outside_its_prefix_in_s3(
         )
     assert "not-shown-anywhere" not in str(raised.value)
     assert server.log, "the index was never asked for"
-    assert all(path.startswith("/bkt/models/a/") for _, path, _ in server.log), server.log
-    assert all(auth and auth.startswith("AWS4-HMAC-SHA256") for _, _, auth in server.log)
+    assert all(path.startswith("/bkt/models/a/") for path in server_paths(server)), server.log
+    assert all(auth and auth.startswith("AWS4-HMAC-SHA256") for auth in logins(server))
 
 
 def test_a_redirect_to_another_host_is_refused_unless_allowed_and_then_reported(
-    server: Hostile, other_host: Hostile, tmp_path: Path
+    server: RangeServer, other_host: RangeServer, tmp_path: Path
 ) -> None:
     data, contents = checkpoint_bytes(tmp_path, 2)
     other_host.objects["/elsewhere/model.safetensors"] = data
@@ -180,7 +113,7 @@ def test_a_redirect_to_another_host_is_refused_unless_allowed_and_then_reported(
         url,
         "cpu",
         retries=0,
-        allow_redirect=["cdn.example.com", other_host.server.server_address[0]],
+        allow_redirect=["cdn.example.com", other_host.host],
     ) as load:
         got = {name: t.numpy().tobytes() for name, t in load}
         report = load.report()
@@ -189,7 +122,7 @@ def test_a_redirect_to_another_host_is_refused_unless_allowed_and_then_reported(
 
 
 def test_no_login_or_secret_in_any_output_of_the_python_door(
-    server: Hostile, tmp_path: Path
+    server: RangeServer, tmp_path: Path
 ) -> None:
     data, contents = checkpoint_bytes(tmp_path, 3)
     server.objects["/private/model.safetensors"] = data
@@ -233,4 +166,4 @@ def test_no_login_or_secret_in_any_output_of_the_python_door(
     for text in shown:
         assert "SECRET" not in text and "alice" not in text, text
     # Every request carried the login, as Basic authentication.
-    assert server.log and all(auth == "Basic YWxpY2U6U0VDUkVULVBX" for _, _, auth in server.log)
+    assert server.log and all(auth == "Basic YWxpY2U6U0VDUkVULVBX" for auth in logins(server))
