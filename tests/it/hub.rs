@@ -4,7 +4,7 @@
 //! the Hub's error codes, and faults). Each test checks the bytes handed out, the requests each
 //! server saw (and that the CDN never saw the token), what the Hugging Face cache holds
 //! afterwards (byte for byte, as `huggingface_hub` lays it out: `crates/staging-py/tests/
-//! test_hub.py` checks it with `huggingface_hub` itself) and the error.
+//! hub/test_hub.py` checks it with `huggingface_hub` itself) and the error.
 //!
 //! Length: one test per behaviour of a Hub load against one fake Hub and its helpers.
 

@@ -6,7 +6,7 @@
 //! `crate::dir::sibling` path between its files, code and doc links alike. A file's unit tests
 //! (`#[cfg(test)] mod tests`, at its end) are left out: a test may use anything.
 //!
-//! Python's modules are checked the same way by `crates/staging-py/tests/test_modules.py`.
+//! Python's modules are checked the same way by `crates/staging-py/tests/doors/test_modules.py`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 

@@ -3,7 +3,7 @@
 //! If-Match) and a real HTTP client (`object_store`'s). Each test checks the bytes, the
 //! requests the server saw, the path each tensor took, what is held afterwards and the error.
 //! S3 itself (listing, credentials, buckets) is tested against moto's server in
-//! `crates/staging-py/tests/test_remote.py`.
+//! `crates/staging-py/tests/remote/test_remote.py`.
 //!
 //! Length: one test per behaviour of a URL load against one loopback server and its helpers.
 

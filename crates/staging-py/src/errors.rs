@@ -281,7 +281,7 @@ pub(crate) fn class_of(py: Python<'_>, kind: ErrorKind) -> PyResult<Bound<'_, Py
     let classes = classes(py)?;
     let name = kind.in_doors().python_class;
     let class = classes.named(name).ok_or_else(|| {
-        // A row naming a class this module does not make: a bug (tests/test_option_table.py
+        // A row naming a class this module does not make: a bug (tests/doors/test_option_table.py
         // raises every kind's class through `_native._error_class`).
         PyRuntimeError::new_err(format!("error kind {kind}: no exception class {name}"))
     })?;

@@ -387,7 +387,7 @@ def _parse(
 ) -> Tuple[int, List[Tuple[str, str, List[int], int, int]], Optional[Dict[str, str]]]: ...
 
 # The load options as keywords: one per key of the library's table (`LoadOptions::specs()`),
-# checked against `_option_table()` by tests/test_option_table.py. An alias of a key
+# checked against `_option_table()` by tests/doors/test_option_table.py. An alias of a key
 # (`device_memory` for `memory_cap`) is accepted too; `None` keeps a default.
 @type_check_only
 class LoadOptions(TypedDict, total=False):
