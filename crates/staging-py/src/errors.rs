@@ -35,61 +35,167 @@ pub(crate) fn line(error: &dyn std::error::Error) -> String {
     error.to_string().replace('\n', " ")
 }
 
-/// Every exception class of the package, made when the module is imported (`register`). The
-/// classes that also derive from a builtin exception are so that `except FileNotFoundError`,
-/// `except MemoryError` and `except ValueError` catch what a Python user expects them to.
-struct Classes {
-    staging: Py<PyType>,
-    malformed: Py<PyType>,
-    read: Py<PyType>,
-    not_found: Py<PyType>,
-    permission: Py<PyType>,
-    backend_unavailable: Py<PyType>,
-    device: Py<PyType>,
-    out_of_memory: Py<PyType>,
-    invalid_option: Py<PyType>,
-    selection: Py<PyType>,
-    destination: Py<PyType>,
-    unsupported_dtype: Py<PyType>,
-    resource: Py<PyType>,
+/// The builtin exception a class derives from besides its parent in the package, so that
+/// `except FileNotFoundError`, `except MemoryError` and `except ValueError` catch what a Python
+/// user expects them to.
+#[derive(Clone, Copy)]
+enum Builtin {
+    None,
+    FileNotFound,
+    Permission,
+    Memory,
+    Value,
+    Type,
+    Os,
 }
 
-/// The names of the classes, as the module exports them (and the table of kinds spells them).
-const CLASS_NAMES: [&str; 13] = [
-    "StagingError",
-    "MalformedCheckpointError",
-    "ReadError",
-    "BackendUnavailableError",
-    "DeviceError",
-    "PathNotFoundError",
-    "PathPermissionError",
-    "OutOfMemoryError",
-    "InvalidOptionError",
-    "SelectionError",
-    "DestinationError",
-    "UnsupportedDtypeError",
-    "ResourceError",
+impl Builtin {
+    fn class(self, py: Python<'_>) -> Option<Bound<'_, PyType>> {
+        Some(match self {
+            Self::None => return None,
+            Self::FileNotFound => py.get_type::<PyFileNotFoundError>(),
+            Self::Permission => py.get_type::<PyPermissionError>(),
+            Self::Memory => py.get_type::<PyMemoryError>(),
+            Self::Value => py.get_type::<PyValueError>(),
+            Self::Type => py.get_type::<PyTypeError>(),
+            Self::Os => py.get_type::<PyOSError>(),
+        })
+    }
+}
+
+/// One exception class of the package.
+struct Spec {
+    /// The name the module exports it by (and the table of kinds spells).
+    name: &'static str,
+    /// Its parent in the package; `None` for `StagingError`, the root.
+    parent: Option<&'static str>,
+    builtin: Builtin,
+    /// The kind it stands for (its `kind` class attribute): the first of its kinds, for a class
+    /// of several; `None` for `UnsupportedDtypeError`, a framework's limit that no `ErrorKind`
+    /// has.
+    kind: Option<ErrorKind>,
+    doc: &'static str,
+}
+
+/// Every exception class of the package, parents before their children, in the order the
+/// module exports them: the one list the classes, their names and their kinds come from.
+const SPECS: [Spec; 13] = [
+    Spec {
+        name: "StagingError",
+        parent: None,
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::Internal),
+        doc: "Every error of safetensors_staging. The message is one line naming the file, and \
+              the tensor and offset where there is one.",
+    },
+    Spec {
+        name: "MalformedCheckpointError",
+        parent: Some("StagingError"),
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::InvalidCheckpoint),
+        doc: "The checkpoint is not valid safetensors (header, index, offsets, a file shorter \
+              than its header says, a directory with no checkpoint).",
+    },
+    Spec {
+        name: "ReadError",
+        parent: Some("StagingError"),
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::Read),
+        doc: "A file could not be opened or read, or changed during the load.",
+    },
+    Spec {
+        name: "BackendUnavailableError",
+        parent: Some("StagingError"),
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::BackendUnavailable),
+        doc: "The backend or device asked for cannot run here (no driver, no device, no \
+              library).",
+    },
+    Spec {
+        name: "DeviceError",
+        parent: Some("StagingError"),
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::Device),
+        doc: "A device operation (a memory query, a copy) failed.",
+    },
+    Spec {
+        name: "PathNotFoundError",
+        parent: Some("ReadError"),
+        builtin: Builtin::FileNotFound,
+        kind: Some(ErrorKind::NotFound),
+        doc: "A path (a file, a directory, an object) does not exist.",
+    },
+    Spec {
+        name: "PathPermissionError",
+        parent: Some("ReadError"),
+        builtin: Builtin::Permission,
+        kind: Some(ErrorKind::PermissionDenied),
+        doc: "A path may not be opened by this process.",
+    },
+    Spec {
+        name: "OutOfMemoryError",
+        parent: Some("StagingError"),
+        builtin: Builtin::Memory,
+        kind: Some(ErrorKind::DeviceAllocation),
+        doc: "An allocation failed where the policy had no fallback left (the host buffer, the \
+              staging buffer).",
+    },
+    Spec {
+        name: "InvalidOptionError",
+        parent: Some("StagingError"),
+        builtin: Builtin::Value,
+        kind: Some(ErrorKind::InvalidOption),
+        doc: "An option's value does not parse or does not go with the others (a size, a \
+              device, a backend and a device that do not go together).",
+    },
+    Spec {
+        name: "SelectionError",
+        parent: Some("StagingError"),
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::Selection),
+        doc: "A selection names a tensor the checkpoint does not hold, or rows a tensor does \
+              not have.",
+    },
+    Spec {
+        name: "DestinationError",
+        parent: Some("StagingError"),
+        builtin: Builtin::None,
+        kind: Some(ErrorKind::Destination),
+        doc: "The destination callback failed, or gave memory of the wrong device, layout or \
+              size.",
+    },
+    Spec {
+        name: "UnsupportedDtypeError",
+        parent: Some("StagingError"),
+        builtin: Builtin::Type,
+        kind: None,
+        doc: "The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or \
+              float8).",
+    },
+    Spec {
+        name: "ResourceError",
+        parent: Some("StagingError"),
+        builtin: Builtin::Os,
+        kind: Some(ErrorKind::Resource),
+        doc: "The system refused a resource the load needs to run: its threads (a limit on \
+              processes or threads, memory for their stacks) or descriptors; `errno` is the \
+              system's code.",
+    },
 ];
+
+/// The classes of [`SPECS`], made when the module is imported (`register`), in its order.
+struct Classes(Vec<Py<PyType>>);
 
 impl Classes {
     /// The class of this name, as the table of kinds spells it.
     fn named(&self, name: &str) -> Option<&Py<PyType>> {
-        Some(match name {
-            "StagingError" => &self.staging,
-            "MalformedCheckpointError" => &self.malformed,
-            "ReadError" => &self.read,
-            "PathNotFoundError" => &self.not_found,
-            "PathPermissionError" => &self.permission,
-            "BackendUnavailableError" => &self.backend_unavailable,
-            "DeviceError" => &self.device,
-            "OutOfMemoryError" => &self.out_of_memory,
-            "InvalidOptionError" => &self.invalid_option,
-            "SelectionError" => &self.selection,
-            "DestinationError" => &self.destination,
-            "UnsupportedDtypeError" => &self.unsupported_dtype,
-            "ResourceError" => &self.resource,
-            _ => return None,
-        })
+        let at = SPECS.iter().position(|spec| spec.name == name)?;
+        self.0.get(at)
+    }
+
+    fn named_or_bug(&self, name: &str) -> PyResult<&Py<PyType>> {
+        self.named(name)
+            .ok_or_else(|| PyRuntimeError::new_err(format!("no exception class {name}")))
     }
 }
 
@@ -166,98 +272,28 @@ fn no_details(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 
 fn make(py: Python<'_>, upstream: Option<&Bound<'_, PyType>>) -> PyResult<Classes> {
     let exception = py.get_type::<PyException>();
-    let namespace = PyDict::new(py);
-    namespace.set_item("details", no_details(py)?)?;
-    let staging = class(
-        py,
-        "StagingError",
-        &[upstream.unwrap_or(&exception)],
-        "Every error of safetensors_staging. The message is one line naming the file, and the \
-         tensor and offset where there is one.",
-        Some(namespace),
-    )?;
-    let staging_bound = staging.bind(py);
-    let of_staging = |name: &str, doc: &str| class(py, name, &[staging_bound], doc, None);
-    let read = of_staging(
-        "ReadError",
-        "A file could not be opened or read, or changed during the load.",
-    )?;
-    let read_bound = read.bind(py);
-    Ok(Classes {
-        malformed: of_staging(
-            "MalformedCheckpointError",
-            "The checkpoint is not valid safetensors (header, index, offsets, a file shorter \
-             than its header says, a directory with no checkpoint).",
-        )?,
-        not_found: class(
-            py,
-            "PathNotFoundError",
-            &[read_bound, &py.get_type::<PyFileNotFoundError>()],
-            "A path (a file, a directory, an object) does not exist.",
-            None,
-        )?,
-        permission: class(
-            py,
-            "PathPermissionError",
-            &[read_bound, &py.get_type::<PyPermissionError>()],
-            "A path may not be opened by this process.",
-            None,
-        )?,
-        backend_unavailable: of_staging(
-            "BackendUnavailableError",
-            "The backend or device asked for cannot run here (no driver, no device, no \
-             library).",
-        )?,
-        device: of_staging(
-            "DeviceError",
-            "A device operation (a memory query, a copy) failed.",
-        )?,
-        out_of_memory: class(
-            py,
-            "OutOfMemoryError",
-            &[staging_bound, &py.get_type::<PyMemoryError>()],
-            "An allocation failed where the policy had no fallback left (the host buffer, the \
-             staging buffer).",
-            None,
-        )?,
-        invalid_option: class(
-            py,
-            "InvalidOptionError",
-            &[staging_bound, &py.get_type::<PyValueError>()],
-            "An option's value does not parse or does not go with the others (a size, a \
-             device, a backend and a device that do not go together).",
-            None,
-        )?,
-        selection: of_staging(
-            "SelectionError",
-            "A selection names a tensor the checkpoint does not hold, or rows a tensor does \
-             not have.",
-        )?,
-        destination: of_staging(
-            "DestinationError",
-            "The destination callback failed, or gave memory of the wrong device, layout or \
-             size.",
-        )?,
-        unsupported_dtype: class(
-            py,
-            "UnsupportedDtypeError",
-            &[staging_bound, &py.get_type::<PyTypeError>()],
-            "The framework asked for has no dtype for this tensor (NumPy has no bfloat16 or \
-             float8).",
-            None,
-        )?,
-        resource: class(
-            py,
-            "ResourceError",
-            &[staging_bound, &py.get_type::<PyOSError>()],
-            "The system refused a resource the load needs to run: its threads (a limit on \
-             processes or threads, memory for their stacks) or descriptors; `errno` is the \
-             system's code.",
-            None,
-        )?,
-        read,
-        staging,
-    })
+    let mut made = Classes(Vec::with_capacity(SPECS.len()));
+    for spec in &SPECS {
+        let mut bases: Vec<Bound<'_, PyType>> = Vec::with_capacity(2);
+        let namespace = match spec.parent {
+            // The root: `safetensors.SafetensorError` where it imports, and `details`.
+            None => {
+                bases.push(upstream.unwrap_or(&exception).clone());
+                let namespace = PyDict::new(py);
+                namespace.set_item("details", no_details(py)?)?;
+                Some(namespace)
+            }
+            Some(parent) => {
+                bases.push(made.named_or_bug(parent)?.bind(py).clone());
+                None
+            }
+        };
+        bases.extend(spec.builtin.class(py));
+        let bases: Vec<&Bound<'_, PyType>> = bases.iter().collect();
+        let class = class(py, spec.name, &bases, spec.doc, namespace)?;
+        made.0.push(class);
+    }
+    Ok(made)
 }
 
 /// The classes, made on first use: `safetensors` is looked up before, not inside, the
@@ -272,7 +308,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
 
 /// `StagingError` itself.
 pub(crate) fn staging_class(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
-    Ok(classes(py)?.staging.bind(py).clone())
+    Ok(classes(py)?.named_or_bug("StagingError")?.bind(py).clone())
 }
 
 /// The exception class of each kind of error, as the library's table of kinds names it
@@ -390,22 +426,12 @@ const UNSUPPORTED_DTYPE: &str = "unsupported-dtype";
 /// Gives each class its `kind` as a class attribute: the kind it stands for (the first of its
 /// kinds, for a class of several), which must be one of those `class_of` raises it for.
 fn set_class_kinds(py: Python<'_>, classes: &Classes) -> PyResult<()> {
-    let of_library = [
-        (&classes.staging, ErrorKind::Internal),
-        (&classes.malformed, ErrorKind::InvalidCheckpoint),
-        (&classes.read, ErrorKind::Read),
-        (&classes.not_found, ErrorKind::NotFound),
-        (&classes.permission, ErrorKind::PermissionDenied),
-        (&classes.backend_unavailable, ErrorKind::BackendUnavailable),
-        (&classes.device, ErrorKind::Device),
-        (&classes.invalid_option, ErrorKind::InvalidOption),
-        (&classes.out_of_memory, ErrorKind::DeviceAllocation),
-        (&classes.selection, ErrorKind::Selection),
-        (&classes.destination, ErrorKind::Destination),
-        (&classes.resource, ErrorKind::Resource),
-    ];
-    for (class, kind) in of_library {
+    for (spec, class) in SPECS.iter().zip(&classes.0) {
         let class = class.bind(py);
+        let Some(kind) = spec.kind else {
+            class.setattr("kind", UNSUPPORTED_DTYPE)?;
+            continue;
+        };
         if !class_of(py, kind)?.is(class) {
             return Err(PyRuntimeError::new_err(format!(
                 "internal error: {} is given kind {:?}, which is raised as another class",
@@ -415,10 +441,7 @@ fn set_class_kinds(py: Python<'_>, classes: &Classes) -> PyResult<()> {
         }
         class.setattr("kind", kind.as_str())?;
     }
-    classes
-        .unsupported_dtype
-        .bind(py)
-        .setattr("kind", UNSUPPORTED_DTYPE)
+    Ok(())
 }
 
 /// Adds the exception classes to the module, each with its `kind`.
@@ -427,11 +450,8 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let classes = classes(py)?;
     set_class_kinds(py, classes)?;
     module.add_function(wrap_pyfunction!(_error_class, module)?)?;
-    for name in CLASS_NAMES {
-        let class = classes
-            .named(name)
-            .ok_or_else(|| PyRuntimeError::new_err(format!("no exception class {name}")))?;
-        module.add(name, class.bind(py))?;
+    for (spec, class) in SPECS.iter().zip(&classes.0) {
+        module.add(spec.name, class.bind(py))?;
     }
     Ok(())
 }
