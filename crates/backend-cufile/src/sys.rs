@@ -104,35 +104,24 @@ impl CuFileApi {
     /// Loading runs no cuFile function.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
         // SAFETY: the candidates are libcufile (NVIDIA's or a test stub), which this backend uses.
-        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+        let lib = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
             .map_err(|tried| Error::LibraryMissing { tried })?;
-        let missing = |symbol: &'static str| {
-            let library = path.clone();
-            move |detail| Error::MissingSymbol {
-                library,
-                symbol,
-                detail,
-            }
-        };
         // SAFETY: every type below is the C signature of its symbol in cufile.h, and the
         // pointers live as long as `_library`, which the struct owns.
         unsafe {
             Ok(Self {
-                driver_open: dl::symbol(&library, "cuFileDriverOpen")
-                    .map_err(missing("cuFileDriverOpen"))?,
-                driver_close: dl::symbol(&library, "cuFileDriverClose_v2")
-                    .or_else(|_| dl::symbol(&library, "cuFileDriverClose"))
-                    .map_err(missing("cuFileDriverClose_v2"))?,
-                handle_register: dl::symbol(&library, "cuFileHandleRegister")
-                    .map_err(missing("cuFileHandleRegister"))?,
-                handle_deregister: dl::symbol(&library, "cuFileHandleDeregister")
-                    .map_err(missing("cuFileHandleDeregister"))?,
-                read: dl::symbol(&library, "cuFileRead").map_err(missing("cuFileRead"))?,
-                get_version: dl::symbol(&library, "cuFileGetVersion").ok(),
-                get_properties: dl::symbol(&library, "cuFileDriverGetProperties").ok(),
-                set_parameter_bool: dl::symbol(&library, "cuFileSetParameterBool").ok(),
-                path,
-                _library: library,
+                driver_open: lib.required("cuFileDriverOpen")?,
+                driver_close: dl::symbol(&lib.library, "cuFileDriverClose_v2")
+                    .or_else(|_| dl::symbol(&lib.library, "cuFileDriverClose"))
+                    .map_err(|detail| lib.missing("cuFileDriverClose_v2", detail))?,
+                handle_register: lib.required("cuFileHandleRegister")?,
+                handle_deregister: lib.required("cuFileHandleDeregister")?,
+                read: lib.required("cuFileRead")?,
+                get_version: lib.optional("cuFileGetVersion"),
+                get_properties: lib.optional("cuFileDriverGetProperties"),
+                set_parameter_bool: lib.optional("cuFileSetParameterBool"),
+                path: lib.path,
+                _library: lib.library,
             })
         }
     }

@@ -85,32 +85,20 @@ impl HipFileApi {
     /// Loads the library: `explicit`, else `$STAGING_HIPFILE_LIB`, else the default names.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
         // SAFETY: the candidates are libhipfile (AMD's or a test stub), which this backend uses.
-        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+        let lib = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
             .map_err(|tried| Error::LibraryMissing { tried })?;
-        let missing = |symbol: &'static str| {
-            let library = path.clone();
-            move |detail| Error::MissingSymbol {
-                library,
-                symbol,
-                detail,
-            }
-        };
         // SAFETY: every type below is the C signature of its symbol in hipfile.h, and the
         // pointers live as long as `_library`, which the struct owns.
         unsafe {
             Ok(Self {
-                driver_open: dl::symbol(&library, "hipFileDriverOpen")
-                    .map_err(missing("hipFileDriverOpen"))?,
-                driver_close: dl::symbol(&library, "hipFileDriverClose")
-                    .map_err(missing("hipFileDriverClose"))?,
-                handle_register: dl::symbol(&library, "hipFileHandleRegister")
-                    .map_err(missing("hipFileHandleRegister"))?,
-                handle_deregister: dl::symbol(&library, "hipFileHandleDeregister")
-                    .map_err(missing("hipFileHandleDeregister"))?,
-                read: dl::symbol(&library, "hipFileRead").map_err(missing("hipFileRead"))?,
-                get_version: dl::symbol(&library, "hipFileGetVersion").ok(),
-                path,
-                _library: library,
+                driver_open: lib.required("hipFileDriverOpen")?,
+                driver_close: lib.required("hipFileDriverClose")?,
+                handle_register: lib.required("hipFileHandleRegister")?,
+                handle_deregister: lib.required("hipFileHandleDeregister")?,
+                read: lib.required("hipFileRead")?,
+                get_version: lib.optional("hipFileGetVersion"),
+                path: lib.path,
+                _library: lib.library,
             })
         }
     }
