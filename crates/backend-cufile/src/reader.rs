@@ -6,15 +6,12 @@ use std::ffi::c_void;
 use std::os::fd::RawFd;
 use std::path::Path;
 
-use backend_gds::{FileApi, GdsReader, RequestedMode};
+use backend_gds::{FileApi, GdsReader, RequestedMode, abi};
 use staging_core::IoMode;
 
 use crate::cuda::CudaDevice;
 use crate::errors::{Error, describe_cufile_code};
-use crate::sys::{
-    CUfileDescr, CUfileDescrHandle, CuFileApi, DriverProps, HANDLE_TYPE_OPAQUE_FD,
-    PARAM_ALLOW_COMPAT_MODE, PARAM_FORCE_COMPAT_MODE,
-};
+use crate::sys::{CuFileApi, DriverProps, PARAM_ALLOW_COMPAT_MODE, PARAM_FORCE_COMPAT_MODE};
 
 /// The cuFile reader: the shared GDS-style reader over the cuFile driver and a CUDA device.
 pub type CuFileReader = GdsReader<Driver, CudaDevice>;
@@ -111,20 +108,8 @@ unsafe impl FileApi for Driver {
     }
 
     fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
-        let mut descr = CUfileDescr {
-            kind: HANDLE_TYPE_OPAQUE_FD,
-            handle: CUfileDescrHandle { fd },
-            fs_ops: std::ptr::null(),
-        };
-        let mut raw: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `descr` is an OPAQUE_FD descriptor of an open file with null fs_ops, and `raw`
-        // receives the handle.
-        let status = unsafe { (self.api.handle_register)(&mut raw, &mut descr) };
-        if status.err != 0 {
-            Err(i64::from(status.err))
-        } else {
-            Ok(raw)
-        }
+        // SAFETY: `handle_register` is cuFileHandleRegister of the driver this value opened.
+        unsafe { abi::register_fd(self.api.handle_register, fd) }
     }
 
     unsafe fn deregister(&self, handle: *mut c_void) {

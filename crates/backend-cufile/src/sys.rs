@@ -7,7 +7,7 @@
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 
-use backend_gds::dl;
+use backend_gds::{abi, dl};
 use libloading::Library;
 
 use crate::errors::Error;
@@ -22,32 +22,20 @@ pub struct CUfileError {
     pub cu_err: c_int,
 }
 
-/// The union inside `CUfileDescr_t`.
-#[allow(missing_debug_implementations)] // a C union: which field is live depends on `kind`
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub union CUfileDescrHandle {
-    /// A POSIX file descriptor (type 1).
-    pub fd: c_int,
-    /// Other handle kinds.
-    pub handle: *mut c_void,
+impl abi::OpStatus for CUfileError {
+    fn op_code(&self) -> c_int {
+        self.err
+    }
 }
 
-/// `CUfileDescr_t` (24 bytes on x86_64).
-#[allow(missing_debug_implementations)] // holds the union above
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUfileDescr {
-    /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD` = 1.
-    pub kind: u32,
-    /// The descriptor.
-    pub handle: CUfileDescrHandle,
-    /// Must be null for file descriptors.
-    pub fs_ops: *const c_void,
-}
+/// The union inside `CUfileDescr_t` (shared with hipFile: [`backend_gds::abi`]).
+pub type CUfileDescrHandle = abi::FileDescrHandle;
+
+/// `CUfileDescr_t` (24 bytes on x86_64; shared with hipFile: [`backend_gds::abi`]).
+pub type CUfileDescr = abi::FileDescr;
 
 /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD`.
-pub const HANDLE_TYPE_OPAQUE_FD: u32 = 1;
+pub use backend_gds::abi::HANDLE_TYPE_OPAQUE_FD;
 /// `CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE` for `cuFileSetParameterBool`.
 pub const PARAM_ALLOW_COMPAT_MODE: c_int = 1;
 /// `CUFILE_PARAM_FORCE_COMPAT_MODE` for `cuFileSetParameterBool`.
@@ -64,7 +52,7 @@ pub struct DriverProps {
 
 type DriverOpenFn = unsafe extern "C" fn() -> CUfileError;
 type DriverCloseFn = unsafe extern "C" fn() -> CUfileError;
-type HandleRegisterFn = unsafe extern "C" fn(*mut *mut c_void, *mut CUfileDescr) -> CUfileError;
+type HandleRegisterFn = abi::HandleRegisterFn<CUfileError>;
 type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
 type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
 type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> CUfileError;

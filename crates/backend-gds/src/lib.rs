@@ -5,6 +5,7 @@
 //! so the reader is generic over:
 //!
 //! - [`FileApi`]: an opened driver's handle registration and read call, and its names;
+//!   [`abi`] holds the descriptor layout both libraries take and the one `register_fd`;
 //! - [`Gpu`]: binding the device to the calling thread, pinned host buffers, host-to-device
 //!   copies.
 //!
@@ -32,6 +33,7 @@ use staging_core::{
 
 pub use modes::{CufileMode, HipfileMode};
 
+pub mod abi;
 pub mod codes;
 pub mod dl;
 pub mod modes;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use backend_gds::FileApi;
 use backend_gds::codes::describe_hipfile_code;
-use backend_gds::dl;
+use backend_gds::{abi, dl};
 use libloading::Library;
 use staging_core::IoMode;
 
@@ -32,26 +32,20 @@ pub struct HipFileError {
 
 /// `hipFileHandleTypeOpaqueFD`: 1, as `CU_FILE_HANDLE_TYPE_OPAQUE_FD` (the `.pxd` declares the
 /// enumerators without values; `hipfile.h` numbers them as cuFile does).
-pub const HANDLE_TYPE_OPAQUE_FD: u32 = 1;
+pub use backend_gds::abi::HANDLE_TYPE_OPAQUE_FD;
 
-/// `hipFileDescr_t`, laid out as `CUfileDescr_t` (type 1 = file descriptor).
-#[allow(missing_debug_implementations)] // a C layout with a union
-#[repr(C)]
-pub struct HipFileDescr {
-    kind: u32,
-    handle: DescrHandle,
-    fs_ops: *const c_void,
-}
+/// `hipFileDescr_t`, laid out as `CUfileDescr_t` (type 1 = file descriptor): the one layout in
+/// [`backend_gds::abi`].
+pub type HipFileDescr = abi::FileDescr;
 
-#[allow(missing_debug_implementations)] // a C union
-#[repr(C)]
-union DescrHandle {
-    fd: c_int,
-    handle: *mut c_void,
+impl abi::OpStatus for HipFileError {
+    fn op_code(&self) -> c_int {
+        self.err
+    }
 }
 
 type DriverOpenFn = unsafe extern "C" fn() -> HipFileError;
-type HandleRegisterFn = unsafe extern "C" fn(*mut *mut c_void, *mut HipFileDescr) -> HipFileError;
+type HandleRegisterFn = abi::HandleRegisterFn<HipFileError>;
 type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
 type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
 type GetVersionFn = unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint) -> HipFileError;
@@ -172,19 +166,8 @@ unsafe impl FileApi for Driver {
     }
 
     fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
-        let mut descr = HipFileDescr {
-            kind: HANDLE_TYPE_OPAQUE_FD,
-            handle: DescrHandle { fd },
-            fs_ops: std::ptr::null(),
-        };
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: a file-descriptor descriptor of an open file with null fs_ops.
-        let status = unsafe { (self.api.handle_register)(&mut raw, &mut descr) };
-        if status.err != 0 {
-            Err(i64::from(status.err))
-        } else {
-            Ok(raw)
-        }
+        // SAFETY: `handle_register` is hipFileHandleRegister of the driver this value opened.
+        unsafe { abi::register_fd(self.api.handle_register, fd) }
     }
 
     unsafe fn deregister(&self, handle: *mut c_void) {
@@ -224,7 +207,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<HipFileDescr>(), 24);
         assert_eq!(std::mem::offset_of!(HipFileDescr, handle), 8);
         assert_eq!(std::mem::offset_of!(HipFileDescr, fs_ops), 16);
-        assert_eq!(std::mem::size_of::<DescrHandle>(), 8);
     }
 
     #[test]
