@@ -53,6 +53,13 @@ pub trait OpStatus: Copy {
 /// `cuFileHandleRegister` / `hipFileHandleRegister`.
 pub type HandleRegisterFn<S> = unsafe extern "C" fn(*mut *mut c_void, *mut FileDescr) -> S;
 
+/// `cuFileHandleDeregister` / `hipFileHandleDeregister`.
+pub type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
+
+/// `cuFileRead` / `hipFileRead`: `(handle, base, size, file_offset, buf_offset)`, the count read,
+/// `-1` with `errno`, or `-code`.
+pub type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
+
 /// Registers the open file `fd` through `register`: the handle, or the operation code.
 ///
 /// # Safety
@@ -76,6 +83,8 @@ pub unsafe fn register_fd<S: OpStatus>(
 mod tests {
     use super::*;
 
+    /// `cufile.h`'s `CUfileDescr_t` and `hipfile.h`'s `hipFileDescr_t` (the `hipfile` package's
+    /// `_chipfile.pxd`): `{ type; union { int fd; void *handle; } handle; const ops *fs_ops; }`.
     #[test]
     fn the_descriptor_is_laid_out_as_cufile_h_and_hipfile_h() {
         assert_eq!(std::mem::size_of::<FileDescr>(), 24);
