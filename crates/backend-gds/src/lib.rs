@@ -41,6 +41,11 @@ pub mod modes;
 mod bounce;
 use bounce::BouncePool;
 pub use bounce::Bounced;
+
+/// The default size of each pinned bounce buffer on the POSIX path (16 MiB), for both
+/// backends' `Options`.
+pub const DEFAULT_BOUNCE_SIZE: usize = 16 << 20;
+
 #[cfg(feature = "test-stubs")]
 pub mod stubs;
 
