@@ -196,10 +196,8 @@ unsafe impl FileApi for Driver {
 mod tests {
     use super::*;
 
-    /// The layouts as AMD's `hipfile.h` declares them (the `hipfile` package's `_chipfile.pxd`):
-    /// `hipFileError_t { hipFileOpError_t err; hipError_t hip_drv_err; }` (two C enums) and
-    /// `hipFileDescr_t { hipFileFileHandleType_t type; union { int fd; void *hFile; } handle;
-    /// const hipFileFSOps_t *fs_ops; }`.
+    /// The layout as AMD's `hipfile.h` declares it (the `hipfile` package's `_chipfile.pxd`):
+    /// `hipFileError_t { hipFileOpError_t err; hipError_t hip_drv_err; }` (two C enums).
     #[test]
     fn layouts_match_hipfile_h() {
         assert_eq!(std::mem::size_of::<HipFileError>(), 8);
