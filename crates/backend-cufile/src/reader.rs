@@ -2,8 +2,6 @@
 //! [`GdsReader`] reads through it: `cuFileRead` straight into device memory (GDS or cuFile's
 //! compatibility mode), or the POSIX path when `libcufile` is not usable.
 
-use std::ffi::c_void;
-use std::os::fd::RawFd;
 use std::path::Path;
 
 use backend_gds::{FileApi, GdsReader, RequestedMode, abi};
@@ -103,30 +101,18 @@ unsafe impl FileApi for Driver {
     const READ_CALL: &'static str = "cuFileRead";
     const REGISTER_CALL: &'static str = "cuFileHandleRegister";
 
+    type Status = crate::sys::CUfileError;
+
     fn max_read(&self) -> usize {
         usize::MAX
     }
 
-    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
-        // SAFETY: `handle_register` is cuFileHandleRegister of the driver this value opened.
-        unsafe { abi::register_fd(self.api.handle_register, fd) }
-    }
-
-    unsafe fn deregister(&self, handle: *mut c_void) {
-        // SAFETY: forwarded caller contract: `handle` came from cuFileHandleRegister, once.
-        unsafe { (self.api.handle_deregister)(handle) }
-    }
-
-    unsafe fn read(
-        &self,
-        handle: *mut c_void,
-        base: *mut c_void,
-        size: usize,
-        file_offset: i64,
-        buf_offset: i64,
-    ) -> isize {
-        // SAFETY: forwarded caller contract.
-        unsafe { (self.api.read)(handle, base, size, file_offset, buf_offset) }
+    fn calls(&self) -> abi::FileCalls<crate::sys::CUfileError> {
+        abi::FileCalls {
+            register: self.api.handle_register,
+            deregister: self.api.handle_deregister,
+            read: self.api.read,
+        }
     }
 
     fn describe(code: i64) -> String {

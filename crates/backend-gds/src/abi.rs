@@ -60,6 +60,17 @@ pub type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
 /// `-1` with `errno`, or `-code`.
 pub type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
 
+/// The three calls a GDS-style reader makes on an open driver, all from one library.
+#[derive(Debug, Clone, Copy)]
+pub struct FileCalls<S> {
+    /// `cuFileHandleRegister` / `hipFileHandleRegister`.
+    pub register: HandleRegisterFn<S>,
+    /// `cuFileHandleDeregister` / `hipFileHandleDeregister`.
+    pub deregister: HandleDeregisterFn,
+    /// `cuFileRead` / `hipFileRead`.
+    pub read: ReadFn,
+}
+
 /// Registers the open file `fd` through `register`: the handle, or the operation code.
 ///
 /// # Safety

@@ -5,8 +5,7 @@
 //! then `libhipfile.so`. One `hipFileRead` moves at most [`MAX_READ`] bytes; the reader cuts its
 //! requests there and the write loop continues.
 
-use std::ffi::{c_int, c_uint, c_void};
-use std::os::fd::RawFd;
+use std::ffi::{c_int, c_uint};
 use std::path::{Path, PathBuf};
 
 use backend_gds::FileApi;
@@ -161,30 +160,18 @@ unsafe impl FileApi for Driver {
     const READ_CALL: &'static str = "hipFileRead";
     const REGISTER_CALL: &'static str = "hipFileHandleRegister";
 
+    type Status = HipFileError;
+
     fn max_read(&self) -> usize {
         self.max_read
     }
 
-    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
-        // SAFETY: `handle_register` is hipFileHandleRegister of the driver this value opened.
-        unsafe { abi::register_fd(self.api.handle_register, fd) }
-    }
-
-    unsafe fn deregister(&self, handle: *mut c_void) {
-        // SAFETY: forwarded caller contract.
-        unsafe { (self.api.handle_deregister)(handle) }
-    }
-
-    unsafe fn read(
-        &self,
-        handle: *mut c_void,
-        base: *mut c_void,
-        size: usize,
-        file_offset: i64,
-        buf_offset: i64,
-    ) -> isize {
-        // SAFETY: forwarded caller contract; `size` was cut to `max_read`.
-        unsafe { (self.api.read)(handle, base, size, file_offset, buf_offset) }
+    fn calls(&self) -> abi::FileCalls<HipFileError> {
+        abi::FileCalls {
+            register: self.api.handle_register,
+            deregister: self.api.handle_deregister,
+            read: self.api.read,
+        }
     }
 
     fn describe(code: i64) -> String {
