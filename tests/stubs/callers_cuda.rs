@@ -17,14 +17,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
 use crate::common;
+use crate::fixtures::{MIB, cuda_counter, policy, three_tensors};
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use backend_cufile::RequestedMode;
 use backend_cufile::cudarc::driver::{CudaContext, sys};
-use backend_mock::fixtures::{Contents, TensorSpec, write_file};
-use safetensors_staging::{Backend, Error, HostOptions, Loader, StagingPath, StagingPolicy};
+use backend_mock::fixtures::Contents;
+use safetensors_staging::{Backend, Error, HostOptions, Loader, StagingPath};
 
 /// This module's turn at the stub (see `tests/stubs/main.rs`): its tests run beside each other,
 /// never beside another module's.
@@ -34,14 +34,8 @@ fn turn() -> crate::Turn {
     crate::turn(TURN)
 }
 
-const MIB: usize = 1 << 20;
-
 fn stubs() -> &'static backend_cufile::stubs::Stubs {
     common::cuda_stubs()
-}
-
-fn counter(symbol: &[u8]) -> usize {
-    common::stub_counter(&stubs().cuda, symbol)
 }
 
 /// Copies ever queued on `stream` (stub).
@@ -61,17 +55,6 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `a` (3 MiB), `b` (2 MiB), `c` (4 KiB), with contents from `seed`.
-fn three_tensors(dir: &Path, seed: u64) -> (PathBuf, Contents) {
-    let path = dir.join(format!("model-{seed}.safetensors"));
-    let specs = [
-        TensorSpec::bytes("a", 3 * MIB),
-        TensorSpec::bytes("b", 2 * MIB),
-        TensorSpec::bytes("c", 4096),
-    ];
-    (path.clone(), write_file(&path, &specs, seed).unwrap())
-}
-
 fn options(mode: RequestedMode) -> backend_cufile::Options {
     backend_cufile::Options {
         mode,
@@ -81,29 +64,18 @@ fn options(mode: RequestedMode) -> backend_cufile::Options {
     }
 }
 
-/// No headroom, 1 MiB chunks and staging, `threads` I/O threads.
-fn policy(threads: usize) -> StagingPolicy {
-    StagingPolicy::builder()
-        .headroom(0, u64::MAX)
-        .chunk_size(MIB)
-        .staging_size(MIB)
-        .io_threads(threads)
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn a_callers_stream_carries_every_copy_and_the_library_makes_no_stream_of_its_own() {
     let _turn = turn();
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path(), 5);
+    let (path, contents) = three_tensors(dir.path(), "model-5.safetensors", 5);
     stubs();
     let context = CudaContext::new(0).unwrap();
     let stream = context.new_stream().unwrap();
-    let creates = counter(b"stub_cuda_stream_creates");
-    let retains = counter(b"stub_cuda_primary_retains");
-    let releases = counter(b"stub_cuda_primary_releases");
+    let creates = cuda_counter(b"stub_cuda_stream_creates");
+    let retains = cuda_counter(b"stub_cuda_primary_retains");
+    let releases = cuda_counter(b"stub_cuda_primary_releases");
     let on_stream = copies_on(stream.cu_stream());
 
     // The POSIX path (pinned halves, asynchronous copies) on three I/O threads, and `auto`
@@ -143,13 +115,13 @@ fn a_callers_stream_carries_every_copy_and_the_library_makes_no_stream_of_its_ow
         "no copy was queued on the caller's stream"
     );
     assert_eq!(
-        counter(b"stub_cuda_stream_creates"),
+        cuda_counter(b"stub_cuda_stream_creates"),
         creates,
         "the library created a stream of its own"
     );
-    assert_eq!(counter(b"stub_cuda_primary_retains"), retains);
+    assert_eq!(cuda_counter(b"stub_cuda_primary_retains"), retains);
     assert_eq!(
-        counter(b"stub_cuda_primary_releases"),
+        cuda_counter(b"stub_cuda_primary_releases"),
         releases,
         "the library released a context it never retained"
     );
@@ -165,10 +137,10 @@ fn a_callers_context_decides_the_device_and_a_different_one_is_refused() {
     let _turn = turn();
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path(), 6);
+    let (path, contents) = three_tensors(dir.path(), "model-6.safetensors", 6);
     stubs();
     let context = CudaContext::new(1).unwrap();
-    let wrong = counter(b"stub_cuda_wrong_context");
+    let wrong = cuda_counter(b"stub_cuda_wrong_context");
 
     // No device asked for: the context's, GPU 1; `auto` becomes cuFile.
     let mut mode = Backend::default();
@@ -199,7 +171,7 @@ fn a_callers_context_decides_the_device_and_a_different_one_is_refused() {
         drop(memory);
     }
     assert_eq!(
-        counter(b"stub_cuda_wrong_context") - wrong,
+        cuda_counter(b"stub_cuda_wrong_context") - wrong,
         0,
         "memory used or freed outside the caller's context"
     );
@@ -256,8 +228,8 @@ fn one_prepared_backend_serves_loads_one_after_another_and_at_once_on_the_same_p
     let _turn = turn();
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (first, first_contents) = three_tensors(dir.path(), 7);
-    let (second, second_contents) = three_tensors(dir.path(), 8);
+    let (first, first_contents) = three_tensors(dir.path(), "model-7.safetensors", 7);
+    let (second, second_contents) = three_tensors(dir.path(), "model-8.safetensors", 8);
     stubs();
     let mut prepared = Loader::new()
         .backend(Backend::Cufile(options(RequestedMode::Posix)))
@@ -265,7 +237,7 @@ fn one_prepared_backend_serves_loads_one_after_another_and_at_once_on_the_same_p
         .policy(policy(1))
         .prepare()
         .unwrap();
-    let pinned = counter(b"stub_cuda_host_allocs");
+    let pinned = cuda_counter(b"stub_cuda_host_allocs");
     let check = |load: safetensors_staging::Load<'_>, contents: &Contents| {
         let mut n = 0;
         for tensor in load {
@@ -276,12 +248,12 @@ fn one_prepared_backend_serves_loads_one_after_another_and_at_once_on_the_same_p
         assert_eq!(n, 3);
     };
     check(prepared.open(&first).unwrap(), &first_contents);
-    let after_first = counter(b"stub_cuda_host_allocs") - pinned;
+    let after_first = cuda_counter(b"stub_cuda_host_allocs") - pinned;
     assert!(after_first > 0, "the POSIX path allocated no pinned buffer");
     check(prepared.open(&second).unwrap(), &second_contents);
     check(prepared.open(&first).unwrap(), &first_contents);
     assert_eq!(
-        counter(b"stub_cuda_host_allocs") - pinned,
+        cuda_counter(b"stub_cuda_host_allocs") - pinned,
         after_first,
         "a later load of the same backend allocated pinned buffers again"
     );

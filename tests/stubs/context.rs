@@ -12,14 +12,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code asserts by panicking
 
 use crate::common;
+use crate::fixtures::{MIB, cuda_counter, policy, three_tensors};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use backend_cufile::RequestedMode;
 use backend_cufile::cudarc::driver::{CudaContext, result, sys};
-use backend_mock::fixtures::{Contents, TensorSpec, write_file};
-use safetensors_staging::{Backend, Loader, StagingPath, StagingPolicy, Tensor};
+use safetensors_staging::{Backend, Loader, StagingPath, Tensor};
 
 /// This module's turn at the stub (see `tests/stubs/main.rs`): its tests run beside each other,
 /// never beside another module's.
@@ -29,14 +29,8 @@ fn turn() -> crate::Turn {
     crate::turn(TURN)
 }
 
-const MIB: usize = 1 << 20;
-
 fn cuda_stubs() -> &'static backend_cufile::stubs::Stubs {
     common::cuda_stubs()
-}
-
-fn cuda_counter(symbol: &[u8]) -> usize {
-    common::stub_counter(&cuda_stubs().cuda, symbol)
 }
 
 /// The primary context of stub device `ordinal`.
@@ -57,17 +51,6 @@ fn make_current(context: Option<sys::CUcontext>) {
     unsafe { result::ctx::set_current(context.unwrap_or(std::ptr::null_mut())) }.unwrap();
 }
 
-/// `a` (3 MiB), `b` (2 MiB), `c` (4 KiB).
-fn three_tensors(dir: &Path) -> (PathBuf, Contents) {
-    let path = dir.join("model.safetensors");
-    let specs = [
-        TensorSpec::bytes("a", 3 * MIB),
-        TensorSpec::bytes("b", 2 * MIB),
-        TensorSpec::bytes("c", 4096),
-    ];
-    (path.clone(), write_file(&path, &specs, 3).unwrap())
-}
-
 fn cufile_loader(mode: RequestedMode, threads: usize, cap: Option<u64>) -> Loader<'static> {
     let options = backend_cufile::Options {
         device: 0,
@@ -80,17 +63,6 @@ fn cufile_loader(mode: RequestedMode, threads: usize, cap: Option<u64>) -> Loade
         .backend(Backend::Cufile(options))
         .policy(policy(threads))
         .memory_cap(cap)
-}
-
-/// No headroom, 1 MiB chunks and staging, `threads` I/O threads.
-fn policy(threads: usize) -> StagingPolicy {
-    StagingPolicy::builder()
-        .headroom(0, u64::MAX)
-        .chunk_size(MIB)
-        .staging_size(MIB)
-        .io_threads(threads)
-        .build()
-        .unwrap()
 }
 
 /// Drops `tensors` on a new thread whose current context is `context` (or none), and checks it
@@ -118,7 +90,7 @@ fn drop_on_another_thread(tensors: Vec<Tensor>, context: Option<sys::CUcontext>)
 fn cuda_the_callers_current_context_is_the_same_before_and_after_everything() {
     let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 3);
     let caller = primary_context(1);
     let device0 = primary_context(0);
     assert_ne!(caller, device0);
@@ -244,7 +216,7 @@ fn hip_device(set: Option<i32>) -> i32 {
 fn hip_the_callers_current_device_is_the_same_before_and_after_everything() {
     let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 3);
     hip_stubs();
     assert_eq!(hip_device(Some(1)), 1);
     let wrong = common::stub_counter(&hip_stubs().hip, b"stub_hip_wrong_device");
@@ -306,7 +278,7 @@ fn hip_the_callers_current_device_is_the_same_before_and_after_everything() {
 fn hip_a_taken_tensor_is_the_callers_and_frees_through_the_backend() {
     let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 3);
     hip_stubs();
     let options = backend_hipfile::Options {
         device: 0,

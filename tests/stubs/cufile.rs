@@ -136,13 +136,11 @@ fn the_posix_path_copies_with_cumemcpyhtodasync() {
 // ---- Hand-over: a loaded tensor becomes memory the caller owns, a caller's `cudarc` slice a
 // ---- destination; the budget keeps counting what the caller took.
 
+use crate::fixtures::{MIB, policy, three_tensors};
 use backend_cufile::HandoverError;
 use backend_cufile::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use backend_mock::fixtures::{Contents, TensorSpec, write_file};
 use safetensors_staging::{Backend, Loader, StagingPath, StagingPolicy};
 use std::sync::Arc;
-
-const MIB: usize = 1 << 20;
 
 /// The default stream of the stub device's primary context, through `cudarc` (the stub libcuda
 /// loaded first, so that `cudarc` finds it).
@@ -163,18 +161,6 @@ fn live_allocation(ptr: u64) -> usize {
     }
 }
 
-/// `a` (3 MiB), `b` (2 MiB) and `c` (4 KiB), back to back.
-fn three_tensors(dir: &std::path::Path) -> (std::path::PathBuf, Contents) {
-    let path = dir.join("model.safetensors");
-    let specs = [
-        TensorSpec::bytes("a", 3 * MIB),
-        TensorSpec::bytes("b", 2 * MIB),
-        TensorSpec::bytes("c", 4096),
-    ];
-    let contents = write_file(&path, &specs, 9).unwrap();
-    (path, contents)
-}
-
 /// A cuFile loader on the stubs with a 4 MiB budget and no headroom: a tensor goes to the
 /// device when the budget less what the load (and its caller) holds covers it.
 fn budget_loader() -> Loader<'static> {
@@ -182,16 +168,9 @@ fn budget_loader() -> Loader<'static> {
         library: Some(stubs().cufile.clone()),
         ..Options::default()
     };
-    let policy = StagingPolicy::builder()
-        .headroom(0, u64::MAX)
-        .chunk_size(MIB)
-        .staging_size(MIB)
-        .io_threads(1)
-        .build()
-        .unwrap();
     Loader::new()
         .backend(Backend::Cufile(options))
-        .policy(policy)
+        .policy(policy(1))
         .memory_cap(Some(4 * MIB as u64))
 }
 
@@ -199,7 +178,7 @@ fn budget_loader() -> Loader<'static> {
 fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() {
     let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 9);
     let stream = cuda_stream();
 
     // Dropped by the caller: `a`'s 3 MiB are free again, and `b` fits the budget.
@@ -253,7 +232,7 @@ fn a_taken_tensor_becomes_a_cudarc_slice_and_stays_counted_against_the_budget() 
 fn a_carved_tensor_is_an_owned_handle_not_a_slice() {
     let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 9);
     let stream = cuda_stream();
     let load = budget_loader().memory_cap(None).open(&path).unwrap();
     let mut tensors = load.into_iter().map(|tensor| tensor.unwrap());
@@ -274,7 +253,7 @@ fn a_load_of_one_tensor_carves_nothing() {
     // A reader asking for tensors one at a time (Python's `safe_open`) would otherwise hold a
     // block for each small tensor it hands out.
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 9);
     let stream = cuda_stream();
     let load = budget_loader()
         .memory_cap(None)
@@ -295,7 +274,7 @@ fn a_load_of_one_tensor_carves_nothing() {
 fn a_cudarc_slice_is_a_destination_without_unsafe() {
     let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 9);
     let stream = cuda_stream();
     let mut mine = stream.clone_htod(&vec![0u8; 2 * MIB]).unwrap();
     {
@@ -333,7 +312,7 @@ fn a_remote_checkpoint_reaches_the_device_through_pinned_bounce_buffers() {
 
     let server = RangeServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 9);
     server.put("/m/model.safetensors", std::fs::read(&path).unwrap());
     for threads in [1, 3] {
         let options = Options {
@@ -393,7 +372,7 @@ fn a_url_load_opens_no_cufile_driver() {
 
     let server = RangeServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (path, contents) = three_tensors(dir.path());
+    let (path, contents) = three_tensors(dir.path(), "model.safetensors", 9);
     server.put("/m/model.safetensors", std::fs::read(&path).unwrap());
     let options = Options {
         library: Some(PathBuf::from("/nonexistent/libcufile.so.0")),

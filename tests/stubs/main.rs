@@ -20,6 +20,7 @@ mod common;
 mod callers_cuda;
 mod context;
 mod cufile;
+mod fixtures;
 
 /// The module whose tests hold the stub now, and how many of them.
 static HOLDER: Mutex<(Option<&'static str>, usize)> = Mutex::new((None, 0));

@@ -72,3 +72,13 @@ pub enum Error {
 pub(crate) fn cuda_code(e: cudarc::driver::DriverError) -> String {
     format!("{:?} ({})", e.0, e.0 as i32)
 }
+
+impl From<backend_gds::dl::MissingSymbol> for Error {
+    fn from(e: backend_gds::dl::MissingSymbol) -> Self {
+        Error::MissingSymbol {
+            library: e.library,
+            symbol: e.symbol,
+            detail: e.detail,
+        }
+    }
+}

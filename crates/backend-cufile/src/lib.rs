@@ -66,7 +66,7 @@ impl Default for Options {
             device: 0,
             mode: RequestedMode::Auto,
             library: None,
-            bounce_size: 16 << 20,
+            bounce_size: backend_gds::DEFAULT_BOUNCE_SIZE,
             context: None,
             stream: None,
         }

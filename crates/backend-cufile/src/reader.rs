@@ -2,19 +2,14 @@
 //! [`GdsReader`] reads through it: `cuFileRead` straight into device memory (GDS or cuFile's
 //! compatibility mode), or the POSIX path when `libcufile` is not usable.
 
-use std::ffi::c_void;
-use std::os::fd::RawFd;
 use std::path::Path;
 
-use backend_gds::{FileApi, GdsReader, RequestedMode};
+use backend_gds::{FileApi, GdsReader, RequestedMode, abi};
 use staging_core::IoMode;
 
 use crate::cuda::CudaDevice;
 use crate::errors::{Error, describe_cufile_code};
-use crate::sys::{
-    CUfileDescr, CUfileDescrHandle, CuFileApi, DriverProps, HANDLE_TYPE_OPAQUE_FD,
-    PARAM_ALLOW_COMPAT_MODE, PARAM_FORCE_COMPAT_MODE,
-};
+use crate::sys::{CuFileApi, DriverProps, PARAM_ALLOW_COMPAT_MODE, PARAM_FORCE_COMPAT_MODE};
 
 /// The cuFile reader: the shared GDS-style reader over the cuFile driver and a CUDA device.
 pub type CuFileReader = GdsReader<Driver, CudaDevice>;
@@ -106,42 +101,18 @@ unsafe impl FileApi for Driver {
     const READ_CALL: &'static str = "cuFileRead";
     const REGISTER_CALL: &'static str = "cuFileHandleRegister";
 
+    type Status = crate::sys::CUfileError;
+
     fn max_read(&self) -> usize {
         usize::MAX
     }
 
-    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
-        let mut descr = CUfileDescr {
-            kind: HANDLE_TYPE_OPAQUE_FD,
-            handle: CUfileDescrHandle { fd },
-            fs_ops: std::ptr::null(),
-        };
-        let mut raw: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `descr` is an OPAQUE_FD descriptor of an open file with null fs_ops, and `raw`
-        // receives the handle.
-        let status = unsafe { (self.api.handle_register)(&mut raw, &mut descr) };
-        if status.err != 0 {
-            Err(i64::from(status.err))
-        } else {
-            Ok(raw)
+    fn calls(&self) -> abi::FileCalls<crate::sys::CUfileError> {
+        abi::FileCalls {
+            register: self.api.handle_register,
+            deregister: self.api.handle_deregister,
+            read: self.api.read,
         }
-    }
-
-    unsafe fn deregister(&self, handle: *mut c_void) {
-        // SAFETY: forwarded caller contract: `handle` came from cuFileHandleRegister, once.
-        unsafe { (self.api.handle_deregister)(handle) }
-    }
-
-    unsafe fn read(
-        &self,
-        handle: *mut c_void,
-        base: *mut c_void,
-        size: usize,
-        file_offset: i64,
-        buf_offset: i64,
-    ) -> isize {
-        // SAFETY: forwarded caller contract.
-        unsafe { (self.api.read)(handle, base, size, file_offset, buf_offset) }
     }
 
     fn describe(code: i64) -> String {

@@ -4,10 +4,10 @@
 //! then `libcufile.so.0` (the soname the wheels and KvikIO use), then `libcufile.so`. Required
 //! symbols missing is an error; optional ones (properties, version, parameter API) may be absent.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 
-use backend_gds::dl;
+use backend_gds::{abi, dl};
 use libloading::Library;
 
 use crate::errors::Error;
@@ -22,32 +22,20 @@ pub struct CUfileError {
     pub cu_err: c_int,
 }
 
-/// The union inside `CUfileDescr_t`.
-#[allow(missing_debug_implementations)] // a C union: which field is live depends on `kind`
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub union CUfileDescrHandle {
-    /// A POSIX file descriptor (type 1).
-    pub fd: c_int,
-    /// Other handle kinds.
-    pub handle: *mut c_void,
+impl abi::OpStatus for CUfileError {
+    fn op_code(&self) -> c_int {
+        self.err
+    }
 }
 
-/// `CUfileDescr_t` (24 bytes on x86_64).
-#[allow(missing_debug_implementations)] // holds the union above
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUfileDescr {
-    /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD` = 1.
-    pub kind: u32,
-    /// The descriptor.
-    pub handle: CUfileDescrHandle,
-    /// Must be null for file descriptors.
-    pub fs_ops: *const c_void,
-}
+/// The union inside `CUfileDescr_t` (shared with hipFile: [`backend_gds::abi`]).
+pub type CUfileDescrHandle = abi::FileDescrHandle;
+
+/// `CUfileDescr_t` (24 bytes on x86_64; shared with hipFile: [`backend_gds::abi`]).
+pub type CUfileDescr = abi::FileDescr;
 
 /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD`.
-pub const HANDLE_TYPE_OPAQUE_FD: u32 = 1;
+pub use backend_gds::abi::HANDLE_TYPE_OPAQUE_FD;
 /// `CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE` for `cuFileSetParameterBool`.
 pub const PARAM_ALLOW_COMPAT_MODE: c_int = 1;
 /// `CUFILE_PARAM_FORCE_COMPAT_MODE` for `cuFileSetParameterBool`.
@@ -64,9 +52,9 @@ pub struct DriverProps {
 
 type DriverOpenFn = unsafe extern "C" fn() -> CUfileError;
 type DriverCloseFn = unsafe extern "C" fn() -> CUfileError;
-type HandleRegisterFn = unsafe extern "C" fn(*mut *mut c_void, *mut CUfileDescr) -> CUfileError;
-type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
-type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
+type HandleRegisterFn = abi::HandleRegisterFn<CUfileError>;
+type HandleDeregisterFn = abi::HandleDeregisterFn;
+type ReadFn = abi::ReadFn;
 type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> CUfileError;
 type GetPropertiesFn = unsafe extern "C" fn(*mut DriverProps) -> CUfileError;
 type SetParameterBoolFn = unsafe extern "C" fn(c_int, bool) -> CUfileError;
@@ -104,35 +92,24 @@ impl CuFileApi {
     /// Loading runs no cuFile function.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
         // SAFETY: the candidates are libcufile (NVIDIA's or a test stub), which this backend uses.
-        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+        let lib = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
             .map_err(|tried| Error::LibraryMissing { tried })?;
-        let missing = |symbol: &'static str| {
-            let library = path.clone();
-            move |detail| Error::MissingSymbol {
-                library,
-                symbol,
-                detail,
-            }
-        };
         // SAFETY: every type below is the C signature of its symbol in cufile.h, and the
         // pointers live as long as `_library`, which the struct owns.
         unsafe {
             Ok(Self {
-                driver_open: dl::symbol(&library, "cuFileDriverOpen")
-                    .map_err(missing("cuFileDriverOpen"))?,
-                driver_close: dl::symbol(&library, "cuFileDriverClose_v2")
-                    .or_else(|_| dl::symbol(&library, "cuFileDriverClose"))
-                    .map_err(missing("cuFileDriverClose_v2"))?,
-                handle_register: dl::symbol(&library, "cuFileHandleRegister")
-                    .map_err(missing("cuFileHandleRegister"))?,
-                handle_deregister: dl::symbol(&library, "cuFileHandleDeregister")
-                    .map_err(missing("cuFileHandleDeregister"))?,
-                read: dl::symbol(&library, "cuFileRead").map_err(missing("cuFileRead"))?,
-                get_version: dl::symbol(&library, "cuFileGetVersion").ok(),
-                get_properties: dl::symbol(&library, "cuFileDriverGetProperties").ok(),
-                set_parameter_bool: dl::symbol(&library, "cuFileSetParameterBool").ok(),
-                path,
-                _library: library,
+                driver_open: lib.required("cuFileDriverOpen")?,
+                driver_close: dl::symbol(&lib.library, "cuFileDriverClose_v2")
+                    .or_else(|_| dl::symbol(&lib.library, "cuFileDriverClose"))
+                    .map_err(|detail| lib.missing("cuFileDriverClose_v2", detail))?,
+                handle_register: lib.required("cuFileHandleRegister")?,
+                handle_deregister: lib.required("cuFileHandleDeregister")?,
+                read: lib.required("cuFileRead")?,
+                get_version: lib.optional("cuFileGetVersion"),
+                get_properties: lib.optional("cuFileDriverGetProperties"),
+                set_parameter_bool: lib.optional("cuFileSetParameterBool"),
+                path: lib.path,
+                _library: lib.library,
             })
         }
     }
@@ -160,9 +137,7 @@ mod tests {
     #[test]
     fn layouts_match_cufile_h() {
         assert_eq!(std::mem::size_of::<CUfileError>(), 8);
-        assert_eq!(std::mem::size_of::<CUfileDescr>(), 24);
-        assert_eq!(std::mem::offset_of!(CUfileDescr, handle), 8);
-        assert_eq!(std::mem::offset_of!(CUfileDescr, fs_ops), 16);
+        // CUfileDescr_t is backend_gds::abi::FileDescr, whose layout test is there.
     }
 
     #[test]

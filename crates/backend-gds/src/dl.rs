@@ -1,6 +1,8 @@
 //! Loading native libraries at run time, the same way for every backend: an explicit path, else
 //! an environment variable, else the usual names in order; every failure is reported with the
-//! loader's own message (libloading's `Display` is only "dlopen failed").
+//! loader's own message (libloading's `Display` is only "dlopen failed"). The [`Opened`]
+//! library hands out its symbols, a missing required one as a [`MissingSymbol`] that each
+//! backend's error type takes in.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +16,61 @@ pub fn loader_message(e: &libloading::Error) -> String {
     }
 }
 
+/// A library as opened by [`load`], with the path it was opened from.
+pub struct Opened {
+    /// The library; the symbols read from it are valid while it lives.
+    pub library: Library,
+    /// The path (or name) it was opened from.
+    pub path: PathBuf,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened").field("path", &self.path).finish()
+    }
+}
+
+/// A required symbol that the library lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingSymbol {
+    /// The library's path.
+    pub library: PathBuf,
+    /// The symbol asked for.
+    pub symbol: &'static str,
+    /// The loader's message.
+    pub detail: String,
+}
+
+impl Opened {
+    /// A required symbol, copied out of the library; `Err` names the library and the symbol.
+    ///
+    /// # Safety
+    /// As [`symbol`]: `T` is the C signature of `name`, and the value must not outlive the
+    /// library.
+    pub unsafe fn required<T: Copy>(&self, name: &'static str) -> Result<T, MissingSymbol> {
+        // SAFETY: the caller's contract.
+        unsafe { symbol(&self.library, name) }.map_err(|detail| self.missing(name, detail))
+    }
+
+    /// An optional symbol: `None` where the library lacks it.
+    ///
+    /// # Safety
+    /// As [`symbol`].
+    pub unsafe fn optional<T: Copy>(&self, name: &str) -> Option<T> {
+        // SAFETY: the caller's contract.
+        unsafe { symbol(&self.library, name) }.ok()
+    }
+
+    /// The error for `symbol` missing from this library, with the loader's `detail`.
+    pub fn missing(&self, symbol: &'static str, detail: String) -> MissingSymbol {
+        MissingSymbol {
+            library: self.path.clone(),
+            symbol,
+            detail,
+        }
+    }
+}
+
 /// Loads the first library that opens among: `explicit`, else `$env`, else `defaults`. On
 /// failure, returns every name tried with its loader message, joined by "; ".
 ///
@@ -24,7 +81,7 @@ pub unsafe fn load(
     explicit: Option<&Path>,
     env: &str,
     defaults: &[&str],
-) -> Result<(Library, PathBuf), String> {
+) -> Result<Opened, String> {
     let from_env = std::env::var_os(env).map(PathBuf::from);
     let candidates: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(from_env) {
         Some(path) => vec![path],
@@ -34,7 +91,12 @@ pub unsafe fn load(
     for candidate in candidates {
         // SAFETY: the caller's contract.
         match unsafe { Library::new(&candidate) } {
-            Ok(library) => return Ok((library, candidate)),
+            Ok(library) => {
+                return Ok(Opened {
+                    library,
+                    path: candidate,
+                });
+            }
             Err(e) => {
                 // dlerror's message starts with the name itself when the file was not found
                 // ("libx.so: cannot open shared object file: ..."): the name once.

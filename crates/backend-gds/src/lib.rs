@@ -5,6 +5,7 @@
 //! so the reader is generic over:
 //!
 //! - [`FileApi`]: an opened driver's handle registration and read call, and its names;
+//!   [`abi`] holds the descriptor layout both libraries take and the one `register_fd`;
 //! - [`Gpu`]: binding the device to the calling thread, pinned host buffers, host-to-device
 //!   copies.
 //!
@@ -32,6 +33,7 @@ use staging_core::{
 
 pub use modes::{CufileMode, HipfileMode};
 
+pub mod abi;
 pub mod codes;
 pub mod dl;
 pub mod modes;
@@ -39,6 +41,11 @@ pub mod modes;
 mod bounce;
 use bounce::BouncePool;
 pub use bounce::Bounced;
+
+/// The default size of each pinned bounce buffer on the POSIX path (16 MiB), for both
+/// backends' `Options`.
+pub const DEFAULT_BOUNCE_SIZE: usize = 16 << 20;
+
 #[cfg(feature = "test-stubs")]
 pub mod stubs;
 
@@ -80,13 +87,23 @@ pub enum ActiveMode {
 ///   until it is deregistered, and it may be used from several threads at once;
 /// - `read` writes at most `size` bytes, all of them inside `[base + buf_offset, + size)`, and
 ///   returns the count written (or `-1`/`-code`); it writes nothing once it has returned;
-/// - `max_read` is at least 1.
+/// - `max_read` is at least 1;
+/// - [`calls`](Self::calls) returns the library's own handle-register, deregister and read
+///   calls, of a driver that stays open while `self` lives (the provided `register`,
+///   `deregister` and `read` call them; an implementation that overrides one keeps the
+///   guarantees above).
 ///
 /// ```compile_fail,E0200
 /// // Implementing it without `unsafe` does not compile.
 /// # use std::ffi::c_void;
 /// # use std::os::fd::RawFd;
 /// # use staging_core::IoMode;
+/// # use backend_gds::abi::{FileCalls, OpStatus};
+/// #[derive(Clone, Copy)]
+/// struct Status;
+/// impl OpStatus for Status {
+///     fn op_code(&self) -> std::ffi::c_int { 0 }
+/// }
 /// struct Api;
 /// impl backend_gds::FileApi for Api {
 ///     const BACKEND: &'static str = "x";
@@ -94,10 +111,9 @@ pub enum ActiveMode {
 ///     const COMPAT_MODE: IoMode = IoMode::Compat;
 ///     const READ_CALL: &'static str = "read";
 ///     const REGISTER_CALL: &'static str = "register";
+///     type Status = Status;
 ///     fn max_read(&self) -> usize { 1 }
-///     fn register(&self, _: RawFd) -> Result<*mut c_void, i64> { Err(0) }
-///     unsafe fn deregister(&self, _: *mut c_void) {}
-///     unsafe fn read(&self, _: *mut c_void, _: *mut c_void, _: usize, _: i64, _: i64) -> isize { 0 }
+///     fn calls(&self) -> FileCalls<Status> { unimplemented!() }
 ///     fn describe(_: i64) -> String { String::new() }
 /// }
 /// ```
@@ -116,14 +132,27 @@ pub unsafe trait FileApi: Send + Sync + 'static {
     /// The most bytes one read call may move.
     fn max_read(&self) -> usize;
 
+    /// The by-value status the library's calls return.
+    type Status: abi::OpStatus;
+
+    /// The library's handle-register, deregister and read calls.
+    fn calls(&self) -> abi::FileCalls<Self::Status>;
+
     /// Registers an open descriptor; `Err` carries the library's operation code.
-    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64>;
+    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
+        // SAFETY: `calls` are the library's own, its driver open while `self` lives (the
+        // trait's contract).
+        unsafe { abi::register_fd(self.calls().register, fd) }
+    }
 
     /// Deregisters a handle from [`register`](Self::register).
     ///
     /// # Safety
     /// `handle` came from `register` and is deregistered once.
-    unsafe fn deregister(&self, handle: *mut c_void);
+    unsafe fn deregister(&self, handle: *mut c_void) {
+        // SAFETY: forwarded caller contract: `handle` came from this library's register, once.
+        unsafe { (self.calls().deregister)(handle) }
+    }
 
     /// Reads `size` bytes at `file_offset` into device memory at `base + buf_offset`:
     /// `>= 0` bytes, `-1` with `errno`, or `-code`.
@@ -137,7 +166,10 @@ pub unsafe trait FileApi: Send + Sync + 'static {
         size: usize,
         file_offset: i64,
         buf_offset: i64,
-    ) -> isize;
+    ) -> isize {
+        // SAFETY: forwarded caller contract; the reader cut `size` to `max_read`.
+        unsafe { (self.calls().read)(handle, base, size, file_offset, buf_offset) }
+    }
 
     /// `"NAME (code)"` for an operation code.
     fn describe(code: i64) -> String;

@@ -58,3 +58,13 @@ pub enum Error {
         code: String,
     },
 }
+
+impl From<backend_gds::dl::MissingSymbol> for Error {
+    fn from(e: backend_gds::dl::MissingSymbol) -> Self {
+        Error::MissingSymbol {
+            library: e.library,
+            symbol: e.symbol,
+            detail: e.detail,
+        }
+    }
+}

@@ -75,47 +75,29 @@ impl HipRuntime {
     /// runs no HIP function.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
         // SAFETY: the candidates are the HIP runtime (AMD's or a test stub), which this backend uses.
-        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+        let lib = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
             .map_err(|tried| Error::NoHipRuntime { tried })?;
-        let missing = |symbol: &'static str| {
-            let library = path.clone();
-            move |detail| Error::MissingSymbol {
-                library,
-                symbol,
-                detail,
-            }
-        };
         // SAFETY: every type below is the C signature of its symbol in hip_runtime_api.h, and the
         // pointers live as long as `_library`, which the struct owns.
         unsafe {
             Ok(Self {
-                init: dl::symbol(&library, "hipInit").map_err(missing("hipInit"))?,
-                get_device_count: dl::symbol(&library, "hipGetDeviceCount")
-                    .map_err(missing("hipGetDeviceCount"))?,
-                set_device: dl::symbol(&library, "hipSetDevice")
-                    .map_err(missing("hipSetDevice"))?,
-                get_device: dl::symbol(&library, "hipGetDevice")
-                    .map_err(missing("hipGetDevice"))?,
-                mem_get_info: dl::symbol(&library, "hipMemGetInfo")
-                    .map_err(missing("hipMemGetInfo"))?,
-                malloc: dl::symbol(&library, "hipMalloc").map_err(missing("hipMalloc"))?,
-                free: dl::symbol(&library, "hipFree").map_err(missing("hipFree"))?,
-                memcpy: dl::symbol(&library, "hipMemcpy").map_err(missing("hipMemcpy"))?,
-                memcpy_async: dl::symbol(&library, "hipMemcpyAsync")
-                    .map_err(missing("hipMemcpyAsync"))?,
-                stream_create: dl::symbol(&library, "hipStreamCreate")
-                    .map_err(missing("hipStreamCreate"))?,
-                stream_synchronize: dl::symbol(&library, "hipStreamSynchronize")
-                    .map_err(missing("hipStreamSynchronize"))?,
-                stream_destroy: dl::symbol(&library, "hipStreamDestroy")
-                    .map_err(missing("hipStreamDestroy"))?,
-                host_malloc: dl::symbol(&library, "hipHostMalloc")
-                    .map_err(missing("hipHostMalloc"))?,
-                host_free: dl::symbol(&library, "hipHostFree").map_err(missing("hipHostFree"))?,
-                get_error_string: dl::symbol(&library, "hipGetErrorString")
-                    .map_err(missing("hipGetErrorString"))?,
-                path,
-                _library: library,
+                init: lib.required("hipInit")?,
+                get_device_count: lib.required("hipGetDeviceCount")?,
+                set_device: lib.required("hipSetDevice")?,
+                get_device: lib.required("hipGetDevice")?,
+                mem_get_info: lib.required("hipMemGetInfo")?,
+                malloc: lib.required("hipMalloc")?,
+                free: lib.required("hipFree")?,
+                memcpy: lib.required("hipMemcpy")?,
+                memcpy_async: lib.required("hipMemcpyAsync")?,
+                stream_create: lib.required("hipStreamCreate")?,
+                stream_synchronize: lib.required("hipStreamSynchronize")?,
+                stream_destroy: lib.required("hipStreamDestroy")?,
+                host_malloc: lib.required("hipHostMalloc")?,
+                host_free: lib.required("hipHostFree")?,
+                get_error_string: lib.required("hipGetErrorString")?,
+                path: lib.path,
+                _library: lib.library,
             })
         }
     }

@@ -56,7 +56,7 @@ impl Default for Options {
             mode: RequestedMode::Auto,
             library: None,
             hip_library: None,
-            bounce_size: 16 << 20,
+            bounce_size: backend_gds::DEFAULT_BOUNCE_SIZE,
             max_read: MAX_READ,
         }
     }

@@ -5,13 +5,12 @@
 //! then `libhipfile.so`. One `hipFileRead` moves at most [`MAX_READ`] bytes; the reader cuts its
 //! requests there and the write loop continues.
 
-use std::ffi::{c_int, c_uint, c_void};
-use std::os::fd::RawFd;
+use std::ffi::{c_int, c_uint};
 use std::path::{Path, PathBuf};
 
 use backend_gds::FileApi;
 use backend_gds::codes::describe_hipfile_code;
-use backend_gds::dl;
+use backend_gds::{abi, dl};
 use libloading::Library;
 use staging_core::IoMode;
 
@@ -32,28 +31,22 @@ pub struct HipFileError {
 
 /// `hipFileHandleTypeOpaqueFD`: 1, as `CU_FILE_HANDLE_TYPE_OPAQUE_FD` (the `.pxd` declares the
 /// enumerators without values; `hipfile.h` numbers them as cuFile does).
-pub const HANDLE_TYPE_OPAQUE_FD: u32 = 1;
+pub use backend_gds::abi::HANDLE_TYPE_OPAQUE_FD;
 
-/// `hipFileDescr_t`, laid out as `CUfileDescr_t` (type 1 = file descriptor).
-#[allow(missing_debug_implementations)] // a C layout with a union
-#[repr(C)]
-pub struct HipFileDescr {
-    kind: u32,
-    handle: DescrHandle,
-    fs_ops: *const c_void,
-}
+/// `hipFileDescr_t`, laid out as `CUfileDescr_t` (type 1 = file descriptor): the one layout in
+/// [`backend_gds::abi`].
+pub type HipFileDescr = abi::FileDescr;
 
-#[allow(missing_debug_implementations)] // a C union
-#[repr(C)]
-union DescrHandle {
-    fd: c_int,
-    handle: *mut c_void,
+impl abi::OpStatus for HipFileError {
+    fn op_code(&self) -> c_int {
+        self.err
+    }
 }
 
 type DriverOpenFn = unsafe extern "C" fn() -> HipFileError;
-type HandleRegisterFn = unsafe extern "C" fn(*mut *mut c_void, *mut HipFileDescr) -> HipFileError;
-type HandleDeregisterFn = unsafe extern "C" fn(*mut c_void);
-type ReadFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
+type HandleRegisterFn = abi::HandleRegisterFn<HipFileError>;
+type HandleDeregisterFn = abi::HandleDeregisterFn;
+type ReadFn = abi::ReadFn;
 type GetVersionFn = unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint) -> HipFileError;
 
 /// The names tried, in order, when no explicit path is given.
@@ -85,32 +78,20 @@ impl HipFileApi {
     /// Loads the library: `explicit`, else `$STAGING_HIPFILE_LIB`, else the default names.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
         // SAFETY: the candidates are libhipfile (AMD's or a test stub), which this backend uses.
-        let (library, path) = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
+        let lib = unsafe { dl::load(explicit, LIBRARY_ENV, &DEFAULT_NAMES) }
             .map_err(|tried| Error::LibraryMissing { tried })?;
-        let missing = |symbol: &'static str| {
-            let library = path.clone();
-            move |detail| Error::MissingSymbol {
-                library,
-                symbol,
-                detail,
-            }
-        };
         // SAFETY: every type below is the C signature of its symbol in hipfile.h, and the
         // pointers live as long as `_library`, which the struct owns.
         unsafe {
             Ok(Self {
-                driver_open: dl::symbol(&library, "hipFileDriverOpen")
-                    .map_err(missing("hipFileDriverOpen"))?,
-                driver_close: dl::symbol(&library, "hipFileDriverClose")
-                    .map_err(missing("hipFileDriverClose"))?,
-                handle_register: dl::symbol(&library, "hipFileHandleRegister")
-                    .map_err(missing("hipFileHandleRegister"))?,
-                handle_deregister: dl::symbol(&library, "hipFileHandleDeregister")
-                    .map_err(missing("hipFileHandleDeregister"))?,
-                read: dl::symbol(&library, "hipFileRead").map_err(missing("hipFileRead"))?,
-                get_version: dl::symbol(&library, "hipFileGetVersion").ok(),
-                path,
-                _library: library,
+                driver_open: lib.required("hipFileDriverOpen")?,
+                driver_close: lib.required("hipFileDriverClose")?,
+                handle_register: lib.required("hipFileHandleRegister")?,
+                handle_deregister: lib.required("hipFileHandleDeregister")?,
+                read: lib.required("hipFileRead")?,
+                get_version: lib.optional("hipFileGetVersion"),
+                path: lib.path,
+                _library: lib.library,
             })
         }
     }
@@ -179,41 +160,18 @@ unsafe impl FileApi for Driver {
     const READ_CALL: &'static str = "hipFileRead";
     const REGISTER_CALL: &'static str = "hipFileHandleRegister";
 
+    type Status = HipFileError;
+
     fn max_read(&self) -> usize {
         self.max_read
     }
 
-    fn register(&self, fd: RawFd) -> Result<*mut c_void, i64> {
-        let mut descr = HipFileDescr {
-            kind: HANDLE_TYPE_OPAQUE_FD,
-            handle: DescrHandle { fd },
-            fs_ops: std::ptr::null(),
-        };
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: a file-descriptor descriptor of an open file with null fs_ops.
-        let status = unsafe { (self.api.handle_register)(&mut raw, &mut descr) };
-        if status.err != 0 {
-            Err(i64::from(status.err))
-        } else {
-            Ok(raw)
+    fn calls(&self) -> abi::FileCalls<HipFileError> {
+        abi::FileCalls {
+            register: self.api.handle_register,
+            deregister: self.api.handle_deregister,
+            read: self.api.read,
         }
-    }
-
-    unsafe fn deregister(&self, handle: *mut c_void) {
-        // SAFETY: forwarded caller contract.
-        unsafe { (self.api.handle_deregister)(handle) }
-    }
-
-    unsafe fn read(
-        &self,
-        handle: *mut c_void,
-        base: *mut c_void,
-        size: usize,
-        file_offset: i64,
-        buf_offset: i64,
-    ) -> isize {
-        // SAFETY: forwarded caller contract; `size` was cut to `max_read`.
-        unsafe { (self.api.read)(handle, base, size, file_offset, buf_offset) }
     }
 
     fn describe(code: i64) -> String {
@@ -225,18 +183,13 @@ unsafe impl FileApi for Driver {
 mod tests {
     use super::*;
 
-    /// The layouts as AMD's `hipfile.h` declares them (the `hipfile` package's `_chipfile.pxd`):
-    /// `hipFileError_t { hipFileOpError_t err; hipError_t hip_drv_err; }` (two C enums) and
-    /// `hipFileDescr_t { hipFileFileHandleType_t type; union { int fd; void *hFile; } handle;
-    /// const hipFileFSOps_t *fs_ops; }`.
+    /// The layout as AMD's `hipfile.h` declares it (the `hipfile` package's `_chipfile.pxd`):
+    /// `hipFileError_t { hipFileOpError_t err; hipError_t hip_drv_err; }` (two C enums).
     #[test]
     fn layouts_match_hipfile_h() {
         assert_eq!(std::mem::size_of::<HipFileError>(), 8);
         assert_eq!(std::mem::offset_of!(HipFileError, hip_drv_err), 4);
-        assert_eq!(std::mem::size_of::<HipFileDescr>(), 24);
-        assert_eq!(std::mem::offset_of!(HipFileDescr, handle), 8);
-        assert_eq!(std::mem::offset_of!(HipFileDescr, fs_ops), 16);
-        assert_eq!(std::mem::size_of::<DescrHandle>(), 8);
+        // hipFileDescr_t is backend_gds::abi::FileDescr, whose layout test is there.
     }
 
     #[test]

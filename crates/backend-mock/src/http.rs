@@ -8,7 +8,7 @@
 //! reader against a real socket and a real HTTP client.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -391,43 +391,73 @@ pub(crate) fn resolve(range: (u64, u64), len: u64) -> (u64, u64) {
     }
 }
 
-/// One request as read: its line and the headers the server looks at.
-struct Request {
-    method: String,
+/// One request as read: its line and the headers either stand-in server (this range server and
+/// the fake Hub's two sockets) looks at. Its body, if it has one, is read and dropped.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) method: String,
+    /// Path and query as sent (the absolute form's scheme and host taken off).
+    pub(crate) target: String,
     /// The object's path; a query (`?x-id=GetObject`, say) is not part of it.
-    path: String,
-    query: String,
-    range: Option<(u64, u64)>,
-    if_match: Option<String>,
-    if_unmodified_since: Option<String>,
-    authorization: Option<String>,
+    pub(crate) path: String,
+    /// The query after `?`; `None` where the target has no `?`.
+    pub(crate) query: Option<String>,
+    pub(crate) range: Option<(u64, u64)>,
+    pub(crate) if_match: Option<String>,
+    pub(crate) if_unmodified_since: Option<String>,
+    pub(crate) authorization: Option<String>,
+    /// `Connection: close`, or an HTTP/1.0 request line without a later `Connection` header.
+    pub(crate) close: bool,
 }
 
-/// Reads one request's line and headers; `None` at the end of the stream.
-fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
+impl Request {
+    /// The token of `Authorization: Bearer <token>`.
+    pub(crate) fn token(&self) -> Option<&str> {
+        let value = self.authorization.as_deref()?;
+        let (scheme, token) = value.split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then_some(token.trim())
+    }
+}
+
+/// Reads one request's line and headers (blank lines before the request line are skipped, as
+/// RFC 9112 allows; a body of `Content-Length` bytes is read and dropped); `None` at the end of
+/// the stream. The one parser of both stand-in servers.
+pub(crate) fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
     let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(None);
+    while line.trim().is_empty() {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
     }
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or("").to_owned();
-    let target = parts.next().unwrap_or("");
+    let target = parts.next().unwrap_or("/");
     // The absolute form (`GET http://host:port/path`, as the AWS CRT client sends it) names
     // the same path.
     let target = match target.split_once("://") {
         Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
         None => target,
     };
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let close = parts.next() == Some("HTTP/1.0");
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query.to_owned())),
+        None => (target, None),
+    };
     let mut request = Request {
         method,
+        target: target.to_owned(),
         path: path.to_owned(),
-        query: query.to_owned(),
+        query,
         range: None,
         if_match: None,
         if_unmodified_since: None,
         authorization: None,
+        close,
     };
+    let mut body_len = 0;
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header)? == 0 {
@@ -435,26 +465,30 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
         }
         let header = header.trim_end();
         if header.is_empty() {
-            return Ok(Some(request));
+            break;
         }
         if let Some((name, value)) = header.split_once(':') {
+            let value = value.trim();
             match name.trim().to_ascii_lowercase().as_str() {
                 "range" => request.range = parse_range(value),
-                "if-match" => request.if_match = Some(value.trim().to_owned()),
-                "if-unmodified-since" => {
-                    request.if_unmodified_since = Some(value.trim().to_owned());
-                }
-                "authorization" => request.authorization = Some(value.trim().to_owned()),
+                "if-match" => request.if_match = Some(value.to_owned()),
+                "if-unmodified-since" => request.if_unmodified_since = Some(value.to_owned()),
+                "authorization" => request.authorization = Some(value.to_owned()),
+                "connection" => request.close = value.eq_ignore_ascii_case("close"),
+                "content-length" => body_len = value.parse().unwrap_or(0),
                 _ => {}
             }
         }
     }
+    io::copy(&mut reader.take(body_len), &mut io::sink())?;
+    Ok(Some(request))
 }
 
 /// What `request` is answered, from the objects, redirects and faults of `state`, where it is
 /// noted as asked for (its range and its range end: `fail_first`, `truncate_first`).
 fn answer_to(state: &mut State, request: &Request) -> Answer {
     let path = &request.path;
+    let query = request.query.as_deref().unwrap_or("");
     let first = state.seen.insert((path.clone(), request.range));
     let first_end = state
         .seen_ends
@@ -463,8 +497,8 @@ fn answer_to(state: &mut State, request: &Request) -> Answer {
     match state.objects.get(path) {
         _ if faults.denied.contains(path) => Answer::Status(403),
         _ if state.redirects.contains_key(path) => Answer::Redirect(state.redirects[path].clone()),
-        None if request.method == "GET" && request.query.contains("list-type=2") => {
-            Answer::Listing(list_objects(&state.objects, path, &request.query))
+        None if request.method == "GET" && query.contains("list-type=2") => {
+            Answer::Listing(list_objects(&state.objects, path, query))
         }
         None => Answer::Status(404),
         Some(object) => answer_object(object, request, faults, first, first_end),

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use backend_cufile::stubs::{Stubs, build};
 use backend_mock::fixtures::{TensorSpec, write_file};
-use common::{assert_checksums, fails_with, report, run_stage};
+use common::{assert_checksums, fails_with, load_in_mode, report, run_backend, run_stage};
 use staging_core::Dtype;
 
 /// The stubs, compiled once per test process.
@@ -59,7 +59,7 @@ fn without_a_cuda_driver_it_fails_fast_even_when_cufile_would_spin() {
         ("STAGING_CUFILE_LIB", cufile_lib()),
         ("STUB_CUFILE_SPIN_OPEN", "1"),
     ];
-    let out = run_stage(&[&file, "--backend", "cufile"], &env, dir.path());
+    let out = run_backend(&file, "cufile", &[], &env, dir.path());
     fails_with(&out, "no CUDA driver: libcuda.so could not be loaded");
     eprintln!("cufile without libcuda exited in {:?}", out.elapsed);
     // `auto` falls back to the host backend on such a machine.
@@ -81,10 +81,8 @@ fn each_setup_failure_has_its_own_error(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), "model.safetensors");
-    let mut all = vec![file.as_str(), "--backend", "cufile"];
-    all.extend_from_slice(args);
-    // Later entries win: a case's STAGING_CUFILE_LIB replaces the stub's.
-    let out = run_stage(&all, &with_cuda(env), dir.path());
+    // Later entries win: a case's library variable replaces the stub's.
+    let out = run_backend(&file, "cufile", args, &with_cuda(env), dir.path());
     fails_with(&out, text);
 }
 
@@ -94,8 +92,10 @@ fn a_missing_symbol_is_named() {
     let file = checkpoint(dir.path(), "model.safetensors");
     let lib = stubs().cufile_missing_read.to_str().unwrap();
     let env = with_cuda(&[("STAGING_CUFILE_LIB", lib)]);
-    let out = run_stage(
-        &[&file, "--backend", "cufile", "--cufile-mode", "compat"],
+    let out = run_backend(
+        &file,
+        "cufile",
+        &["--cufile-mode", "compat"],
         &env,
         dir.path(),
     );
@@ -117,36 +117,30 @@ fn loads_byte_exact_in_every_mode(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), "model.safetensors");
-    let args = [
-        file.as_str(),
-        "--backend",
-        "cufile",
-        "--cufile-mode",
-        mode,
-        "--json",
-        "--checksums",
-    ];
-    let report = report(&run_stage(&args, &with_cuda(env), dir.path()));
-    assert_eq!(report["backend"], "cufile");
+    let (report, checked) = load_in_mode(&file, "cufile", mode, &with_cuda(env), dir.path());
     assert_eq!(report["mode"], expected);
     assert_eq!(report["paths"]["device"]["tensors"], 4);
-    assert_eq!(assert_checksums(&report), 4);
+    assert_eq!(checked, 4);
 }
 
 #[test]
 fn a_file_that_will_not_register_falls_back_alone_in_auto_and_fails_when_forced() {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), "model-REFUSE_REGISTER.safetensors");
-    let out = run_stage(
-        &[&file, "--backend", "cufile", "--json", "--checksums"],
+    let out = run_backend(
+        &file,
+        "cufile",
+        &["--json", "--checksums"],
         &with_cuda(&[]),
         dir.path(),
     );
     let report = report(&out);
     assert_eq!(report["mode"], "compat+posix");
     assert_eq!(assert_checksums(&report), 4);
-    let out = run_stage(
-        &[&file, "--backend", "cufile", "--cufile-mode", "compat"],
+    let out = run_backend(
+        &file,
+        "cufile",
+        &["--cufile-mode", "compat"],
         &with_cuda(&[]),
         dir.path(),
     );
@@ -166,7 +160,7 @@ fn a_file_that_will_not_register_falls_back_alone_in_auto_and_fails_when_forced(
 fn native_read_errors_name_tensor_file_and_offset(#[case] name: &str, #[case] text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), name);
-    let out = run_stage(&[&file, "--backend", "cufile"], &with_cuda(&[]), dir.path());
+    let out = run_backend(&file, "cufile", &[], &with_cuda(&[]), dir.path());
     fails_with(&out, text);
     let line = out.stderr.trim();
     assert!(line.contains(&file), "{line}");
@@ -180,8 +174,10 @@ fn native_read_errors_name_tensor_file_and_offset(#[case] name: &str, #[case] te
 fn short_reads_from_cufile_are_continued() {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), "model-SHORT_READ.safetensors");
-    let out = run_stage(
-        &[&file, "--backend", "cufile", "--json", "--checksums"],
+    let out = run_backend(
+        &file,
+        "cufile",
+        &["--json", "--checksums"],
         &with_cuda(&[]),
         dir.path(),
     );

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use backend_hipfile::stubs::{Stubs, build};
 use backend_mock::fixtures::{TensorSpec, write_file};
-use common::{assert_checksums, fails_with, report, run_stage};
+use common::{assert_checksums, fails_with, load_in_mode, report, run_backend, run_stage};
 use staging_core::Dtype;
 
 /// The stubs, compiled once per test process.
@@ -50,7 +50,7 @@ fn without_rocm_hipfile_fails_fast_and_auto_falls_back_to_host() {
         ("STAGING_HIPFILE_LIB", stubs().hipfile.to_str().unwrap()),
         ("STUB_HIPFILE_SPIN_OPEN", "1"),
     ];
-    let out = run_stage(&[&file, "--backend", "hipfile"], &env, dir.path());
+    let out = run_backend(&file, "hipfile", &[], &env, dir.path());
     fails_with(&out, "hipfile backend: no HIP runtime: libamdhip64.so: ");
     eprintln!("hipfile without ROCm exited in {:?}", out.elapsed);
     let out = run_stage(&[&file, "--json"], &env, dir.path());
@@ -70,9 +70,9 @@ fn each_setup_failure_has_its_own_error(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), "model.safetensors");
-    let mut all = vec![file.as_str(), "--backend", "hipfile"];
-    all.extend_from_slice(args);
-    fails_with(&run_stage(&all, &with_hip(env), dir.path()), text);
+    // Later entries win: a case's library variable replaces the stub's.
+    let out = run_backend(&file, "hipfile", args, &with_hip(env), dir.path());
+    fails_with(&out, text);
 }
 
 #[test]
@@ -83,8 +83,10 @@ fn a_missing_hipfile_symbol_is_named() {
         "STAGING_HIPFILE_LIB",
         stubs().hipfile_missing_read.to_str().unwrap(),
     )]);
-    let out = run_stage(
-        &[&file, "--backend", "hipfile", "--hipfile-mode", "hipfile"],
+    let out = run_backend(
+        &file,
+        "hipfile",
+        &["--hipfile-mode", "hipfile"],
         &env,
         dir.path(),
     );
@@ -103,19 +105,9 @@ fn loads_byte_exact_in_every_mode(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), "model.safetensors");
-    let args = [
-        file.as_str(),
-        "--backend",
-        "hipfile",
-        "--hipfile-mode",
-        mode,
-        "--json",
-        "--checksums",
-    ];
-    let report = report(&run_stage(&args, &with_hip(env), dir.path()));
-    assert_eq!(report["backend"], "hipfile");
+    let (report, checked) = load_in_mode(&file, "hipfile", mode, &with_hip(env), dir.path());
     assert_eq!(report["mode"], expected);
-    assert_eq!(assert_checksums(&report), 3);
+    assert_eq!(checked, 3);
 }
 
 #[test]
@@ -141,7 +133,7 @@ fn auto_tries_cufile_then_hipfile() {
 fn native_read_errors_name_tensor_file_and_offset(#[case] name: &str, #[case] text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let file = checkpoint(dir.path(), name);
-    let out = run_stage(&[&file, "--backend", "hipfile"], &with_hip(&[]), dir.path());
+    let out = run_backend(&file, "hipfile", &[], &with_hip(&[]), dir.path());
     fails_with(&out, text);
     assert!(
         out.stderr

@@ -19,21 +19,36 @@ pub struct stg_config {
     pub(crate) user_data: *mut c_void,
     /// A rank's share of a plan (`stg_config_set_plan_rank`).
     pub(crate) plan_selection: Option<Selection>,
-    last_error: Mutex<String>,
-    /// The details of that failure (`Error::details()`), for `stg_config_last_error_details`.
-    last_details: Mutex<Vec<String>>,
+    /// The last failure with this configuration, for `stg_config_last_error` and
+    /// `stg_config_last_error_details`.
+    last_failure: Mutex<Failure>,
+}
+
+/// A failure as kept: its message and its details (`Error::details()`), set together.
+#[derive(Debug, Default)]
+struct Failure {
+    message: String,
+    details: Vec<String>,
 }
 
 impl stg_config {
     /// Records the message of a failure, for `stg_config_last_error`, and its details (the
     /// library's, where it is the library's error), for `stg_config_last_error_details`.
     pub(crate) fn fail(&self, error: &(dyn std::error::Error + 'static)) {
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
         let details = error
             .downcast_ref::<safetensors_staging::Error>()
             .map(|e| e.details().to_vec())
             .unwrap_or_default();
-        *self.last_details.lock().unwrap_or_else(|p| p.into_inner()) = details;
+        *self.last_failure() = Failure {
+            message: error.to_string(),
+            details,
+        };
+    }
+
+    /// The last failure, locked (a poisoned lock still holds a whole failure: it is only ever
+    /// replaced whole).
+    fn last_failure(&self) -> std::sync::MutexGuard<'_, Failure> {
+        self.last_failure.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sets `key` through the library's parser; a failure is kept for `stg_config_last_error`.
@@ -153,8 +168,7 @@ pub unsafe extern "C" fn stg_config_new(out: *mut *mut stg_config) -> stg_status
             destination: None,
             user_data: std::ptr::null_mut(),
             plan_selection: None,
-            last_error: Mutex::new(String::new()),
-            last_details: Mutex::new(Vec::new()),
+            last_failure: Mutex::new(Failure::default()),
         });
         // SAFETY: `out` is non-null and valid for a write by the caller's contract.
         unsafe { *out = Box::into_raw(config) };
@@ -408,10 +422,7 @@ pub unsafe extern "C" fn stg_config_last_error(
     // SAFETY: forwarded caller contract.
     unsafe {
         copy_config_text(config, buf, len, written, |c| {
-            c.last_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
+            c.last_failure().message.clone()
         })
     }
 }
@@ -434,10 +445,7 @@ pub unsafe extern "C" fn stg_config_last_error_details(
     // SAFETY: forwarded caller contract.
     unsafe {
         copy_config_text(config, buf, len, written, |c| {
-            c.last_details
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .join("\n")
+            c.last_failure().details.join("\n")
         })
     }
 }

@@ -1,96 +1,18 @@
-//! HTTP/1.1 as both sockets speak it: a [`Request`] read from a connection, a [`Response`]
+//! HTTP/1.1 as both sockets speak it: a [`Request`] read from a connection (by the crate's one
+//! parser, [`crate::http::read_request`], which the range server uses too), a [`Response`]
 //! built by a route (the Hub's errors, S3's errors, a file or a range of it with its faults)
 //! and written back under the shared rate cap, by `sendfile` where it can.
 
-use std::io::{self, BufRead, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::net::TcpStream;
 
 use serde_json::{Value, json};
 
 use super::repo::Content;
 use super::{HubFaults, Shared};
-use crate::http::{parse_range, resolve as resolve_range};
+use crate::http::resolve as resolve_range;
 
-/// One request as read.
-#[derive(Debug)]
-pub(super) struct Request {
-    pub(super) method: String,
-    /// Path and query as sent.
-    pub(super) target: String,
-    pub(super) path: String,
-    pub(super) query: Option<String>,
-    pub(super) range: Option<(u64, u64)>,
-    pub(super) authorization: Option<String>,
-    pub(super) close: bool,
-}
-
-impl Request {
-    /// The token of `Authorization: Bearer <token>`.
-    pub(super) fn token(&self) -> Option<&str> {
-        let value = self.authorization.as_deref()?;
-        let (scheme, token) = value.split_once(' ')?;
-        scheme
-            .eq_ignore_ascii_case("bearer")
-            .then_some(token.trim())
-    }
-}
-
-/// Reads one request (its body, if it has one, is read and dropped); `None` at end of stream.
-pub(super) fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
-    let mut line = String::new();
-    while line.trim().is_empty() {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(None);
-        }
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("").to_owned();
-    let target = parts.next().unwrap_or("/");
-    // The absolute form (`GET http://host:port/path`) names the same path.
-    let target = match target.split_once("://") {
-        Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
-        None => target,
-    };
-    let mut close = parts.next() == Some("HTTP/1.0");
-    let (path, query) = match target.split_once('?') {
-        Some((path, query)) => (path, Some(query.to_owned())),
-        None => (target, None),
-    };
-    let mut request = Request {
-        method,
-        target: target.to_owned(),
-        path: path.to_owned(),
-        query,
-        range: None,
-        authorization: None,
-        close: false,
-    };
-    let mut body_len = 0;
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header)? == 0 {
-            return Ok(None);
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            let value = value.trim();
-            match name.trim().to_ascii_lowercase().as_str() {
-                "range" => request.range = parse_range(value),
-                "authorization" => request.authorization = Some(value.to_owned()),
-                "connection" => close = value.eq_ignore_ascii_case("close"),
-                "content-length" => body_len = value.parse().unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    io::copy(&mut reader.take(body_len), &mut io::sink())?;
-    request.close = close;
-    Ok(Some(request))
-}
+pub(super) use crate::http::{Request, read_request};
 
 /// A path segment, percent-decoded (`+` is not a space in a path).
 pub(super) fn decode_segment(text: &str) -> String {

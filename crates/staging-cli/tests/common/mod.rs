@@ -77,6 +77,37 @@ pub(crate) fn assert_checksums(report: &serde_json::Value) -> usize {
     list.len()
 }
 
+/// Runs `stage FILE --backend BACKEND ARGS...` with extra environment variables.
+pub(crate) fn run_backend(
+    file: &str,
+    backend: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    scratch: &Path,
+) -> Output {
+    let mut all = vec![file, "--backend", backend];
+    all.extend_from_slice(args);
+    run_stage(&all, env, scratch)
+}
+
+/// Loads `file` with the GPU `backend` in its read mode `mode` (`--cufile-mode`,
+/// `--hipfile-mode`) with `--json --checksums`: the report, checked to name `backend`, and how
+/// many checksums matched.
+pub(crate) fn load_in_mode(
+    file: &str,
+    backend: &str,
+    mode: &str,
+    env: &[(&str, &str)],
+    scratch: &Path,
+) -> (serde_json::Value, usize) {
+    let flag = format!("--{backend}-mode");
+    let args = [flag.as_str(), mode, "--json", "--checksums"];
+    let report = report(&run_backend(file, backend, &args, env, scratch));
+    assert_eq!(report["backend"], backend);
+    let checked = assert_checksums(&report);
+    (report, checked)
+}
+
 /// The JSON report of a `stage` run that must have succeeded.
 pub(crate) fn report(out: &Output) -> serde_json::Value {
     assert_eq!(out.code, Some(0), "stage failed: {}", out.stderr);
