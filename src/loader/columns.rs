@@ -178,25 +178,12 @@ mod tests {
     #![allow(clippy::unwrap_used)] // test code asserts by panicking
 
     use std::ops::Range;
-    use std::path::Path;
-    use std::sync::Arc;
 
-    use staging_core::{Dtype, TensorMeta};
+    use staging_core::Dtype;
 
     use super::RunGeometry;
 
-    fn meta(dtype: Dtype, shape: &[usize]) -> TensorMeta {
-        TensorMeta {
-            name: "w".into(),
-            dtype,
-            shape: shape.to_vec(),
-            file: Arc::from(Path::new("f")),
-            file_index: 0,
-            offset: 8,
-            len: shape.iter().product::<usize>() * dtype.bitsize() / 8,
-            row_range: None,
-        }
-    }
+    use crate::loader::test_support::meta;
 
     #[test]
     fn runs_are_the_columns_of_each_row_in_bytes() {

@@ -636,23 +636,9 @@ pub(super) const RUN_BY_RUN_GAP: usize = 128 * 1024;
 mod tests {
     #![allow(clippy::unwrap_used)] // test code asserts by panicking
 
-    use std::path::Path;
-    use std::sync::Arc;
+    use staging_core::Dtype;
 
-    use staging_core::{Dtype, TensorMeta};
-
-    fn meta(dtype: Dtype, shape: &[usize]) -> TensorMeta {
-        TensorMeta {
-            name: "w".into(),
-            dtype,
-            shape: shape.to_vec(),
-            file: Arc::from(Path::new("f")),
-            file_index: 0,
-            offset: 8,
-            len: shape.iter().product::<usize>() * dtype.bitsize() / 8,
-            row_range: None,
-        }
-    }
+    use crate::loader::test_support::meta;
 
     #[test]
     fn a_read_into_a_destination_past_the_end_of_its_file_is_truncated_naming_where() {

@@ -224,3 +224,26 @@ impl Iterator for Load<'_> {
         Some(self.inner.next_tensor()?.map_err(Error::from))
     }
 }
+
+/// What the loader's unit tests share.
+#[cfg(test)]
+mod test_support {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use staging_core::{Dtype, TensorMeta};
+
+    /// A tensor `w` of `dtype` and `shape` at offset 8 of a file `f`, whole.
+    pub(super) fn meta(dtype: Dtype, shape: &[usize]) -> TensorMeta {
+        TensorMeta {
+            name: "w".into(),
+            dtype,
+            shape: shape.to_vec(),
+            file: Arc::from(Path::new("f")),
+            file_index: 0,
+            offset: 8,
+            len: shape.iter().product::<usize>() * dtype.bitsize() / 8,
+            row_range: None,
+        }
+    }
+}

@@ -41,17 +41,35 @@ impl Default for HubOptions {
 
 impl std::fmt::Debug for HubOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HubOptions")
-            .field("cache", &self.cache)
-            .field("cache_dir", &self.cache_dir)
-            .field("endpoint", &self.endpoint)
-            .field(
-                "token",
-                &self.token.as_ref().map(|_| backend_remote::REDACTED),
-            )
-            .field("offline", &self.offline)
-            .finish()
+        debug_hub(
+            f,
+            "HubOptions",
+            &self.cache,
+            &self.cache_dir,
+            &self.endpoint,
+            &self.token,
+            &self.offline,
+        )
     }
+}
+
+/// `HubOptions`' and `Settings`' `Debug`: every field, the token shown as redacted.
+fn debug_hub(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    cache: &dyn std::fmt::Debug,
+    cache_dir: &dyn std::fmt::Debug,
+    endpoint: &dyn std::fmt::Debug,
+    token: &Option<String>,
+    offline: &dyn std::fmt::Debug,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field("cache", cache)
+        .field("cache_dir", cache_dir)
+        .field("endpoint", endpoint)
+        .field("token", &token.as_ref().map(|_| backend_remote::REDACTED))
+        .field("offline", offline)
+        .finish()
 }
 
 /// The variables of the environment a Hub load reads, by `huggingface_hub`'s names.
@@ -218,16 +236,15 @@ pub(crate) struct Settings {
 
 impl std::fmt::Debug for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Settings")
-            .field("cache", &self.cache)
-            .field("cache_dir", &self.cache_dir)
-            .field("endpoint", &self.endpoint)
-            .field(
-                "token",
-                &self.token.as_ref().map(|_| backend_remote::REDACTED),
-            )
-            .field("offline", &self.offline)
-            .finish()
+        debug_hub(
+            f,
+            "Settings",
+            &self.cache,
+            &self.cache_dir,
+            &self.endpoint,
+            &self.token,
+            &self.offline,
+        )
     }
 }
 
