@@ -36,13 +36,17 @@ def refuse_threads(how: str) -> None:
             os.setgid(NOBODY)
             os.setuid(NOBODY)
         return
-    # 48 MiB of address space left: room for a few threads' stacks (2 MiB each, and their
-    # malloc arenas), not for 64. With 24 MiB, one run in six of the `safe_open` door had a
-    # small allocation fail after the threads took the rest (Rust aborts on that: "memory
-    # allocation of 9 bytes failed"), which is not what this measures.
+    # 1 MiB of address space left: less than one thread's stack (a Rust thread's is 2 MiB, and
+    # the pool's threads take that default: `refused` clears RUST_MIN_STACK), so the first
+    # thread is refused and none runs. With room for a few (48 MiB, 24 before), a thread that
+    # did start could find the rest taken by its siblings' stacks and arenas and abort on a small
+    # allocation of its own: glibc's "failed to register TLS destructor: out of memory", or
+    # Rust's "memory allocation of 9 bytes failed", one run in 40 of the `safe_open` door
+    # (2026-12-07). The loading thread's own allocations (the error, its Python exception) fit
+    # in what is left.
     with open("/proc/self/status") as status:
         size = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
-    resource.setrlimit(resource.RLIMIT_AS, (size * 1024 + (48 << 20), resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_AS, (size * 1024 + (1 << 20), resource.RLIM_INFINITY))
 
 
 def main() -> None:

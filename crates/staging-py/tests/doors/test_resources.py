@@ -54,6 +54,7 @@ def no_more_threads() -> None:
 def refused(command: List[str], preexec: Any = None) -> Tuple[int, str]:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parent), env.get("PYTHONPATH", "")])
+    env.pop("RUST_MIN_STACK", None)  # threads take their default stack (resource_door.py)
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=300, env=env, preexec_fn=preexec
     )
