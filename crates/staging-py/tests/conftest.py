@@ -168,10 +168,16 @@ def other_doors() -> Tuple[Path, Path]:
     # Two builds: `--bin stage` would also keep cargo from building the C library's lib target.
     for args in (["-p", "staging-cli", "--bin", "stage"], ["-p", "staging-ffi", "--lib"]):
         subprocess.run(["cargo", "build", "--quiet", *args], cwd=REPO, check=True)
-    stage, ffi = (
-        REPO / "target" / "debug" / "stage",
-        REPO / "target" / "debug" / "libstaging_ffi.so",
+    # cargo's target directory as cargo resolves it (CARGO_TARGET_DIR, a config's target-dir).
+    metadata = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--no-deps"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
     )
+    debug = Path(json.loads(metadata.stdout)["target_directory"]) / "debug"
+    stage, ffi = debug / "stage", debug / "libstaging_ffi.so"
     assert stage.is_file() and ffi.is_file(), (stage, ffi)
     return stage, ffi
 

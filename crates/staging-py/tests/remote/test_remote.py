@@ -36,13 +36,11 @@ def _free_port() -> int:
 
 def start_moto(**env: str) -> Tuple[subprocess.Popen, str]:
     """Starts a moto S3 server on loopback; returns it and its endpoint URL."""
-    exe = Path(sys.executable).parent / "moto_server"
-    assert exe.is_file(), (
-        f"moto_server is not installed next to {sys.executable} (pip install 'moto[server]')"
-    )
+    # `python -m moto.server` is what the `moto_server` script runs, found through this
+    # interpreter's modules (a venv layered over another has the module and not the script).
     port = _free_port()
     proc = subprocess.Popen(
-        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **env},
