@@ -20,10 +20,14 @@
 # wheels are built from the sdist (unpacked outside the checkout), so each one shows it builds.
 #
 # Needs: this machine's Rust (rustup adds the aarch64 standard library if it is missing), cmake
-# (for the C library), python3 with venv and PyPI (maturin, ziglang, cargo-zigbuild and
-# auditwheel, pinned in scripts/release-tools.txt, go into target/release-tools). Each artefact
-# is checked for its architecture (readelf) after it is built; scripts/check-release.sh then
-# installs and runs them as a user would.
+# (for the C library), python3 with venv and PyPI (maturin, ziglang and auditwheel, pinned in
+# scripts/release-tools.txt, go into target/release-tools). Each artefact is checked for its
+# architecture (readelf) after it is built; scripts/check-release.sh then installs and runs them
+# as a user would.
+#
+# `stage` and the C library are linked by the wheel's zig toolchain: maturin's, recorded from the
+# wheel's build (target/zig-env). Asked for without the wheel, and with none recorded, the wheel
+# of that architecture is built first and not kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,8 +65,11 @@ if [ ! -f "$tools/.installed" ] || [ "$pins" != "$(cat "$tools/.installed")" ]; 
   python3 -m venv "$tools"
   "$tools/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r scripts/release-tools.txt
   echo "$pins" > "$tools/.installed"
+  # What an earlier maturin recorded names its wrappers: not this one's.
+  rm -rf target/zig-env
 fi
-# maturin finds zig as `python -m ziglang` of the Python on PATH; cargo-zigbuild likewise.
+real_cargo=$(command -v cargo)
+# maturin finds zig as `python -m ziglang` of the Python on PATH.
 export PATH="$tools/bin:$PATH"
 
 # glibc 2.28: manylinux_2_28, the oldest glibc that has every symbol the Rust code calls (statx).
@@ -93,23 +100,84 @@ check_arch() {
 # their folder); the crates.io dependencies are shared with earlier builds in target/.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-if wants wheel || wants sdist; then
-  say "the source distribution"
-  maturin sdist -m crates/staging-py/Cargo.toml --out "$work" >"$work/sdist.log" 2>&1 \
-    || { cat "$work/sdist.log"; exit 1; }
-  sdist="$work/safetensors_staging-$version.tar.gz"
-  tar -C "$work" -xzf "$sdist"
-  find "$work/safetensors_staging-$version" -type f -exec touch {} +
-  if wants sdist; then
-    rm -f "$out/safetensors_staging-$version.tar.gz"
-    cp "$sdist" "$out/"
-  fi
+# (Made for every run: `stage` and the C library may need a wheel built first, below.)
+say "the source distribution"
+maturin sdist -m crates/staging-py/Cargo.toml --out "$work" >"$work/sdist.log" 2>&1 \
+  || { cat "$work/sdist.log"; exit 1; }
+sdist="$work/safetensors_staging-$version.tar.gz"
+tar -C "$work" -xzf "$sdist"
+find "$work/safetensors_staging-$version" -type f -exec touch {} +
+if wants sdist; then
+  rm -f "$out/safetensors_staging-$version.tar.gz"
+  cp "$sdist" "$out/"
 fi
 
-# cargo-zigbuild's builds (stage, the C library) in a target directory of their own: its zig
-# wrappers are not maturin's, and a build script that sees another C compiler runs again and
-# rebuilds all that depends on it, each time the two take turns in one directory.
-zig_target=$PWD/target/zigbuild
+# maturin links the wheel with zig through wrapper scripts it writes (C compiler, C++ compiler,
+# ar and linker, each for glibc 2.28) and a few variables it gives cargo (those wrappers, and
+# cargo's target-applies-to-host so that they link only the target's code). A `cargo` first on
+# PATH during the wheel's build records that environment, one file per architecture; `stage`
+# and the C library are built by plain cargo under it, in the wheel's target directory, so the
+# crates all three share are compiled once per architecture. cargo-zigbuild, which built them
+# before, writes wrappers of its own: cargo saw another C compiler and linker and compiled the
+# whole tree again. x86_64's `stage` and C library after its wheel took 263 CPU seconds of
+# rustc that way, 141 in all now (2026-12-08); what is still compiled twice is what sits above
+# the proc macros, whose `syn` has one more feature in the wheel's build.
+zig_env=$PWD/target/zig-env
+mkdir -p "$zig_env" "$work/shim"
+cat > "$work/shim/cargo" <<EOF
+#!/bin/sh
+# maturin builds the wheel with "cargo rustc": its environment, for stage and the C library.
+if [ "\$1" = rustc ] && [ -n "\${STAGING_ZIG_ENV:-}" ]; then env -0 > "\$STAGING_ZIG_ENV"; fi
+exec "$real_cargo" "\$@"
+EOF
+chmod +x "$work/shim/cargo"
+# What of a recorded environment is the zig toolchain's (nothing of PyO3's or pip's).
+zig_keys='^((AR|CC|CXX|RANLIB|CMAKE_TOOLCHAIN_FILE|BINDGEN_EXTRA_CLANG_ARGS)_[a-z0-9_]+|CARGO_TARGET_[A-Z0-9_]+_LINKER|CARGO_ZIGBUILD_[A-Za-z0-9_]+|ZIG_COMMAND|CARGO_UNSTABLE_TARGET_APPLIES_TO_HOST|CARGO_TARGET_APPLIES_TO_HOST|__CARGO_TEST_CHANNEL_OVERRIDE_DO_NOT_USE_THIS)='
+# Exports the zig toolchain recorded for `triple` (run in a subshell); fails where none is
+# recorded, or where its linker is gone (a cleared cache).
+zig_toolchain() {
+  local kv linker
+  [ -f "$zig_env/$1" ] || return 1
+  while IFS= read -r -d '' kv; do
+    if [[ $kv =~ $zig_keys ]]; then export "$kv"; fi
+  done < "$zig_env/$1"
+  linker=CARGO_TARGET_$(echo "$1" | tr 'a-z-' 'A-Z_')_LINKER
+  [ -x "${!linker:-}" ]
+}
+
+# The wheel for `arch` into `dest`, from the sdist, its toolchain recorded.
+build_wheel() {
+  local arch=$1 triple=$2 dest=$3 wheel unpacked
+  rm -f "$dest"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl "$zig_env/$triple"
+  STAGING_ZIG_ENV=$zig_env/$triple PATH="$work/shim:$PATH" \
+    MATURIN_PEP517_ARGS="--zig --target $triple --compatibility manylinux_${glibc/./_}" \
+    CARGO_TARGET_DIR=$PWD/target pip wheel -v --no-build-isolation --no-deps --no-cache-dir \
+    --disable-pip-version-check "$work/safetensors_staging-$version" -w "$dest" >"$work/wheel.log" 2>&1 \
+    || { tail -n 60 "$work/wheel.log"; exit 1; }
+  if ! grep -q "Compiling staging-py" "$work/wheel.log"; then
+    echo "!! the wheel compiled nothing of the sdist (cargo took an earlier build):" >&2
+    grep -i "compiling\|finished" "$work/wheel.log" >&2 || true
+    exit 1
+  fi
+  if ! (zig_toolchain "$triple"); then
+    echo "!! maturin's zig toolchain was not recorded from the wheel's build (target/zig-env/$triple)" >&2
+    exit 1
+  fi
+  echo "built from the sdist: $(grep -c ' Compiling ' "$work/wheel.log") crates compiled"
+  wheel=$(ls "$dest"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl)
+  # The policy check: which manylinux tag the wheel's libraries allow, and nothing outside it.
+  auditwheel show "$wheel" | tee "$work/auditwheel.txt"
+  # (auditwheel wraps its lines: read the text as one line.)
+  if ! tr -s '\n ' '  ' < "$work/auditwheel.txt" \
+       | grep -q "is consistent with the following platform tag: \"manylinux_2_\(2[0-8]\|1[0-9]\|[0-9]\)_$arch\""; then
+    echo "!! auditwheel: $wheel is not manylinux_2_28 or older" >&2
+    exit 1
+  fi
+  unpacked=$(mktemp -d -p "$work")
+  python3 -m zipfile -e "$wheel" "$unpacked"
+  check_arch "$arch" "$unpacked"
+  rm -rf "$unpacked"
+}
 
 IFS=, read -r -a arch_list <<< "$arches"
 for arch in "${arch_list[@]}"; do
@@ -122,41 +190,23 @@ for arch in "${arch_list[@]}"; do
 
   if wants wheel; then
     say "$arch: the wheel, from the sdist (maturin, zig, manylinux_${glibc/./_})"
-    rm -f "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl
-    MATURIN_PEP517_ARGS="--zig --target $triple --compatibility manylinux_${glibc/./_}" \
-      CARGO_TARGET_DIR=$PWD/target pip wheel -v --no-build-isolation --no-deps --no-cache-dir \
-      --disable-pip-version-check "$work/safetensors_staging-$version" -w "$out" >"$work/wheel.log" 2>&1 \
-      || { tail -n 60 "$work/wheel.log"; exit 1; }
-    if ! grep -q "Compiling staging-py" "$work/wheel.log"; then
-      echo "!! the wheel compiled nothing of the sdist (cargo took an earlier build):" >&2
-      grep -i "compiling\|finished" "$work/wheel.log" >&2 || true
-      exit 1
-    fi
-    echo "built from the sdist: $(grep -c ' Compiling ' "$work/wheel.log") crates compiled"
-    wheel=$(ls "$out"/safetensors_staging-"$version"-*-manylinux_*_"$arch".whl)
-    # The policy check: which manylinux tag the wheel's libraries allow, and nothing outside it.
-    auditwheel show "$wheel" | tee "$out/.auditwheel-$arch.txt"
-    # (auditwheel wraps its lines: read the text as one line.)
-    if ! tr -s '\n ' '  ' < "$out/.auditwheel-$arch.txt" \
-         | grep -q "is consistent with the following platform tag: \"manylinux_2_\(2[0-8]\|1[0-9]\|[0-9]\)_$arch\""; then
-      echo "!! auditwheel: $wheel is not manylinux_2_28 or older" >&2
-      exit 1
-    fi
-    rm -f "$out/.auditwheel-$arch.txt"
-    unpacked=$(mktemp -d -p "$work")
-    python3 -m zipfile -e "$wheel" "$unpacked"
-    check_arch "$arch" "$unpacked"
-    rm -rf "$unpacked"
+    build_wheel "$arch" "$triple" "$out"
+  elif { wants stage || wants c; } && ! (zig_toolchain "$triple"); then
+    say "$arch: the wheel (not kept), for its zig toolchain: none is recorded in target/zig-env"
+    mkdir -p "$work/unkept"
+    build_wheel "$arch" "$triple" "$work/unkept"
   fi
 
   if wants stage; then
     say "$arch: stage"
-    cargo zigbuild --quiet --release -p staging-cli --bin stage --target "$triple.$glibc" \
-      --target-dir "$zig_target"
+    (
+      zig_toolchain "$triple" || { echo "!! no zig toolchain recorded for $triple" >&2; exit 1; }
+      cargo build --quiet --release -p staging-cli --bin stage --target "$triple" --target-dir "$PWD/target"
+    )
     name="stage-$version-$arch-linux-gnu"
     tree=$(mktemp -d -p "$work")
     mkdir -p "$tree/$name/bin"
-    cp "$zig_target/$triple/release/stage" "$tree/$name/bin/"
+    cp "target/$triple/release/stage" "$tree/$name/bin/"
     check_arch "$arch" "$tree"
     tar -C "$tree" -czf "$out/$name.tar.gz" "$name"
     rm -rf "$tree"
@@ -167,9 +217,12 @@ for arch in "${arch_list[@]}"; do
     name="staging-ffi-$version-$arch-linux-gnu"
     build=target/release-cmake/$arch
     tree=$(mktemp -d -p "$work")
-    cmake -S crates/staging-ffi -B "$build" -DSTAGING_FFI_CARGO="$(command -v cargo-zigbuild)" \
-      -DSTAGING_FFI_RUST_TARGET="$triple.$glibc" -DSTAGING_FFI_TARGET_DIR="$zig_target" >/dev/null
-    cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+    (
+      zig_toolchain "$triple" || { echo "!! no zig toolchain recorded for $triple" >&2; exit 1; }
+      cmake -S crates/staging-ffi -B "$build" -DSTAGING_FFI_CARGO="$real_cargo" \
+        -DSTAGING_FFI_RUST_TARGET="$triple" -DSTAGING_FFI_TARGET_DIR="$PWD/target" >/dev/null
+      cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+    )
     cmake --install "$build" --prefix "$tree/$name" >/dev/null
     check_arch "$arch" "$tree"
     tar -C "$tree" -czf "$out/$name.tar.gz" "$name"
