@@ -1,10 +1,10 @@
 //! NVIDIA GPUs through cuFile (GDS or its compatibility mode) or a POSIX path: opened on the
-//! GPU asked for (or the caller's CUDA context's), its reader for local files or, bounced
-//! through pinned memory, for a URL's store; and a caller's own CUDA ([`CallerCuda`]).
+//! GPU asked for (or the caller's CUDA context's), and a caller's own CUDA ([`CallerCuda`]). Its
+//! reader, for local files and URLs alike, is `mod.rs`'s `with_gds_reader`.
 
 use std::sync::Arc;
 
-use super::{Backend, Chosen, OnReader, Opened, RemoteStore, mismatch};
+use super::{Backend, Chosen, Opened, mismatch};
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -103,27 +103,4 @@ pub(super) fn open_cufile(
         passed_over: Vec::new(),
         mode_reason,
     })
-}
-
-/// Runs `task` with the reader and allocator cuFile reads a local file (`remote` `None`) or a
-/// URL's store with.
-pub(super) fn with_reader<'d, T: OnReader<'d>>(
-    backend: &backend_cufile::Backend,
-    remote: Option<&RemoteStore>,
-    task: T,
-) -> Result<T::Output> {
-    match remote {
-        None => task.run(
-            backend.reader.another(),
-            backend.allocator.clone(),
-            "cufile",
-        ),
-        #[cfg(feature = "remote")]
-        Some(remote) => {
-            let reader = backend.reader.bounced(remote.reader());
-            task.run(reader, backend.allocator.clone(), "cufile")
-        }
-        #[cfg(not(feature = "remote"))]
-        Some(never) => match *never {},
-    }
 }

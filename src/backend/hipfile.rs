@@ -1,8 +1,8 @@
 //! AMD GPUs through hipFile or a POSIX path (run against stub libraries only so far): opened on
-//! the GPU asked for, its reader for local files or, bounced through pinned memory, for a URL's
-//! store.
+//! the GPU asked for. Its reader, for local files and URLs alike, is `mod.rs`'s
+//! `with_gds_reader`.
 
-use super::{Chosen, OnReader, Opened, RemoteStore, mismatch};
+use super::{Chosen, Opened, mismatch};
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -43,27 +43,4 @@ pub(super) fn open_hipfile(
         passed_over: Vec::new(),
         mode_reason,
     })
-}
-
-/// Runs `task` with the reader and allocator hipFile reads a local file (`remote` `None`) or a
-/// URL's store with.
-pub(super) fn with_reader<'d, T: OnReader<'d>>(
-    backend: &backend_hipfile::Backend,
-    remote: Option<&RemoteStore>,
-    task: T,
-) -> Result<T::Output> {
-    match remote {
-        None => task.run(
-            backend.reader.another(),
-            backend.allocator.clone(),
-            "hipfile",
-        ),
-        #[cfg(feature = "remote")]
-        Some(remote) => {
-            let reader = backend.reader.bounced(remote.reader());
-            task.run(reader, backend.allocator.clone(), "hipfile")
-        }
-        #[cfg(not(feature = "remote"))]
-        Some(never) => match *never {},
-    }
 }

@@ -4,8 +4,9 @@
 //! backend; each backend passed over is recorded with why.
 //!
 //! One file per backend (`host.rs`, `cufile.rs`, `hipfile.rs`, `mock.rs`): how it opens for a
-//! device, and the reader and allocator it reads a local file or a URL's store with. The enums
-//! here ([`Backend`], `Opened`) only name the backends; their arms delegate to those files.
+//! device, and the reader and allocator it reads a local file or a URL's store with (the two GPU
+//! backends, both over `backend-gds`, share `with_gds_reader` here). The enums here ([`Backend`],
+//! `Opened`) only name the backends; their arms delegate to those files.
 
 mod auto;
 #[cfg(feature = "cufile")]
@@ -171,12 +172,43 @@ impl Opened {
         match self {
             Self::Host(host) => host.with_reader(remote, task),
             #[cfg(feature = "cufile")]
-            Self::Cufile(backend) => cufile::with_reader(backend, remote, task),
+            Self::Cufile(backend) => {
+                with_gds_reader(&backend.reader, backend.allocator.clone(), remote, task)
+            }
             #[cfg(feature = "hipfile")]
-            Self::Hipfile(backend) => hipfile::with_reader(backend, remote, task),
+            Self::Hipfile(backend) => {
+                with_gds_reader(&backend.reader, backend.allocator.clone(), remote, task)
+            }
             #[cfg(feature = "mock")]
             Self::Mock(mock) => mock.with_reader(remote, task),
         }
+    }
+}
+
+/// Runs `task` with a GPU backend's reader (cuFile's and hipFile's are both `GdsReader`s, named
+/// by their driver) and `allocator`: another of the backend's reader for a local file (`remote`
+/// `None`), or for a URL the store's reader bounced through its pinned buffers.
+#[cfg(any(feature = "cufile", feature = "hipfile"))]
+fn with_gds_reader<'d, F, G, A, T>(
+    reader: &backend_gds::GdsReader<F, G>,
+    allocator: A,
+    remote: Option<&RemoteStore>,
+    task: T,
+) -> Result<T::Output>
+where
+    F: backend_gds::FileApi + 'static,
+    G: backend_gds::Gpu,
+    G::Space: KnownSpace,
+    A: DeviceAllocator<Space = G::Space> + 'static,
+    A::Buffer: Sync + 'static,
+    T: OnReader<'d>,
+{
+    match remote {
+        None => task.run(reader.another(), allocator, F::BACKEND),
+        #[cfg(feature = "remote")]
+        Some(remote) => task.run(reader.bounced(remote.reader()), allocator, F::BACKEND),
+        #[cfg(not(feature = "remote"))]
+        Some(never) => match *never {},
     }
 }
 
