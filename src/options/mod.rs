@@ -31,47 +31,48 @@ use parse::{glob, is_name};
 pub use spec::{OptionSpec, ValueKind};
 pub use table::LoadOptions;
 
-/// Which backend loads the tensors, by name (its options are the other fields of
-/// [`LoadOptions`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum BackendKind {
-    /// Decided by the [`Device`](crate::Device): a GPU backend (cuFile, then hipFile) when the device is a GPU
-    /// or `auto`, the host backend for `cpu` or when `auto` finds no GPU.
-    #[default]
-    Auto,
-    /// System memory standing for the device.
-    Host,
-    /// NVIDIA GPUs through cuFile.
-    Cufile,
-    /// AMD GPUs through hipFile.
-    Hipfile,
-    /// The host backend behind the mock's ledger (builds with the `mock` feature only).
-    Mock,
+/// Declares [`BackendKind`] from one list, each backend once: its variant, its name as every
+/// door spells it, its documentation; [`ALL`](BackendKind::ALL), [`NAMES`](BackendKind::NAMES)
+/// and [`as_str`](BackendKind::as_str) follow from it, in its order.
+macro_rules! backend_kinds {
+    ($($(#[$attr:meta])* $variant:ident = $name:literal,)+) => {
+        /// Which backend loads the tensors, by name (its options are the other fields of
+        /// [`LoadOptions`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        #[non_exhaustive]
+        pub enum BackendKind {
+            $($(#[$attr])* $variant,)+
+        }
+
+        impl BackendKind {
+            /// Every backend, in the order the documentation lists them.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+            /// Every backend's name, in the order of [`ALL`](Self::ALL).
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+
+            /// The name, as every door spells it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+        }
+    };
 }
 
-impl BackendKind {
-    /// Every backend, in the order the documentation lists them.
-    pub const ALL: &'static [Self] = &[
-        Self::Auto,
-        Self::Host,
-        Self::Cufile,
-        Self::Hipfile,
-        Self::Mock,
-    ];
-    /// Every backend's name, in the order of [`ALL`](Self::ALL).
-    pub const NAMES: &'static [&'static str] = &["auto", "host", "cufile", "hipfile", "mock"];
-
-    /// The name, as every door spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Host => "host",
-            Self::Cufile => "cufile",
-            Self::Hipfile => "hipfile",
-            Self::Mock => "mock",
-        }
-    }
+backend_kinds! {
+    /// Decided by the [`Device`](crate::Device): a GPU backend (cuFile, then hipFile) when the
+    /// device is a GPU or `auto`, the host backend for `cpu` or when `auto` finds no GPU.
+    #[default]
+    Auto = "auto",
+    /// System memory standing for the device.
+    Host = "host",
+    /// NVIDIA GPUs through cuFile.
+    Cufile = "cufile",
+    /// AMD GPUs through hipFile.
+    Hipfile = "hipfile",
+    /// The host backend behind the mock's ledger (builds with the `mock` feature only).
+    Mock = "mock",
 }
 
 impl FromStr for BackendKind {
