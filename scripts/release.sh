@@ -122,6 +122,10 @@ fi
 # whole tree again. x86_64's `stage` and C library after its wheel took 263 CPU seconds of
 # rustc that way, 141 in all now (2026-12-08); what is still compiled twice is what sits above
 # the proc macros, whose `syn` has one more feature in the wheel's build.
+# This project's own crates that the wheel compiled from the sdist's copy (made from the checkout
+# at the start of this run, the same files) are fresh for the checkout's build too: cargo
+# fingerprints a path by its place in the workspace. An sdist of an earlier run is gone, so its
+# builds are stale, and compiled again from the checkout.
 zig_env=$PWD/target/zig-env
 mkdir -p "$zig_env" "$work/shim"
 cat > "$work/shim/cargo" <<EOF
