@@ -186,7 +186,7 @@ impl Opened {
 }
 
 /// Runs `task` with a GPU backend's reader (cuFile's and hipFile's are both `GdsReader`s, named
-/// by their driver) and `allocator`: another of the backend's reader for a local file (`remote`
+/// by their driver) and `allocator`: a new reader of the backend's for a local file (`remote`
 /// `None`), or for a URL the store's reader bounced through its pinned buffers.
 #[cfg(any(feature = "cufile", feature = "hipfile"))]
 fn with_gds_reader<'d, F, G, A, T>(
